@@ -1,0 +1,124 @@
+//! The error type of fovea-core.
+
+use crate::ids::{FileId, Ts};
+
+/// Everything that can go wrong in the engine. Variants say what a caller can
+/// act on; messages say what happened and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operation conflicts with the live state of a key: an insert over a
+    /// live key, a delete or update of a key without a live version.
+    #[error("table {table}: {message} (key {key})")]
+    KeyConflict {
+        /// Qualified table name.
+        table: String,
+        /// The primary key, rendered for humans.
+        key: String,
+        /// What conflicted.
+        message: String,
+    },
+    /// A row does not fit the table's schema.
+    #[error("table {table}, column {column}: {message}")]
+    Schema {
+        /// Qualified table name.
+        table: String,
+        /// Column name.
+        column: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A table name or id that the engine does not know.
+    #[error(
+        "unknown table {0}. Help: tables are created with Engine::create_table before rows arrive"
+    )]
+    UnknownTable(String),
+    /// A table was created twice.
+    #[error("table {0} already exists")]
+    TableExists(String),
+    /// A snapshot at a timestamp that is no longer (or not yet) available.
+    #[error("snapshot at ts {requested} is not available: {reason}")]
+    SnapshotUnavailable {
+        /// The requested timestamp.
+        requested: Ts,
+        /// Why, with the available range.
+        reason: String,
+    },
+    /// A bitmap was requested below the base timestamp of a tile: its deletes
+    /// were folded by memory GC. Visibility checkpoints serve such queries.
+    #[error(
+        "visibility of file {file} at ts {qts} was folded into ts {base_ts} by memory GC. Help: hold a snapshot (or a visibility checkpoint) to keep older versions readable"
+    )]
+    BelowVisibilityBase {
+        /// The file.
+        file: FileId,
+        /// The requested snapshot.
+        qts: Ts,
+        /// The tile's base timestamp.
+        base_ts: Ts,
+    },
+    /// Timestamps ran past 52 bits.
+    #[error("timestamp space exhausted at {0}")]
+    TsExhausted(Ts),
+    /// Commit of a timestamp that was not begun or was already committed.
+    #[error("commit of ts {ts}: {reason}")]
+    BadCommit {
+        /// The timestamp.
+        ts: Ts,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A persisted value would move backwards (a second writer, or a restored
+    /// old copy of the metadata).
+    #[error(
+        "{what} would regress from {current} to {proposed}. Help: another replayer may be writing to this lake"
+    )]
+    Regression {
+        /// Which value.
+        what: &'static str,
+        /// The persisted value.
+        current: u64,
+        /// The value that was refused.
+        proposed: u64,
+    },
+    /// Corrupt or unsupported persisted bytes (index snapshot, metadata).
+    #[error("corrupt {what}: {reason}")]
+    Corrupt {
+        /// What was being read.
+        what: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An internal invariant failed; a bug in fovea.
+    #[error("internal invariant violated: {0}. This is a bug in fovea; please report it")]
+    Invariant(String),
+    /// Object storage failed. Retrying may help.
+    #[error("object store: {0}")]
+    ObjectStore(#[from] object_store::Error),
+    /// Parquet encoding or decoding failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    /// Arrow failed (building or filtering batches).
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// The embedded SQLite metadata failed.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Local IO failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// True when retrying the same call may succeed (transient storage errors).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::ObjectStore(_) | Error::Io(_))
+    }
+
+    pub(crate) fn invariant(msg: impl Into<String>) -> Self {
+        Error::Invariant(msg.into())
+    }
+}
+
+/// Result with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

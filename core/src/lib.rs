@@ -1,0 +1,16 @@
+//! # fovea-core
+//!
+//! The engine of fovea as a synchronous library: it replays mirror
+//! transactions into Parquet lake files and answers snapshot scans, with
+//! no AWS and no SQL engine inside.
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod ids;
+pub mod index;
+pub mod mvcc;
+pub mod schema;
+pub mod visibility;
+
+pub use error::{Error, Result};
+pub use ids::{FileId, RowId, ShardId, TableId, Ts};

@@ -1,0 +1,390 @@
+//! Timestamps and watermarks: the whole concurrency control of fovea.
+//!
+//! ```text
+//!            LWM                 HWM        next
+//!   ─────────┼────────────────────┼──────────┼──────────▶ ts
+//!   GC folds │  queries read at   │ replay   │ not yet
+//!   below    │  qts ∈ [LWM, HWM)  │ writes   │ begun
+//! ```
+//!
+//! * [`Clock::begin`] hands out timestamps from one monotonic allocator. The
+//!   allocator is persisted in ranges through a [`TxnStore`], not per
+//!   transaction.
+//! * [`Clock::commit`] may arrive out of order; HWM advances only over the
+//!   contiguous committed prefix, so every ts below HWM is fully replayed.
+//! * [`Clock::snapshot`] registers a query at `qts = HWM − 1`; dropping the
+//!   last clone of the [`Snapshot`] ends it. LWM is the oldest live snapshot
+//!   (HWM − 1 when none) and never moves backwards.
+//!
+//! No conflicts are ever checked: replay runs at or above HWM, queries below
+//! it, garbage collection below LWM.
+
+mod store;
+
+pub use store::{MemoryTxnStore, PersistedClock, SqliteTxnStore, TxnStore};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::ids::Ts;
+
+/// How many timestamps are reserved in the [`TxnStore`] at a time.
+pub const DEFAULT_TS_RESERVATION: u64 = 1 << 20;
+
+/// Locks a mutex, treating poisoning as the bug it is: a panic while holding
+/// one of the engine's short critical sections leaves no torn state behind
+/// (every section either completes or changes nothing), so the guard is
+/// still usable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The timestamp allocator, the watermarks and the registry of live queries.
+pub struct Clock {
+    /// Next timestamp `begin` hands out.
+    next: AtomicU64,
+    /// Every ts below is durably reserved in the store.
+    reserved: AtomicU64,
+    reservation: u64,
+    store: Arc<dyn TxnStore>,
+    reserve_lock: Mutex<()>,
+    commits: Mutex<CommitState>,
+    /// Mirror of `commits.hwm` for lock-free readers.
+    hwm: AtomicU64,
+    registry: Arc<Registry>,
+}
+
+struct CommitState {
+    hwm: u64,
+    /// Committed timestamps above `hwm` waiting for the gap to close.
+    ahead: BTreeSet<u64>,
+}
+
+impl Clock {
+    /// Opens the clock from its store. Every timestamp below the persisted
+    /// reservation is treated as finished: either it was committed and is
+    /// covered by the checkpoint being recovered, or it was lost with the
+    /// process and its transaction will be replayed from the input under a
+    /// new timestamp.
+    pub fn open(store: Arc<dyn TxnStore>) -> Result<Arc<Clock>> {
+        Self::open_with_reservation(store, DEFAULT_TS_RESERVATION)
+    }
+
+    /// [`Clock::open`] with a custom reservation size (tests use small ones).
+    pub fn open_with_reservation(store: Arc<dyn TxnStore>, reservation: u64) -> Result<Arc<Clock>> {
+        let persisted = store.load()?;
+        let start = persisted.reserved.get().max(persisted.hwm.get()).max(1);
+        Ok(Arc::new(Clock {
+            next: AtomicU64::new(start),
+            reserved: AtomicU64::new(persisted.reserved.get()),
+            reservation: reservation.max(1),
+            store,
+            reserve_lock: Mutex::new(()),
+            commits: Mutex::new(CommitState {
+                hwm: start,
+                ahead: BTreeSet::new(),
+            }),
+            hwm: AtomicU64::new(start),
+            registry: Arc::new(Registry {
+                inner: Mutex::new(RegistryInner {
+                    live: BTreeMap::new(),
+                    next_seq: 1,
+                    published_lwm: start - 1,
+                }),
+                lwm: AtomicU64::new(start - 1),
+            }),
+        }))
+    }
+
+    /// An in-memory clock (tests, benches).
+    pub fn in_memory() -> Arc<Clock> {
+        Self::open(Arc::new(MemoryTxnStore::default()))
+            .unwrap_or_else(|e| unreachable!("the in-memory store cannot fail: {e}"))
+    }
+
+    /// Starts a mirror transaction: the next timestamp.
+    #[inline]
+    pub fn begin(&self) -> Result<Ts> {
+        // Relaxed: uniqueness comes from the RMW itself; ordering with the
+        // data a transaction writes is established by `commit`.
+        let ts = self.next.fetch_add(1, Ordering::Relaxed);
+        if ts > Ts::MAX.get() {
+            return Err(Error::TsExhausted(Ts(ts)));
+        }
+        // Acquire: pairs with the Release below so a reservation seen here
+        // is durable.
+        if ts >= self.reserved.load(Ordering::Acquire) {
+            self.reserve_through(ts)?;
+        }
+        Ok(Ts(ts))
+    }
+
+    #[cold]
+    fn reserve_through(&self, ts: u64) -> Result<()> {
+        let _guard = lock(&self.reserve_lock);
+        let mut reserved = self.reserved.load(Ordering::Acquire);
+        while reserved <= ts {
+            let upto = (reserved.max(ts + 1) + self.reservation).min(Ts::MAX.get() + 1);
+            self.store.reserve(Ts(upto))?;
+            reserved = upto;
+            // Release: a `begin` that sees this value sees a durable reservation.
+            self.reserved.store(reserved, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Marks `ts` as fully replayed. May arrive out of order; HWM advances
+    /// over the contiguous prefix only.
+    pub fn commit(&self, ts: Ts) -> Result<()> {
+        let t = ts.get();
+        // Relaxed: a ts that `begin` returned is below `next` in any order.
+        if t >= self.next.load(Ordering::Relaxed) {
+            return Err(Error::BadCommit {
+                ts,
+                reason: "not begun",
+            });
+        }
+        let mut c = lock(&self.commits);
+        if t < c.hwm || !c.ahead.insert(t) {
+            return Err(Error::BadCommit {
+                ts,
+                reason: "already committed",
+            });
+        }
+        if t == c.hwm {
+            let mut h = c.hwm;
+            while c.ahead.remove(&h) {
+                h += 1;
+            }
+            c.hwm = h;
+            // Release: a reader that sees the new HWM sees every write of the
+            // transactions below it (they happened before their commit).
+            self.hwm.store(h, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Ends a transaction that wrote nothing (or whose writes were undone):
+    /// HWM may pass it.
+    pub fn abort(&self, ts: Ts) -> Result<()> {
+        self.commit(ts)
+    }
+
+    /// High watermark: every ts below it is fully replayed.
+    #[inline]
+    pub fn hwm(&self) -> Ts {
+        // Acquire: pairs with the Release in `commit`.
+        Ts(self.hwm.load(Ordering::Acquire))
+    }
+
+    /// The newest snapshot a query can read now (HWM − 1).
+    pub fn latest(&self) -> Ts {
+        Ts(self.hwm().get() - 1)
+    }
+
+    /// Low watermark: every query below it has finished. Monotonic.
+    pub fn lwm(&self) -> Ts {
+        self.registry.compute_lwm(self.hwm())
+    }
+
+    /// Registers a query at `qts = HWM − 1`.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut reg = lock(&self.registry.inner);
+        // Read HWM under the registry lock: an LWM computed concurrently is
+        // either computed before (≤ this qts) or sees this registration.
+        let qts = self.latest();
+        reg.register(&self.registry, qts)
+    }
+
+    /// Registers a query at an explicit past `ts` (time travel). Fails when
+    /// `ts` is below LWM (garbage collected) or not yet replayed.
+    pub fn snapshot_at(&self, ts: Ts) -> Result<Snapshot> {
+        let mut reg = lock(&self.registry.inner);
+        let latest = self.latest();
+        if ts > latest {
+            return Err(Error::SnapshotUnavailable {
+                requested: ts,
+                reason: format!("the newest replayed ts is {latest}"),
+            });
+        }
+        if ts.get() < reg.published_lwm {
+            return Err(Error::SnapshotUnavailable {
+                requested: ts,
+                reason: format!(
+                    "versions below ts {} are garbage collected; the oldest available ts is {}",
+                    reg.published_lwm, reg.published_lwm
+                ),
+            });
+        }
+        Ok(reg.register(&self.registry, ts))
+    }
+
+    /// Registration sequence number the next snapshot will get; used to
+    /// retire replaced files "by snapshot": an object replaced at sequence
+    /// `s` may be deleted once [`Clock::oldest_registration`] is above `s`.
+    pub fn registration_seq(&self) -> u64 {
+        lock(&self.registry.inner).next_seq
+    }
+
+    /// Sequence of the oldest live snapshot, or the next sequence when none.
+    pub fn oldest_registration(&self) -> u64 {
+        let reg = lock(&self.registry.inner);
+        reg.live.keys().next().copied().unwrap_or(reg.next_seq)
+    }
+
+    /// Number of live snapshots.
+    pub fn live_snapshots(&self) -> usize {
+        lock(&self.registry.inner).live.len()
+    }
+
+    /// Persists HWM and LWM (monotonically) in the store.
+    pub fn persist_watermarks(&self) -> Result<()> {
+        let lwm = self.lwm();
+        self.store.save_watermarks(self.hwm(), lwm)
+    }
+}
+
+struct Registry {
+    inner: Mutex<RegistryInner>,
+    /// Last published LWM, for lock-free readers.
+    lwm: AtomicU64,
+}
+
+struct RegistryInner {
+    /// Live snapshots by registration sequence.
+    live: BTreeMap<u64, Ts>,
+    next_seq: u64,
+    published_lwm: u64,
+}
+
+impl RegistryInner {
+    fn register(&mut self, registry: &Arc<Registry>, qts: Ts) -> Snapshot {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.live.insert(seq, qts);
+        Snapshot(Arc::new(SnapshotInner {
+            qts,
+            seq,
+            registry: Arc::clone(registry),
+        }))
+    }
+}
+
+impl Registry {
+    fn compute_lwm(&self, hwm: Ts) -> Ts {
+        let mut reg = lock(&self.inner);
+        let oldest = reg
+            .live
+            .values()
+            .min()
+            .copied()
+            .unwrap_or(Ts(hwm.get() - 1));
+        let lwm = oldest.get().max(reg.published_lwm);
+        reg.published_lwm = lwm;
+        // Release: pairs with Acquire in `Registry::published`.
+        self.lwm.store(lwm, Ordering::Release);
+        Ts(lwm)
+    }
+}
+
+struct SnapshotInner {
+    qts: Ts,
+    seq: u64,
+    registry: Arc<Registry>,
+}
+
+impl Drop for SnapshotInner {
+    fn drop(&mut self) {
+        lock(&self.registry.inner).live.remove(&self.seq);
+    }
+}
+
+/// A registered query snapshot. Cheap to clone; the query ends when the
+/// last clone is dropped, and until then LWM cannot pass `qts`.
+#[derive(Clone)]
+pub struct Snapshot(Arc<SnapshotInner>);
+
+impl Snapshot {
+    /// The snapshot timestamp: the query sees exactly the transactions with
+    /// `ts ≤ qts`.
+    #[inline]
+    pub fn qts(&self) -> Ts {
+        self.0.qts
+    }
+
+    /// The registration sequence number.
+    pub fn seq(&self) -> u64 {
+        self.0.seq
+    }
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("qts", &self.0.qts)
+            .field("seq", &self.0.seq)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hwm_advances_over_contiguous_prefix_only() {
+        let c = Clock::in_memory();
+        let a = c.begin().unwrap();
+        let b = c.begin().unwrap();
+        let d = c.begin().unwrap();
+        assert_eq!(c.latest(), Ts(0));
+        c.commit(d).unwrap();
+        c.commit(b).unwrap();
+        assert_eq!(c.hwm(), a, "gap at a holds HWM");
+        c.commit(a).unwrap();
+        assert_eq!(c.latest(), d);
+        assert!(c.commit(a).is_err());
+        assert!(c.commit(Ts(1000)).is_err());
+    }
+
+    #[test]
+    fn lwm_is_oldest_live_snapshot_and_monotonic() {
+        let c = Clock::in_memory();
+        let t1 = c.begin().unwrap();
+        c.commit(t1).unwrap();
+        let s1 = c.snapshot();
+        assert_eq!(s1.qts(), t1);
+        let t2 = c.begin().unwrap();
+        c.commit(t2).unwrap();
+        let s2 = c.snapshot();
+        assert_eq!(c.lwm(), t1);
+        let s1b = s1.clone();
+        drop(s1);
+        assert_eq!(c.lwm(), t1, "a clone keeps the query alive");
+        drop(s1b);
+        assert_eq!(c.lwm(), t2);
+        drop(s2);
+        assert_eq!(c.lwm(), t2);
+        let err = c.snapshot_at(t1).unwrap_err().to_string();
+        assert!(err.contains("oldest available ts is 2"), "{err}");
+        assert!(c.snapshot_at(Ts(99)).is_err());
+    }
+
+    #[test]
+    fn reservation_survives_reopen() {
+        let store: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+        let c = Clock::open_with_reservation(Arc::clone(&store), 4).unwrap();
+        let mut last = Ts(0);
+        for _ in 0..10 {
+            last = c.begin().unwrap();
+            c.commit(last).unwrap();
+        }
+        drop(c);
+        let c2 = Clock::open_with_reservation(store, 4).unwrap();
+        let t = c2.begin().unwrap();
+        assert!(t > last, "{t:?} must be above {last:?}");
+        assert_eq!(c2.hwm(), t, "unused reserved timestamps do not block HWM");
+    }
+}

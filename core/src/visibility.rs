@@ -1,0 +1,553 @@
+//! Tile visibility: which rows of a file are deleted at a snapshot.
+//!
+//! A delete never rewrites data. It appends `(offset << 52) | delete_ts` to
+//! the row's *tile* (4096 rows), in the paper's shape:
+//!
+//! ```text
+//!  TileVisibility
+//!  ├─ snapshot ──▶ VisSnapshot { base_ts, base bitmap }   (immutable, swapped by GC)
+//!  ├─ head ──────▶ Block[8 entries] ─▶ Block[8 entries] ─▶ … ─▶ Block (tail)
+//!  └─ tail (writer only, tagged with the next free slot)
+//!
+//!  deleted(qts) = base bitmap  ∪  { offset(e) | e in blocks, ts(e) ≤ qts }   (qts ≥ base_ts)
+//! ```
+//!
+//! * **One writer per tile**, enforced by the type system: only the unique
+//!   [`VisibilityWriter`] of a file appends, so appends need no lock; each
+//!   entry is published with a Release store and read with Acquire.
+//! * **Ordered deletes per tile**: the writer refuses an entry older than the
+//!   tile's previous one ([`Error::Invariant`]). Memory GC relies on it to
+//!   free whole blocks.
+//! * **Memory GC** ([`FileVisibility::fold`]) folds entries `≤ LWM` into a new
+//!   snapshot, publishes it, then advances `head`; freed blocks and old
+//!   snapshots are reclaimed through `crossbeam-epoch` once no reader is
+//!   pinned. Folding never changes an answer: a folded entry is in the new
+//!   base, and re-applying an entry that is already in the base is a no-op.
+//! * Bases are stored sparse (sorted 16-bit offsets) while fewer than 256 rows
+//!   of a tile are deleted, dense (4096 bits) above: a sparse base never takes
+//!   more than the dense one, and the usual few-percent-deleted tile takes
+//!   less than one bit per tuple. Sparse offsets are packed in 12 bits
+//!   (two per three bytes), the width of a tile offset.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
+use fovea_scan_wasm::{self as kernel, TILE_ROWS, TILE_WORDS};
+
+use crate::error::{Error, Result};
+use crate::ids::{FileId, Ts};
+use crate::mvcc::lock;
+
+/// Entries per block (64 bytes of entries).
+pub const BLOCK_ENTRIES: usize = 8;
+/// Below this many deleted rows a tile's base is stored as a packed list of
+/// 12-bit offsets (at this count the list is as large as the dense bitmap).
+pub const SPARSE_LIMIT: usize = TILE_WORDS * 64 / 12;
+
+/// 64 bytes of entries, cache-line aligned, followed by the link.
+#[repr(C, align(64))]
+struct Block {
+    entries: [AtomicU64; BLOCK_ENTRIES],
+    next: Atomic<Block>,
+}
+
+impl Block {
+    fn with_first(entry: u64) -> Block {
+        let entries = std::array::from_fn(|i| AtomicU64::new(if i == 0 { entry } else { 0 }));
+        Block {
+            entries,
+            next: Atomic::null(),
+        }
+    }
+
+    #[inline]
+    fn load(&self) -> [u64; BLOCK_ENTRIES] {
+        // Acquire: pairs with the writer's Release store of each entry.
+        std::array::from_fn(|i| self.entries[i].load(Ordering::Acquire))
+    }
+}
+
+/// The folded part of a tile: every delete with `ts ≤ base_ts`.
+enum Base {
+    /// Sorted deleted offsets (fewer than [`SPARSE_LIMIT`]), 12 bits each.
+    Sparse(Box<[u8]>),
+    /// One bit per row.
+    Dense(Box<[u64; TILE_WORDS]>),
+}
+
+impl Base {
+    fn from_bitmap(bitmap: &[u64; TILE_WORDS]) -> Base {
+        let count: u32 = bitmap.iter().map(|w| w.count_ones()).sum();
+        if (count as usize) < SPARSE_LIMIT {
+            let mut packed = Vec::with_capacity(packed_len(count as usize));
+            let mut pending: Option<u16> = None;
+            for (w, &word) in bitmap.iter().enumerate() {
+                let mut word = word;
+                while word != 0 {
+                    let offset = (w * 64) as u16 + word.trailing_zeros() as u16;
+                    word &= word - 1;
+                    match pending.take() {
+                        None => pending = Some(offset),
+                        Some(a) => packed.extend_from_slice(&[
+                            a as u8,
+                            ((a >> 8) as u8) | ((offset as u8) << 4),
+                            (offset >> 4) as u8,
+                        ]),
+                    }
+                }
+            }
+            if let Some(a) = pending {
+                packed.extend_from_slice(&[a as u8, (a >> 8) as u8]);
+            }
+            Base::Sparse(packed.into_boxed_slice())
+        } else {
+            Base::Dense(Box::new(*bitmap))
+        }
+    }
+
+    #[inline]
+    fn write_into(&self, out: &mut [u64; TILE_WORDS]) {
+        match self {
+            Base::Dense(b) => out.copy_from_slice(&b[..]),
+            Base::Sparse(packed) => {
+                out.fill(0);
+                let mut set = |o: u16| out[(o as usize / 64) % TILE_WORDS] |= 1 << (o % 64);
+                let mut triples = packed.chunks_exact(3);
+                for t in &mut triples {
+                    set(u16::from(t[0]) | (u16::from(t[1] & 0x0F) << 8));
+                    set(u16::from(t[1] >> 4) | (u16::from(t[2]) << 4));
+                }
+                if let [lo, hi] = *triples.remainder() {
+                    set(u16::from(lo) | (u16::from(hi & 0x0F) << 8));
+                }
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Base::Dense(_) => TILE_WORDS * 8,
+            Base::Sparse(p) => p.len(),
+        }
+    }
+}
+
+/// Bytes of `n` offsets packed at 12 bits.
+fn packed_len(n: usize) -> usize {
+    n / 2 * 3 + (n % 2) * 2
+}
+
+struct VisSnapshot {
+    base_ts: Ts,
+    base: Base,
+}
+
+/// Visibility of one tile of 4096 rows.
+pub struct TileVisibility {
+    /// Null: empty base at ts 0.
+    snapshot: Atomic<VisSnapshot>,
+    /// First block that may hold unfolded entries; null until the first delete.
+    head: Atomic<Block>,
+    /// Writer-only: the block appended to, tagged with its next free slot.
+    tail: Atomic<Block>,
+}
+
+impl Default for TileVisibility {
+    fn default() -> Self {
+        TileVisibility {
+            snapshot: Atomic::null(),
+            head: Atomic::null(),
+            tail: Atomic::null(),
+        }
+    }
+}
+
+impl TileVisibility {
+    /// Appends a delete entry. Only [`VisibilityWriter`] calls this, which
+    /// makes it the single writer of the tile.
+    #[inline]
+    fn append(&self, entry: u64) {
+        // SAFETY: only the unique writer touches `tail`, and the block it
+        // points to is never freed while it is the tail: GC frees a block
+        // only after observing its `next` link set, which this writer does
+        // only when it leaves the block for good.
+        let guard = unsafe { epoch::unprotected() };
+        // Relaxed: `tail` is read and written by this thread only.
+        let tail = self.tail.load(Ordering::Relaxed, guard);
+        let slot = tail.tag();
+        if let Some(block) = unsafe { tail.as_ref() }.filter(|_| slot < BLOCK_ENTRIES) {
+            // (SAFETY of `as_ref`: see above.)
+            // Release: a reader that sees the entry sees it whole (and, via
+            // the commit protocol, everything before it).
+            block.entries[slot].store(entry, Ordering::Release);
+            self.tail.store(tail.with_tag(slot + 1), Ordering::Relaxed);
+            return;
+        }
+        let new = Owned::new(Block::with_first(entry)).into_shared(guard);
+        match unsafe { tail.as_ref() } {
+            // Release: publishes the block's initialised first entry.
+            None => self.head.store(new, Ordering::Release),
+            Some(block) => block.next.store(new, Ordering::Release),
+        }
+        self.tail.store(new.with_tag(1), Ordering::Relaxed);
+    }
+
+    /// Deleted-row bitmap at `qts` into `out`. Fails with the base timestamp
+    /// when `qts` is below it.
+    #[inline]
+    fn deleted_at(&self, qts: Ts, out: &mut [u64; TILE_WORDS], guard: &Guard) -> Result<(), Ts> {
+        // Acquire on head first: pairs with GC's Release store of head, which
+        // follows its store of the new snapshot, so a reader that sees the
+        // advanced head also sees the snapshot that folded the dropped blocks.
+        let mut block = self.head.load(Ordering::Acquire, guard);
+        let snapshot = self.snapshot.load(Ordering::Acquire, guard);
+        // SAFETY: loaded under `guard`; GC retires snapshots with
+        // `defer_destroy`, so it stays allocated while we are pinned.
+        match unsafe { snapshot.as_ref() } {
+            None => out.fill(0),
+            Some(s) if qts < s.base_ts => return Err(s.base_ts),
+            Some(s) => s.base.write_into(out),
+        }
+        // SAFETY: blocks reachable from `head` under `guard` are retired
+        // with `defer_destroy` only.
+        while let Some(b) = unsafe { block.as_ref() } {
+            let entries = b.load();
+            kernel::apply_deletes(out, &entries, qts.get());
+            // Entries of a tile are in ts order: past the first newer one
+            // nothing else can be visible.
+            if entries
+                .iter()
+                .any(|&e| e == 0 || kernel::entry_ts(e) > qts.get())
+            {
+                break;
+            }
+            block = b.next.load(Ordering::Acquire, guard);
+        }
+        Ok(())
+    }
+
+    /// Folds entries `≤ lwm` into a new base. Callers hold the file's fold
+    /// lock (at most one fold per tile at a time). Returns the number of
+    /// blocks freed.
+    fn fold(&self, lwm: Ts, guard: &Guard) -> usize {
+        let head = self.head.load(Ordering::Acquire, guard);
+        if head.is_null() {
+            return 0;
+        }
+        let old = self.snapshot.load(Ordering::Acquire, guard);
+        // SAFETY: as in `deleted_at`.
+        let old_ref = unsafe { old.as_ref() };
+        if old_ref.is_some_and(|s| s.base_ts >= lwm) {
+            return 0;
+        }
+        let mut bitmap = [0u64; TILE_WORDS];
+        if let Some(s) = old_ref {
+            s.base.write_into(&mut bitmap);
+        }
+        // Walk the chain: fold entries ≤ lwm, find the first block that must
+        // stay (holds an unfolded or empty slot, or is the writer's tail).
+        let mut new_head = head;
+        let mut freeable = Vec::new();
+        let mut block = head;
+        let mut still_freeing = true;
+        // SAFETY: as in `deleted_at`.
+        while let Some(b) = unsafe { block.as_ref() } {
+            let entries = b.load();
+            kernel::apply_deletes(&mut bitmap, &entries, lwm.get());
+            let next = b.next.load(Ordering::Acquire, guard);
+            let fully_folded = entries
+                .iter()
+                .all(|&e| e != 0 && kernel::entry_ts(e) <= lwm.get());
+            if still_freeing && fully_folded && !next.is_null() {
+                freeable.push(block);
+                new_head = next;
+            } else {
+                still_freeing = false;
+            }
+            if !fully_folded {
+                break;
+            }
+            block = next;
+        }
+        let new = Owned::new(VisSnapshot {
+            base_ts: lwm,
+            base: Base::from_bitmap(&bitmap),
+        });
+        // Release: publishes the new base before the head moves (see `deleted_at`).
+        self.snapshot.store(new, Ordering::Release);
+        if !old.is_null() {
+            // SAFETY: `old` is unreachable for new readers; pinned readers keep it alive.
+            unsafe { guard.defer_destroy(old) };
+        }
+        if !freeable.is_empty() {
+            // Release: pairs with the Acquire load of head in `deleted_at`.
+            self.head.store(new_head, Ordering::Release);
+            for b in &freeable {
+                // SAFETY: unlinked above; the writer left these blocks (their
+                // `next` is set) and pinned readers keep them alive.
+                unsafe { guard.defer_destroy(*b) };
+            }
+        }
+        freeable.len()
+    }
+
+    fn memory_bytes(&self, guard: &Guard) -> usize {
+        let mut bytes = std::mem::size_of::<Self>();
+        // SAFETY: as in `deleted_at`.
+        if let Some(s) = unsafe { self.snapshot.load(Ordering::Acquire, guard).as_ref() } {
+            bytes += std::mem::size_of::<VisSnapshot>() + s.base.heap_bytes();
+        }
+        let mut block = self.head.load(Ordering::Acquire, guard);
+        // SAFETY: as in `deleted_at`.
+        while let Some(b) = unsafe { block.as_ref() } {
+            bytes += std::mem::size_of::<Block>();
+            block = b.next.load(Ordering::Acquire, guard);
+        }
+        bytes
+    }
+}
+
+impl Drop for TileVisibility {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no reader or writer can reach this tile any more.
+        unsafe {
+            let guard = epoch::unprotected();
+            let snapshot = self.snapshot.load(Ordering::Relaxed, guard);
+            if !snapshot.is_null() {
+                drop(snapshot.into_owned());
+            }
+            let mut block = self.head.load(Ordering::Relaxed, guard);
+            while !block.is_null() {
+                let next = block.deref().next.load(Ordering::Relaxed, guard);
+                drop(block.into_owned());
+                block = next;
+            }
+        }
+    }
+}
+
+/// Visibility of one file (regular or virtual): its tiles, readable by any
+/// number of threads.
+pub struct FileVisibility {
+    file: FileId,
+    tiles: Box<[TileVisibility]>,
+    fold_lock: Mutex<()>,
+}
+
+impl FileVisibility {
+    /// Visibility for a file of up to `rows` rows, with its unique writer.
+    pub fn new(file: FileId, rows: usize) -> (std::sync::Arc<FileVisibility>, VisibilityWriter) {
+        let tiles = rows.div_ceil(TILE_ROWS);
+        let vis = std::sync::Arc::new(FileVisibility {
+            file,
+            tiles: (0..tiles).map(|_| TileVisibility::default()).collect(),
+            fold_lock: Mutex::new(()),
+        });
+        let writer = VisibilityWriter {
+            vis: std::sync::Arc::clone(&vis),
+            last_ts: vec![0; tiles],
+        };
+        (vis, writer)
+    }
+
+    /// The file this visibility belongs to.
+    pub fn file(&self) -> FileId {
+        self.file
+    }
+
+    /// Row capacity.
+    pub fn capacity(&self) -> usize {
+        self.tiles.len() * TILE_ROWS
+    }
+
+    /// Deleted-row bitmap of rows `[start, start + rows)` at `qts`, one bit
+    /// per row, into `out` (resized to fit). `start` must be tile-aligned
+    /// (row groups are multiples of the tile size).
+    pub fn deleted_bitmap(
+        &self,
+        start: usize,
+        rows: usize,
+        qts: Ts,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
+        if start % TILE_ROWS != 0 || start + rows > self.capacity() {
+            return Err(Error::invariant(format!(
+                "bitmap of rows {start}..{} of {} (capacity {}) is not tile-aligned or out of range",
+                start + rows,
+                self.file,
+                self.capacity()
+            )));
+        }
+        let words = kernel::mask_words(rows);
+        out.clear();
+        out.resize(words.next_multiple_of(TILE_WORDS), 0);
+        let guard = epoch::pin();
+        let first = start / TILE_ROWS;
+        for (i, chunk) in out.chunks_exact_mut(TILE_WORDS).enumerate() {
+            let chunk: &mut [u64; TILE_WORDS] = chunk
+                .try_into()
+                .map_err(|_| Error::invariant("tile chunk of wrong size"))?;
+            self.tiles[first + i]
+                .deleted_at(qts, chunk, &guard)
+                .map_err(|base_ts| Error::BelowVisibilityBase {
+                    file: self.file,
+                    qts,
+                    base_ts,
+                })?;
+        }
+        out.truncate(words);
+        Ok(())
+    }
+
+    /// Memory GC: folds every entry `≤ lwm` into its tile's base. Invisible
+    /// to every query at `qts ≥ lwm`. Returns the number of blocks freed.
+    pub fn fold(&self, lwm: Ts) -> usize {
+        let _exclusive = lock(&self.fold_lock);
+        let guard = epoch::pin();
+        let freed = self.tiles.iter().map(|t| t.fold(lwm, &guard)).sum();
+        guard.flush();
+        freed
+    }
+
+    /// Bytes used by this file's visibility.
+    pub fn memory_bytes(&self) -> usize {
+        let guard = epoch::pin();
+        std::mem::size_of::<Self>()
+            + self
+                .tiles
+                .iter()
+                .map(|t| t.memory_bytes(&guard))
+                .sum::<usize>()
+    }
+}
+
+/// The unique writer of a [`FileVisibility`]: owns the right to append.
+pub struct VisibilityWriter {
+    vis: std::sync::Arc<FileVisibility>,
+    /// Newest delete ts per tile, to keep the ordered-deletes invariant.
+    last_ts: Vec<u64>,
+}
+
+impl VisibilityWriter {
+    /// Marks `row` (offset in the file) deleted at `ts`. Deletes of one tile
+    /// must come in non-decreasing ts order; an older one is refused.
+    #[inline]
+    pub fn delete(&mut self, row: usize, ts: Ts) -> Result<()> {
+        let tile = row / TILE_ROWS;
+        let Some(last) = self.last_ts.get_mut(tile) else {
+            return Err(Error::invariant(format!(
+                "delete of row {row} beyond the capacity {} of {}",
+                self.vis.capacity(),
+                self.vis.file
+            )));
+        };
+        if ts.get() < *last || ts == Ts::ZERO || ts > Ts::MAX {
+            return Err(Error::invariant(format!(
+                "delete at {ts:?} in {} tile {tile} after one at ts{last}: deletes of a tile must be in timestamp order",
+                self.vis.file
+            )));
+        }
+        *last = ts.get();
+        self.vis.tiles[tile].append(kernel::encode_entry((row % TILE_ROWS) as u16, ts.get()));
+        Ok(())
+    }
+
+    /// The visibility this writer appends to.
+    pub fn visibility(&self) -> &std::sync::Arc<FileVisibility> {
+        &self.vis
+    }
+
+    /// Bytes of the writer-side bookkeeping.
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.last_ts.len() * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn oracle_bitmap(deletes: &BTreeMap<usize, u64>, rows: usize, qts: u64) -> Vec<u64> {
+        let mut out = vec![0u64; kernel::mask_words(rows)];
+        for (&row, &ts) in deletes {
+            if ts <= qts {
+                out[row / 64] |= 1 << (row % 64);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn out_of_order_delete_in_a_tile_is_refused() {
+        let (_vis, mut w) = FileVisibility::new(FileId(1), 8192);
+        w.delete(5, Ts(10)).unwrap();
+        let err = w.delete(6, Ts(9)).unwrap_err().to_string();
+        assert!(err.contains("timestamp order"), "{err}");
+        // Another tile has its own order.
+        w.delete(5000, Ts(3)).unwrap();
+    }
+
+    #[test]
+    fn below_base_is_an_error() {
+        let (vis, mut w) = FileVisibility::new(FileId(7), 4096);
+        w.delete(1, Ts(5)).unwrap();
+        vis.fold(Ts(8));
+        let mut out = Vec::new();
+        let err = vis.deleted_bitmap(0, 4096, Ts(6), &mut out).unwrap_err();
+        assert!(
+            matches!(err, Error::BelowVisibilityBase { base_ts: Ts(8), .. }),
+            "{err}"
+        );
+        vis.deleted_bitmap(0, 4096, Ts(8), &mut out).unwrap();
+        assert_eq!(out[0], 2);
+    }
+
+    proptest! {
+        /// Model test: after random appends and folds, the bitmap at every
+        /// qts at or above the last fold equals the naive oracle.
+        #[test]
+        fn matches_oracle_through_folds(
+            ops in proptest::collection::vec((0usize..10_000, 0u8..10), 1..400),
+        ) {
+            let rows = 10_000;
+            let (vis, mut w) = FileVisibility::new(FileId(1), rows);
+            let mut deletes = BTreeMap::new();
+            let mut ts = 0u64;
+            let mut lwm = 0u64;
+            for (row, action) in ops {
+                match action {
+                    0 => { lwm = ts; vis.fold(Ts(lwm)); }
+                    _ => {
+                        ts += 1;
+                        if let std::collections::btree_map::Entry::Vacant(e) = deletes.entry(row) {
+                            e.insert(ts);
+                            w.delete(row, Ts(ts)).unwrap();
+                        }
+                    }
+                }
+                for qts in [lwm, (lwm + ts) / 2, ts] {
+                    let mut out = Vec::new();
+                    vis.deleted_bitmap(0, rows, Ts(qts), &mut out).unwrap();
+                    prop_assert_eq!(&out, &oracle_bitmap(&deletes, rows, qts));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn memory_after_gc_is_below_one_bit_per_tuple_at_five_percent() {
+        let rows = 40 * TILE_ROWS;
+        let (vis, mut w) = FileVisibility::new(FileId(1), rows);
+        let mut ts = 1;
+        for row in (0..rows).step_by(20) {
+            w.delete(row, Ts(ts)).unwrap();
+            ts += 1;
+        }
+        vis.fold(Ts(ts));
+        let bits = (vis.memory_bytes() + w.memory_bytes()) as f64 * 8.0 / rows as f64;
+        assert!(bits < 1.0, "{bits} bits per tuple");
+    }
+}
