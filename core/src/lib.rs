@@ -14,3 +14,14 @@ pub mod visibility;
 
 pub use error::{Error, Result};
 pub use ids::{FileId, RowId, ShardId, TableId, Ts};
+pub mod buffer;
+pub mod engine;
+pub mod lake;
+pub mod replay;
+pub mod scan;
+
+pub use engine::{Engine, EngineConfig};
+pub use mvcc::{Clock, Snapshot};
+pub use replay::Op;
+pub use scan::{ScanOptions, VisibilityMode};
+pub use schema::{Row, TableDef, Value};

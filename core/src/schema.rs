@@ -133,7 +133,7 @@ impl TableDef {
         self.primary_key.iter().map(|&i| row[i].clone()).collect()
     }
 
-    /// Checks arity and nullability of a full row.
+    /// Checks arity, nullability and types of a full row.
     pub fn check_row(&self, row: &[Value]) -> Result<()> {
         if row.len() != self.schema.fields().len() {
             return Err(Error::Schema {
@@ -154,6 +154,11 @@ impl TableDef {
                     message: "NULL in a NOT NULL column".into(),
                 });
             }
+            accepts(f.data_type(), v).map_err(|message| Error::Schema {
+                table: self.name.clone(),
+                column: f.name().clone(),
+                message,
+            })?;
         }
         Ok(())
     }
@@ -208,4 +213,91 @@ pub fn is_supported(t: &DataType) -> bool {
             | DataType::Date32
             | DataType::Timestamp(TimeUnit::Microsecond, _)
     )
+}
+
+/// Whether `v` can be stored in a column of type `t`.
+pub fn accepts(t: &DataType, v: &Value) -> std::result::Result<(), String> {
+    fn int_range(i: i64, lo: i64, hi: i64) -> std::result::Result<(), String> {
+        if i < lo || i > hi {
+            Err(format!("{i} is out of range [{lo}, {hi}]"))
+        } else {
+            Ok(())
+        }
+    }
+    match (t, v) {
+        (_, Value::Null) => Ok(()),
+        (DataType::Boolean, Value::Bool(_)) => Ok(()),
+        (DataType::Int8, Value::Int(i)) => int_range(*i, i8::MIN.into(), i8::MAX.into()),
+        (DataType::Int16, Value::Int(i)) => int_range(*i, i16::MIN.into(), i16::MAX.into()),
+        (DataType::Int32 | DataType::Date32, Value::Int(i)) => {
+            int_range(*i, i32::MIN.into(), i32::MAX.into())
+        }
+        (DataType::Int64 | DataType::Timestamp(_, _), Value::Int(_)) => Ok(()),
+        (DataType::Float32 | DataType::Float64, Value::Float(_) | Value::Int(_)) => Ok(()),
+        (DataType::Decimal128(p, _), Value::Decimal(d)) => {
+            let max = 10u128.checked_pow(u32::from(*p)).unwrap_or(u128::MAX);
+            if d.unsigned_abs() >= max {
+                Err(format!("{d} does not fit precision {p}"))
+            } else {
+                Ok(())
+            }
+        }
+        (DataType::Utf8, Value::Utf8(_))
+        | (DataType::Binary, Value::Binary(_) | Value::Utf8(_)) => Ok(()),
+        (t, v) => Err(format!("value {v} does not fit type {t}")),
+    }
+}
+
+/// Converts the rows of a batch back to [`Value`]s (one [`Row`] per row,
+/// one value per column of the batch).
+pub fn rows_from_batch(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<Row>> {
+    use arrow::array::*;
+    use arrow::datatypes::*;
+    let n = batch.num_rows();
+    let mut rows: Vec<Row> = (0..n)
+        .map(|_| Vec::with_capacity(batch.num_columns()))
+        .collect();
+    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        macro_rules! push {
+            ($ty:ty, $conv:expr) => {{
+                let a = col.as_any().downcast_ref::<$ty>().ok_or_else(|| {
+                    Error::invariant(format!(
+                        "column {} is not of its declared type",
+                        field.name()
+                    ))
+                })?;
+                for (i, row) in rows.iter_mut().enumerate() {
+                    row.push(if a.is_null(i) {
+                        Value::Null
+                    } else {
+                        $conv(a.value(i))
+                    });
+                }
+            }};
+        }
+        match field.data_type() {
+            DataType::Boolean => push!(BooleanArray, Value::Bool),
+            DataType::Int8 => push!(Int8Array, |v: i8| Value::Int(v.into())),
+            DataType::Int16 => push!(Int16Array, |v: i16| Value::Int(v.into())),
+            DataType::Int32 => push!(Int32Array, |v: i32| Value::Int(v.into())),
+            DataType::Int64 => push!(Int64Array, Value::Int),
+            DataType::Float32 => push!(Float32Array, |v: f32| Value::Float(v.into())),
+            DataType::Float64 => push!(Float64Array, Value::Float),
+            DataType::Decimal128(_, _) => push!(Decimal128Array, Value::Decimal),
+            DataType::Utf8 => push!(StringArray, |v: &str| Value::Utf8(v.to_owned())),
+            DataType::Binary => push!(BinaryArray, |v: &[u8]| Value::Binary(v.to_vec())),
+            DataType::Date32 => push!(Date32Array, |v: i32| Value::Int(v.into())),
+            DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                push!(TimestampMicrosecondArray, Value::Int)
+            }
+            other => {
+                return Err(Error::Schema {
+                    table: String::new(),
+                    column: field.name().clone(),
+                    message: format!("type {other} is not supported"),
+                });
+            }
+        }
+    }
+    Ok(rows)
 }

@@ -1,0 +1,621 @@
+//! The engine: tables, shards, the background flusher, scans, combine and GC
+//! behind one handle.
+//!
+//! ```text
+//!  apply(ops) ─▶ route by hash(table, key) ─▶ ts = begin() ─▶ validate every shard
+//!             ─▶ apply every shard ─▶ commit(ts) ─▶ HWM advances
+//!  snapshot() ─▶ scan(table) ─▶ one view per part ─▶ VFoR batches
+//!  gc()       ─▶ fold visibility ≤ LWM, purge index ≤ LWM, delete retired objects
+//!  combine()  ─▶ sealed, flushed virtual files → regular files (same id, same offsets)
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use arrow::datatypes::SchemaRef;
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use parquet::basic::Compression;
+
+use crate::buffer::{
+    BlockData, DEFAULT_BLOCK_ROWS, DEFAULT_BLOCKS_PER_FILE, FileKind, PartView, TablePart,
+};
+use crate::error::{Error, Result};
+use crate::ids::{ShardId, TableId, Ts};
+use crate::lake::{Lake, block_path, encode_parquet, file_path};
+use crate::mvcc::{Clock, MemoryTxnStore, Snapshot, SqliteTxnStore, TxnStore, lock};
+use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
+use crate::scan::{Scan, ScanOptions};
+use crate::schema::TableDef;
+
+/// Folder of fovea's own metadata inside a local lake.
+pub const METADATA_DIR: &str = "_fovea";
+
+/// Engine configuration.
+///
+/// ```
+/// use fovea_core::engine::EngineConfig;
+/// let c = EngineConfig::default();
+/// assert_eq!(c.block_rows, 8192);
+/// assert_eq!(c.blocks_per_file, 16);
+/// assert!(c.shards >= 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Number of shards (default: available cores).
+    pub shards: usize,
+    /// Rows per write-buffer block and row group (a multiple of the 4096-row
+    /// tile is fastest).
+    pub block_rows: usize,
+    /// Blocks per virtual file.
+    pub blocks_per_file: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            block_rows: DEFAULT_BLOCK_ROWS,
+            blocks_per_file: DEFAULT_BLOCKS_PER_FILE,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Sets the shard count.
+    pub fn with_shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Sets block and file sizes.
+    pub fn with_blocks(mut self, block_rows: usize, blocks_per_file: usize) -> Self {
+        self.block_rows = block_rows;
+        self.blocks_per_file = blocks_per_file;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.shards == 0 || self.block_rows == 0 || self.blocks_per_file == 0 {
+            return Err(Error::invariant(format!(
+                "bad engine config {self:?}: shards, block_rows and blocks_per_file must be at least 1"
+            )));
+        }
+        Ok(())
+    }
+}
+
+struct TableRuntime {
+    def: Arc<TableDef>,
+    parts: Vec<Arc<TablePart>>,
+}
+
+#[derive(Default)]
+struct Tables {
+    by_id: Vec<TableRuntime>,
+    by_name: HashMap<String, TableId>,
+}
+
+#[derive(Default)]
+struct FlushState {
+    pending: usize,
+    failures: u64,
+    last_error: Option<String>,
+}
+
+struct Flusher {
+    state: Mutex<FlushState>,
+    idle: Condvar,
+}
+
+/// What one GC round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// The LWM it used.
+    pub lwm: Ts,
+    /// Visibility blocks freed.
+    pub visibility_blocks_freed: usize,
+    /// Index versions dropped.
+    pub index_versions_dropped: usize,
+    /// Retired objects deleted.
+    pub objects_deleted: usize,
+}
+
+/// Memory held by the engine, by component.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemoryStats {
+    /// Tile visibility (all files) and its writers' bookkeeping.
+    pub visibility_bytes: usize,
+    /// Primary index: SPI and MI.
+    pub index_bytes: usize,
+    /// Write buffers: active builders and unflushed blocks.
+    pub buffer_bytes: usize,
+    /// Stored tuple versions.
+    pub tuples: usize,
+}
+
+impl MemoryStats {
+    /// Visibility bits per stored tuple.
+    pub fn visibility_bits_per_tuple(&self) -> f64 {
+        if self.tuples == 0 {
+            0.0
+        } else {
+            self.visibility_bytes as f64 * 8.0 / self.tuples as f64
+        }
+    }
+}
+
+/// The fovea engine.
+pub struct Engine {
+    config: EngineConfig,
+    clock: Arc<Clock>,
+    lake: Lake,
+    tables: RwLock<Tables>,
+    shards: Vec<Mutex<Shard>>,
+    /// Serialises `apply` (begin + apply) so timestamps reach shards in order.
+    sequencer: Mutex<()>,
+    /// Serialises `apply_at` so one transaction's shards are locked together.
+    sequencer_apply: Mutex<()>,
+    file_ids: AtomicU64,
+    flusher: Arc<Flusher>,
+    flush_tx: Mutex<Option<Sender<FlushJob>>>,
+    flush_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Objects replaced by combine, with the registration sequence of the swap.
+    retired: Mutex<Vec<(u64, Vec<Path>)>>,
+}
+
+impl Engine {
+    /// An engine over `store`, with timestamps from `clock`.
+    pub fn open(
+        store: Arc<dyn ObjectStore>,
+        clock: Arc<Clock>,
+        config: EngineConfig,
+    ) -> Result<Arc<Engine>> {
+        config.validate()?;
+        let lake = Lake::new(store);
+        let flusher = Arc::new(Flusher {
+            state: Mutex::new(FlushState::default()),
+            idle: Condvar::new(),
+        });
+        let (tx, rx) = channel();
+        let thread = {
+            let lake = lake.clone();
+            let flusher = Arc::clone(&flusher);
+            std::thread::Builder::new()
+                .name("fovea-flush".into())
+                .spawn(move || flush_loop(rx, lake, flusher, config.block_rows))?
+        };
+        Ok(Arc::new(Engine {
+            config,
+            clock,
+            lake,
+            tables: RwLock::new(Tables::default()),
+            shards: (0..config.shards)
+                .map(|i| Mutex::new(Shard::new(ShardId(i as u32))))
+                .collect(),
+            sequencer: Mutex::new(()),
+            sequencer_apply: Mutex::new(()),
+            file_ids: AtomicU64::new(1),
+            flusher,
+            flush_tx: Mutex::new(Some(tx)),
+            flush_thread: Mutex::new(Some(thread)),
+            retired: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// An engine entirely in memory (tests, benches).
+    pub fn in_memory(config: EngineConfig) -> Result<Arc<Engine>> {
+        let clock = Clock::open(Arc::new(MemoryTxnStore::default()) as Arc<dyn TxnStore>)?;
+        Self::open(Arc::new(InMemory::new()), clock, config)
+    }
+
+    /// An engine on a local directory: files under `dir`, timestamps in
+    /// `dir/_fovea/txn.sqlite`.
+    pub fn open_dir(dir: &FsPath, config: EngineConfig) -> Result<Arc<Engine>> {
+        std::fs::create_dir_all(dir)?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)?;
+        let txn = SqliteTxnStore::open(&dir.join(METADATA_DIR).join("txn.sqlite"))?;
+        Self::open(Arc::new(store), Clock::open(Arc::new(txn))?, config)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> EngineConfig {
+        self.config
+    }
+
+    /// The clock (timestamps, watermarks, snapshots).
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
+    }
+
+    /// The lake's object store.
+    pub fn lake(&self) -> &Lake {
+        &self.lake
+    }
+
+    fn read_tables(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
+        self.tables.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a table with the given user columns and primary-key columns.
+    pub fn create_table(
+        &self,
+        name: &str,
+        schema: SchemaRef,
+        primary_key: Vec<usize>,
+    ) -> Result<Arc<TableDef>> {
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        if tables.by_name.contains_key(name) {
+            return Err(Error::TableExists(name.into()));
+        }
+        let id = TableId(tables.by_id.len() as u32);
+        let def = TableDef::new(id, name, schema, primary_key)?;
+        let parts: Vec<Arc<TablePart>> = (0..self.shards.len())
+            .map(|s| Arc::new(TablePart::new(Arc::clone(&def), ShardId(s as u32))))
+            .collect();
+        for (shard, part) in self.shards.iter().zip(&parts) {
+            lock(shard).add_part(Arc::clone(part));
+        }
+        tables.by_id.push(TableRuntime {
+            def: Arc::clone(&def),
+            parts,
+        });
+        tables.by_name.insert(name.into(), id);
+        Ok(def)
+    }
+
+    /// The table named `name`.
+    pub fn table(&self, name: &str) -> Result<Arc<TableDef>> {
+        let tables = self.read_tables();
+        let id = tables
+            .by_name
+            .get(name)
+            .ok_or_else(|| Error::UnknownTable(name.into()))?;
+        Ok(Arc::clone(&tables.by_id[id.0 as usize].def))
+    }
+
+    /// All tables, by id.
+    pub fn tables(&self) -> Vec<Arc<TableDef>> {
+        self.read_tables()
+            .by_id
+            .iter()
+            .map(|t| Arc::clone(&t.def))
+            .collect()
+    }
+
+    fn table_by_id(&self, id: TableId) -> Result<Arc<TableDef>> {
+        let tables = self.read_tables();
+        tables
+            .by_id
+            .get(id.0 as usize)
+            .map(|t| Arc::clone(&t.def))
+            .ok_or_else(|| Error::UnknownTable(id.to_string()))
+    }
+
+    /// The shard a key belongs to.
+    pub fn shard_of(&self, key: &[u8]) -> usize {
+        use std::hash::BuildHasher;
+        (foldhash::fast::FixedState::with_seed(0x0005_4a2d).hash_one(key)
+            % self.shards.len() as u64) as usize
+    }
+
+    /// Replays one mirror transaction: all of `ops` become visible together at
+    /// the returned timestamp, or none does (the error names table and key).
+    pub fn apply(&self, ops: Vec<Op>) -> Result<Ts> {
+        let _order = lock(&self.sequencer);
+        let ts = self.clock.begin()?;
+        match self.apply_at(ts, ops) {
+            Ok(()) => {
+                self.clock.commit(ts)?;
+                Ok(ts)
+            }
+            Err(
+                e @ (Error::KeyConflict { .. } | Error::Schema { .. } | Error::UnknownTable(_)),
+            ) => {
+                // Rejected before anything was written.
+                self.clock.abort(ts)?;
+                Err(e)
+            }
+            // A broken invariant after partial application: the ts stays
+            // uncommitted, so HWM stops below it and no part of the
+            // transaction ever becomes visible.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Starts a mirror transaction (see [`Engine::apply_at`]).
+    pub fn begin(&self) -> Result<Ts> {
+        self.clock.begin()
+    }
+
+    /// Applies `ops` at `ts` without committing. Calls must come in `ts`
+    /// order; commits ([`Engine::commit`]) may come in any order.
+    ///
+    /// On [`Error::KeyConflict`], [`Error::Schema`] or
+    /// [`Error::UnknownTable`] nothing was written and the caller ends the
+    /// transaction with [`Engine::abort`]. Any other error is a broken
+    /// invariant; the transaction must then never be committed.
+    pub fn apply_at(&self, ts: Ts, ops: Vec<Op>) -> Result<()> {
+        let mut routed: Vec<Vec<ShardOp>> = vec![Vec::new(); self.shards.len()];
+        for op in ops {
+            for s in ShardOp::from_op(op, |t| self.table_by_id(t))? {
+                routed[self.shard_of(s.key())].push(s);
+            }
+        }
+        let _order = lock(&self.sequencer_apply);
+        let mut shards: Vec<_> = routed
+            .iter()
+            .enumerate()
+            .filter(|(_, ops)| !ops.is_empty())
+            .map(|(i, ops)| (lock(&self.shards[i]), ops))
+            .collect();
+        shards
+            .iter()
+            .try_for_each(|(shard, ops)| shard.validate(ops))?;
+        let tx = lock(&self.flush_tx).clone();
+        let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
+        let ctx = ShardContext {
+            file_ids: &self.file_ids,
+            flush: &flush,
+            config: self.buffer_config(),
+        };
+        for (shard, ops) in shards.iter_mut() {
+            shard.apply(ts, ops, &ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Marks `ts` fully applied; HWM advances over the committed prefix.
+    pub fn commit(&self, ts: Ts) -> Result<()> {
+        self.clock.commit(ts)
+    }
+
+    /// Ends a transaction that wrote nothing.
+    pub fn abort(&self, ts: Ts) -> Result<()> {
+        self.clock.abort(ts)
+    }
+
+    fn buffer_config(&self) -> BufferConfig {
+        BufferConfig {
+            block_rows: self.config.block_rows,
+            blocks_per_file: self.config.blocks_per_file,
+        }
+    }
+
+    fn enqueue_flush(&self, tx: Option<&Sender<FlushJob>>, job: FlushJob) {
+        lock(&self.flusher.state).pending += 1;
+        let sent = tx.map(|tx| tx.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            // The flusher is gone (engine shutting down): the block stays in
+            // memory, readable, and is counted as a failure.
+            let mut st = lock(&self.flusher.state);
+            st.pending -= 1;
+            st.failures += 1;
+            st.last_error = Some("the flusher has stopped".into());
+        }
+    }
+
+    /// Waits until every queued block is flushed. Returns the last flush
+    /// failure if any happened since the previous call (the affected blocks
+    /// stay in memory and readable).
+    pub fn flush(&self) -> Result<()> {
+        let mut st = lock(&self.flusher.state);
+        while st.pending > 0 {
+            st = self
+                .flusher
+                .idle
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        match st.last_error.take() {
+            Some(e) => Err(Error::Io(std::io::Error::other(format!(
+                "flushing write-buffer blocks failed: {e}"
+            )))),
+            None => Ok(()),
+        }
+    }
+
+    /// Flush failures so far.
+    pub fn flush_failures(&self) -> u64 {
+        lock(&self.flusher.state).failures
+    }
+
+    /// Registers a query at the newest replayed state.
+    pub fn snapshot(&self) -> Snapshot {
+        self.clock.snapshot()
+    }
+
+    /// Registers a query at a past `ts` (time travel).
+    pub fn snapshot_at(&self, ts: Ts) -> Result<Snapshot> {
+        self.clock.snapshot_at(ts)
+    }
+
+    /// One consistent view of every part of `table`.
+    pub fn views(&self, table: &str) -> Result<(Arc<TableDef>, Vec<PartView>)> {
+        let tables = self.read_tables();
+        let id = tables
+            .by_name
+            .get(table)
+            .ok_or_else(|| Error::UnknownTable(table.into()))?;
+        let rt = &tables.by_id[id.0 as usize];
+        let views = rt.parts.iter().map(|p| p.view()).collect::<Result<_>>()?;
+        Ok((Arc::clone(&rt.def), views))
+    }
+
+    /// Scans `table` at `snapshot`.
+    pub fn scan(&self, snapshot: &Snapshot, table: &str, options: ScanOptions) -> Result<Scan> {
+        let (def, views) = self.views(table)?;
+        Scan::new(snapshot.clone(), self.lake.clone(), def, views, options)
+    }
+
+    fn all_parts(&self) -> Vec<Arc<TablePart>> {
+        self.read_tables()
+            .by_id
+            .iter()
+            .flat_map(|t| t.parts.iter().cloned())
+            .collect()
+    }
+
+    /// Combines every sealed virtual file whose blocks are all flushed into a
+    /// regular file with the same id and row order. Returns how many.
+    pub fn combine(&self) -> Result<usize> {
+        let mut combined = 0;
+        for part in self.all_parts() {
+            let candidates: Vec<_> = lock(&part.state)
+                .files
+                .iter()
+                .filter_map(|f| match &f.kind {
+                    FileKind::Virtual {
+                        blocks,
+                        sealed: true,
+                    } if blocks
+                        .iter()
+                        .all(|b| matches!(b.data, BlockData::Flushed(_))) =>
+                    {
+                        Some((f.id, blocks.clone()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            for (id, blocks) in candidates {
+                let mut batches = Vec::with_capacity(blocks.len());
+                let mut paths = Vec::with_capacity(blocks.len());
+                for b in &blocks {
+                    if let BlockData::Flushed(p) = &b.data {
+                        batches.push(self.lake.read_block(p)?);
+                        paths.push(p.clone());
+                    }
+                }
+                let regular = crate::lake::combine(
+                    &self.lake,
+                    file_path(part.table.id, id),
+                    &batches,
+                    self.config.block_rows,
+                )?;
+                let mut state = lock(&part.state);
+                if let Some(f) = state.files.iter_mut().find(|f| f.id == id) {
+                    f.kind = FileKind::Regular(Arc::new(regular));
+                }
+                // Readers registered before this point may still read the blocks.
+                lock(&self.retired).push((self.clock.registration_seq(), paths));
+                combined += 1;
+            }
+        }
+        Ok(combined)
+    }
+
+    /// One round of garbage collection below LWM: folds tile visibility,
+    /// purges index versions, deletes objects no live snapshot can read.
+    /// Changes no answer of any query.
+    pub fn gc(&self) -> Result<GcReport> {
+        let lwm = self.clock.lwm();
+        let mut report = GcReport {
+            lwm,
+            ..GcReport::default()
+        };
+        for part in self.all_parts() {
+            let files: Vec<_> = lock(&part.state)
+                .files
+                .iter()
+                .map(|f| Arc::clone(&f.vis))
+                .collect();
+            report.visibility_blocks_freed += files.iter().map(|v| v.fold(lwm)).sum::<usize>();
+        }
+        for shard in &self.shards {
+            report.index_versions_dropped += lock(shard).purge(lwm);
+        }
+        let oldest = self.clock.oldest_registration();
+        let ready: Vec<Path> = {
+            let mut retired = lock(&self.retired);
+            let (ready, keep): (Vec<_>, Vec<_>) =
+                retired.drain(..).partition(|(seq, _)| *seq <= oldest);
+            *retired = keep;
+            ready.into_iter().flat_map(|(_, p)| p).collect()
+        };
+        for p in &ready {
+            self.lake.delete(p)?;
+        }
+        report.objects_deleted = ready.len();
+        Ok(report)
+    }
+
+    /// Memory by component.
+    pub fn memory(&self) -> MemoryStats {
+        let mut m = MemoryStats::default();
+        for part in self.all_parts() {
+            m.buffer_bytes += part.memory_bytes();
+            m.tuples += part.tuples();
+            m.visibility_bytes += lock(&part.state)
+                .files
+                .iter()
+                .map(|f| f.vis.memory_bytes())
+                .sum::<usize>();
+        }
+        for shard in &self.shards {
+            let (index, vis) = lock(shard).memory_bytes();
+            m.index_bytes += index;
+            m.visibility_bytes += vis;
+        }
+        m
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        lock(&self.flush_tx).take();
+        if let Some(t) = lock(&self.flush_thread).take() {
+            if t.join().is_err() {
+                tracing::error!("the flush thread panicked");
+            }
+        }
+    }
+}
+
+fn flush_loop(rx: Receiver<FlushJob>, lake: Lake, flusher: Arc<Flusher>, block_rows: usize) {
+    for job in rx {
+        let result = flush_block(&lake, &job, block_rows);
+        let mut st = lock(&flusher.state);
+        if let Err(e) = result {
+            tracing::error!(table = %job.part.table.name, file = %job.file, block = job.block.index, error = %e, "flush failed; the block stays in memory");
+            st.failures += 1;
+            st.last_error = Some(format!(
+                "table {}, {} block {}: {e}",
+                job.part.table.name, job.file, job.block.index
+            ));
+        }
+        st.pending -= 1;
+        if st.pending == 0 {
+            flusher.idle.notify_all();
+        }
+    }
+}
+
+fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
+    let BlockData::Memory(batch) = &job.block.data else {
+        return Ok(());
+    };
+    let path = block_path(job.part.table.id, job.file, job.block.index);
+    lake.put(
+        &path,
+        encode_parquet(
+            std::slice::from_ref(batch),
+            block_rows,
+            Compression::UNCOMPRESSED,
+        )?,
+    )?;
+    let mut state = lock(&job.part.state);
+    let file = state.files.iter_mut().find(|f| f.id == job.file);
+    if let Some(FileKind::Virtual { blocks, .. }) = file.map(|f| &mut f.kind) {
+        if let Some(slot) = blocks.iter_mut().find(|b| b.index == job.block.index) {
+            let mut flushed = (**slot).clone();
+            flushed.data = BlockData::Flushed(path);
+            *slot = Arc::new(flushed);
+        }
+    }
+    Ok(())
+}

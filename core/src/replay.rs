@@ -1,0 +1,488 @@
+//! Applying mirror transactions to a shard.
+//!
+//! A shard is the single writer of its index partition, its write buffers,
+//! the files those buffers produce and their visibility. It applies the
+//! operations of a mirror transaction at the transaction's timestamp in two
+//! steps, so a rejected transaction leaves no trace:
+//!
+//! 1. [`Shard::validate`]: every operation against the live state (index plus
+//!    the transaction's own earlier operations): an insert needs a key with
+//!    no live version, a delete or update needs a live one.
+//! 2. [`Shard::apply`]: insert → append to the write buffer and index the
+//!    new version; delete → append `delete_ts` to the row's tile and a
+//!    tombstone to the index; update → both.
+//!
+//! Operations are routed by hash of (table, key); an update that changes the
+//! key becomes a delete and an insert, which may go to two shards.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use std::collections::HashMap;
+
+use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, TablePart};
+use crate::error::{Error, Result};
+use crate::ids::{FileId, RowId, ShardId, TableId, Ts};
+use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key};
+use crate::lake::ts_range;
+use crate::mvcc::lock;
+use crate::schema::{Row, TableDef, Value, render_key};
+use crate::visibility::{FileVisibility, VisibilityWriter};
+
+/// A change of one row, as the source database made it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A new row.
+    Insert {
+        /// Table.
+        table: TableId,
+        /// All user columns.
+        row: Row,
+    },
+    /// Removal of the row with this primary key.
+    Delete {
+        /// Table.
+        table: TableId,
+        /// Primary-key values, in key order.
+        key: Row,
+    },
+    /// Replacement of the row with primary key `key` by `row` (whose key
+    /// may differ).
+    Update {
+        /// Table.
+        table: TableId,
+        /// Old primary-key values.
+        key: Row,
+        /// New row, all user columns.
+        row: Row,
+    },
+}
+
+/// An operation routed to one shard, with its key encoded.
+#[derive(Clone, Debug)]
+pub enum ShardOp {
+    /// Insert `row` under `key`.
+    Insert {
+        /// Table.
+        table: Arc<TableDef>,
+        /// Encoded key of `row`.
+        key: KeyBytes,
+        /// The row.
+        row: Row,
+    },
+    /// Delete `key`.
+    Delete {
+        /// Table.
+        table: Arc<TableDef>,
+        /// Encoded key.
+        key: KeyBytes,
+        /// Key values, for messages.
+        values: Row,
+    },
+    /// Replace the row at `key` by `row` (same key).
+    Update {
+        /// Table.
+        table: Arc<TableDef>,
+        /// Encoded key.
+        key: KeyBytes,
+        /// The new row.
+        row: Row,
+    },
+}
+
+impl ShardOp {
+    /// The encoded key (routing uses it).
+    pub fn key(&self) -> &KeyBytes {
+        match self {
+            ShardOp::Insert { key, .. }
+            | ShardOp::Delete { key, .. }
+            | ShardOp::Update { key, .. } => key,
+        }
+    }
+
+    /// Splits an [`Op`] into shard operations: checks types and keys, and
+    /// turns a key-changing update into a delete and an insert.
+    pub fn from_op(
+        op: Op,
+        table_of: impl Fn(TableId) -> Result<Arc<TableDef>>,
+    ) -> Result<Vec<ShardOp>> {
+        Ok(match op {
+            Op::Insert { table, row } => {
+                let table = table_of(table)?;
+                table.check_row(&row)?;
+                let key = encode_key(table.id, &table.key_of(&row));
+                vec![ShardOp::Insert { table, key, row }]
+            }
+            Op::Delete { table, key } => {
+                let table = table_of(table)?;
+                table.check_key(&key)?;
+                let encoded = encode_key(table.id, &key);
+                vec![ShardOp::Delete {
+                    table,
+                    key: encoded,
+                    values: key,
+                }]
+            }
+            Op::Update { table, key, row } => {
+                let table = table_of(table)?;
+                table.check_key(&key)?;
+                table.check_row(&row)?;
+                let old = encode_key(table.id, &key);
+                let new = encode_key(table.id, &table.key_of(&row));
+                if old == new {
+                    vec![ShardOp::Update {
+                        table,
+                        key: new,
+                        row,
+                    }]
+                } else {
+                    vec![
+                        ShardOp::Delete {
+                            table: Arc::clone(&table),
+                            key: old,
+                            values: key,
+                        },
+                        ShardOp::Insert {
+                            table,
+                            key: new,
+                            row,
+                        },
+                    ]
+                }
+            }
+        })
+    }
+}
+
+/// Sizes of write-buffer blocks and files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferConfig {
+    /// Rows per block (a multiple of the 4096-row tile).
+    pub block_rows: usize,
+    /// Blocks per virtual file.
+    pub blocks_per_file: usize,
+}
+
+/// A block to write to the object store.
+pub struct FlushJob {
+    /// The part owning the block.
+    pub part: Arc<TablePart>,
+    /// Its file.
+    pub file: FileId,
+    /// The block.
+    pub block: Arc<Block>,
+}
+
+/// What a shard needs from its engine while applying.
+pub struct ShardContext<'a> {
+    /// Global file-id allocator.
+    pub file_ids: &'a AtomicU64,
+    /// Queue of the background flusher.
+    pub flush: &'a dyn Fn(FlushJob),
+    /// Buffer sizes.
+    pub config: BufferConfig,
+}
+
+struct OpenBlock {
+    file: FileId,
+    slot: u32,
+    index: u32,
+    rows: usize,
+    row_id_start: u64,
+}
+
+struct PartWriter {
+    part: Arc<TablePart>,
+    open: Option<OpenBlock>,
+}
+
+/// One shard's writer state: index partition, row-id allocator, buffers and
+/// the unique visibility writers of its files.
+pub struct Shard {
+    id: ShardId,
+    index: PrimaryIndex,
+    main: MainIndex,
+    next_row_id: u64,
+    writers: Vec<VisibilityWriter>,
+    parts: HashMap<TableId, PartWriter>,
+    /// Timestamp of the last applied operations.
+    last_ts: Ts,
+}
+
+impl Shard {
+    /// An empty shard.
+    pub fn new(id: ShardId) -> Self {
+        Shard {
+            id,
+            index: PrimaryIndex::new(),
+            main: MainIndex::default(),
+            next_row_id: 0,
+            writers: Vec::new(),
+            parts: HashMap::new(),
+            last_ts: Ts::ZERO,
+        }
+    }
+
+    /// This shard's id.
+    pub fn id(&self) -> ShardId {
+        self.id
+    }
+
+    /// Registers the table part this shard writes.
+    pub fn add_part(&mut self, part: Arc<TablePart>) {
+        self.parts
+            .insert(part.table.id, PartWriter { part, open: None });
+    }
+
+    /// The index partition.
+    pub fn index(&self) -> &PrimaryIndex {
+        &self.index
+    }
+
+    /// Checks that `ops`, applied in order, conflict with no live key.
+    pub fn validate(&self, ops: &[ShardOp]) -> Result<()> {
+        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
+        let live = |overlay: &HashMap<&[u8], bool>, key: &KeyBytes| {
+            overlay
+                .get(key.as_slice())
+                .copied()
+                .unwrap_or_else(|| self.index.latest(key).is_some())
+        };
+        for op in ops {
+            match op {
+                ShardOp::Insert { table, key, row } => {
+                    if live(&overlay, key) {
+                        return Err(conflict(
+                            table,
+                            &table.key_of(row),
+                            "insert of a key that already has a live row",
+                        ));
+                    }
+                    overlay.insert(key, true);
+                }
+                ShardOp::Delete { table, key, values } => {
+                    if !live(&overlay, key) {
+                        return Err(conflict(table, values, "delete of a key with no live row"));
+                    }
+                    overlay.insert(key, false);
+                }
+                ShardOp::Update { table, key, row } => {
+                    if !live(&overlay, key) {
+                        return Err(conflict(
+                            table,
+                            &table.key_of(row),
+                            "update of a key with no live row",
+                        ));
+                    }
+                }
+            }
+            if !self.parts.contains_key(&op_table(op).id) {
+                return Err(Error::UnknownTable(op_table(op).name.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies validated operations at `ts`. Timestamps must not decrease
+    /// from one call to the next.
+    pub fn apply(&mut self, ts: Ts, ops: &[ShardOp], ctx: &ShardContext<'_>) -> Result<()> {
+        if ts < self.last_ts {
+            return Err(Error::invariant(format!(
+                "{} applied {ts:?} after {:?}: a shard applies in timestamp order",
+                self.id, self.last_ts
+            )));
+        }
+        self.last_ts = ts;
+        for op in ops {
+            match op {
+                ShardOp::Insert { table, key, row } => {
+                    let row_id = self.append_row(table, row, ts, ctx)?;
+                    self.index.put(key, ts, row_id)?;
+                }
+                ShardOp::Delete { table, key, values } => {
+                    self.delete_row(table, key, values, ts)?;
+                    self.index.tombstone(key, ts)?;
+                }
+                ShardOp::Update { table, key, row } => {
+                    self.delete_row(table, key, &table.key_of(row), ts)?;
+                    let row_id = self.append_row(table, row, ts, ctx)?;
+                    self.index.put(key, ts, row_id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_row(
+        &mut self,
+        table: &TableDef,
+        key: &KeyBytes,
+        values: &[Value],
+        ts: Ts,
+    ) -> Result<()> {
+        let row_id = self.index.latest(key).ok_or_else(|| {
+            conflict(
+                table,
+                values,
+                "delete of a key with no live row (not validated)",
+            )
+        })?;
+        let loc = self.main.locate(row_id).ok_or_else(|| {
+            Error::invariant(format!(
+                "{row_id:?} of table {} has no location",
+                table.name
+            ))
+        })?;
+        self.writers[loc.file_slot as usize].delete(loc.offset as usize, ts)
+    }
+
+    fn append_row(
+        &mut self,
+        table: &Arc<TableDef>,
+        row: &[Value],
+        ts: Ts,
+        ctx: &ShardContext<'_>,
+    ) -> Result<RowId> {
+        let cfg = ctx.config;
+        let pw = self
+            .parts
+            .get_mut(&table.id)
+            .ok_or_else(|| Error::UnknownTable(table.name.clone()))?;
+        if pw.open.as_ref().is_none_or(|o| o.rows == cfg.block_rows) {
+            // Open a new block, in a new file when the current one is full.
+            let (file, slot, index) = match &pw.open {
+                Some(o) if (o.index as usize) + 1 < cfg.blocks_per_file => {
+                    (o.file, o.slot, o.index + 1)
+                }
+                _ => {
+                    // Relaxed: ids only need to be unique.
+                    let file = FileId(ctx.file_ids.fetch_add(1, Ordering::Relaxed));
+                    let (vis, writer) =
+                        FileVisibility::new(file, cfg.block_rows * cfg.blocks_per_file);
+                    let slot = self.writers.len() as u32;
+                    self.writers.push(writer);
+                    lock(&pw.part.state).files.push(LakeFile {
+                        id: file,
+                        vis,
+                        kind: FileKind::Virtual {
+                            blocks: Vec::new(),
+                            sealed: false,
+                        },
+                    });
+                    (file, slot, 0)
+                }
+            };
+            let row_id_start = self.next_row_id;
+            self.next_row_id += cfg.block_rows as u64;
+            let offset = index as usize * cfg.block_rows;
+            self.main.add_range(
+                RowId(row_id_start),
+                cfg.block_rows as u32,
+                file,
+                slot,
+                offset as u32,
+            )?;
+            let vis = Arc::clone(self.writers[slot as usize].visibility());
+            let builder = BlockBuilder::new(Arc::clone(table), cfg.block_rows)?;
+            lock(&pw.part.state).active = Some(ActiveBlock {
+                file,
+                vis,
+                offset,
+                builder,
+            });
+            pw.open = Some(OpenBlock {
+                file,
+                slot,
+                index,
+                rows: 0,
+                row_id_start,
+            });
+        }
+        let open = pw
+            .open
+            .as_mut()
+            .ok_or_else(|| Error::invariant("no open block after opening one"))?;
+        let full = {
+            let mut state = lock(&pw.part.state);
+            let active = state
+                .active
+                .as_mut()
+                .ok_or_else(|| Error::invariant("open block without active builder"))?;
+            active.builder.append(row, ts);
+            if active.builder.is_full() {
+                let batch = active.builder.finish()?;
+                state.active = None;
+                let (min_ts, max_ts) = ts_range(crate::lake::create_ts_column(&batch)?);
+                let block = Arc::new(Block {
+                    index: open.index,
+                    rows: batch.num_rows(),
+                    min_ts,
+                    max_ts,
+                    data: BlockData::Memory(batch),
+                });
+                let sealed_now = open.index as usize + 1 == cfg.blocks_per_file;
+                let file = state
+                    .files
+                    .iter_mut()
+                    .find(|f| f.id == open.file)
+                    .ok_or_else(|| {
+                        Error::invariant(format!("{} missing from its part", open.file))
+                    })?;
+                match &mut file.kind {
+                    FileKind::Virtual { blocks, sealed } => {
+                        blocks.push(Arc::clone(&block));
+                        *sealed = sealed_now;
+                    }
+                    FileKind::Regular(_) => {
+                        return Err(Error::invariant("appending to a regular file"));
+                    }
+                }
+                Some(block)
+            } else {
+                None
+            }
+        };
+        let row_id = RowId(open.row_id_start + open.rows as u64);
+        open.rows += 1;
+        if let Some(block) = full {
+            (ctx.flush)(FlushJob {
+                part: Arc::clone(&pw.part),
+                file: open.file,
+                block,
+            });
+        }
+        Ok(row_id)
+    }
+
+    /// Drops index versions no snapshot `≥ lwm` can see.
+    pub fn purge(&mut self, lwm: Ts) -> usize {
+        self.index.purge(lwm)
+    }
+
+    /// Bytes of index (SPI + MI) and of visibility-writer bookkeeping.
+    pub fn memory_bytes(&self) -> (usize, usize) {
+        (
+            self.index.memory_bytes() + self.main.memory_bytes(),
+            self.writers
+                .iter()
+                .map(VisibilityWriter::memory_bytes)
+                .sum(),
+        )
+    }
+}
+
+fn op_table(op: &ShardOp) -> &Arc<TableDef> {
+    match op {
+        ShardOp::Insert { table, .. }
+        | ShardOp::Delete { table, .. }
+        | ShardOp::Update { table, .. } => table,
+    }
+}
+
+fn conflict(table: &TableDef, key: &[Value], message: &str) -> Error {
+    Error::KeyConflict {
+        table: table.name.clone(),
+        key: render_key(key),
+        message: message.into(),
+    }
+}

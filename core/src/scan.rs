@@ -1,0 +1,508 @@
+//! The VFoR scan: the visible versions of a table at a snapshot, as Arrow
+//! record batches.
+//!
+//! ```text
+//!  snapshot qts ─▶ one view per table part (files + active rows, one lock each)
+//!                    │
+//!                    ▼ splits: row group of a regular file │ block of a virtual file │ active rows
+//!  per split:  skip if min create_ts > qts (or the filter's statistics exclude it)
+//!              mask  = create_ts ≤ qts          (only when max create_ts > qts)
+//!              mask &= ¬ deleted_bitmap(qts)     (tile visibility)
+//!              mask &= filter(row)               (optional predicate)
+//!              batch → filter(mask) → projection
+//! ```
+//!
+//! The scan holds its [`Snapshot`], so LWM cannot pass `qts` while any batch
+//! is still to come, and memory GC or combine running meanwhile change no
+//! answer.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow::array::{Array, BooleanArray, Datum, Scalar};
+use arrow::buffer::{BooleanBuffer, Buffer};
+use arrow::compute::kernels::cmp;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use fovea_scan_wasm as kernel;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+
+use crate::buffer::{ActiveRows, Block, BlockData, FileKind, PartView};
+use crate::error::{Error, Result};
+use crate::ids::Ts;
+use crate::lake::{Lake, RegularFile, create_ts_column};
+use crate::mvcc::Snapshot;
+use crate::schema::{TableDef, Value};
+use crate::visibility::FileVisibility;
+
+/// Whether the scan applies visibility. `Off` returns every stored version
+/// (deleted and uncommitted ones too) and exists only to measure the cost of
+/// VFoR in benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VisibilityMode {
+    /// Snapshot semantics (the only correct mode).
+    #[default]
+    Enforced,
+    /// No visibility filtering: benchmarking only.
+    Off,
+}
+
+/// A comparison operator of a [`Predicate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    /// `=`
+    Eq,
+    /// `<>`
+    NotEq,
+    /// `<`
+    Lt,
+    /// `<=`
+    LtEq,
+    /// `>`
+    Gt,
+    /// `>=`
+    GtEq,
+}
+
+/// A filter pushed into the scan: evaluated per row, and used to skip row
+/// groups whose statistics exclude it. NULLs never match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Predicate {
+    /// `column op value`, column by index in the table schema.
+    Compare {
+        /// Column index.
+        column: usize,
+        /// Operator.
+        op: CmpOp,
+        /// Literal.
+        value: Value,
+    },
+    /// All of them.
+    And(Vec<Predicate>),
+}
+
+impl Predicate {
+    fn columns(&self, out: &mut Vec<usize>) {
+        match self {
+            Predicate::Compare { column, .. } => out.push(*column),
+            Predicate::And(ps) => ps.iter().for_each(|p| p.columns(out)),
+        }
+    }
+}
+
+/// What to scan.
+#[derive(Clone, Debug, Default)]
+pub struct ScanOptions {
+    /// User columns to return, by index, in this order (`None`: all).
+    pub projection: Option<Vec<usize>>,
+    /// Optional filter.
+    pub filter: Option<Predicate>,
+    /// Visibility (always `Enforced` outside benchmarks).
+    pub visibility: VisibilityMode,
+}
+
+/// Counters of one scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanMetrics {
+    /// Splits (row groups, blocks, active rows) read.
+    pub splits_read: usize,
+    /// Splits skipped because all their rows are newer than qts.
+    pub splits_skipped_by_ts: usize,
+    /// Row groups skipped by the filter's statistics.
+    pub splits_skipped_by_filter: usize,
+    /// Rows decoded.
+    pub rows_read: usize,
+    /// Rows returned.
+    pub rows_returned: usize,
+}
+
+enum Split {
+    RowGroup {
+        file: Arc<RegularFile>,
+        vis: Arc<FileVisibility>,
+        rg: usize,
+    },
+    Block {
+        vis: Arc<FileVisibility>,
+        block: Arc<Block>,
+        offset: usize,
+    },
+    Active(ActiveRows),
+}
+
+/// An in-progress scan; an iterator of record batches.
+pub struct Scan {
+    snapshot: Snapshot,
+    lake: Lake,
+    table: Arc<TableDef>,
+    options: ScanOptions,
+    /// User columns decoded, sorted; the hidden column follows them.
+    read_columns: Vec<usize>,
+    /// Positions (in the decoded batch) of the output columns.
+    output_positions: Vec<usize>,
+    output_schema: SchemaRef,
+    splits: VecDeque<Split>,
+    current_file: Option<(object_store::path::Path, Bytes)>,
+    metrics: ScanMetrics,
+    scratch: Vec<u64>,
+}
+
+impl Scan {
+    /// Plans a scan of `table` over the given part views (all taken after
+    /// `snapshot` was registered).
+    pub fn new(
+        snapshot: Snapshot,
+        lake: Lake,
+        table: Arc<TableDef>,
+        views: Vec<PartView>,
+        options: ScanOptions,
+    ) -> Result<Self> {
+        let n = table.schema.fields().len();
+        let projection: Vec<usize> = options
+            .projection
+            .clone()
+            .unwrap_or_else(|| (0..n).collect());
+        let mut wanted = projection.clone();
+        if let Some(f) = &options.filter {
+            f.columns(&mut wanted);
+        }
+        if let Some(&bad) = wanted.iter().find(|&&c| c >= n) {
+            return Err(Error::Schema {
+                table: table.name.clone(),
+                column: format!("#{bad}"),
+                message: format!("column index out of range (the table has {n} columns)"),
+            });
+        }
+        let mut read_columns = wanted.clone();
+        read_columns.sort_unstable();
+        read_columns.dedup();
+        let output_positions = projection
+            .iter()
+            .map(|c| {
+                read_columns
+                    .binary_search(c)
+                    .unwrap_or_else(|_| unreachable!("c was added"))
+            })
+            .collect();
+        let output_schema = Arc::new(Schema::new(
+            projection
+                .iter()
+                .map(|&c| table.schema.field(c).clone())
+                .collect::<Vec<_>>(),
+        ));
+        let qts = snapshot.qts();
+        let mut metrics = ScanMetrics::default();
+        let mut splits = VecDeque::new();
+        for view in views {
+            for file in view.files {
+                match file.kind {
+                    FileKind::Regular(r) => {
+                        let keep = prune_row_groups(&table, &r, options.filter.as_ref())?;
+                        for (rg, info) in r.row_groups.iter().enumerate() {
+                            if options.visibility == VisibilityMode::Enforced && info.min_ts > qts {
+                                metrics.splits_skipped_by_ts += 1;
+                            } else if !keep[rg] {
+                                metrics.splits_skipped_by_filter += 1;
+                            } else {
+                                splits.push_back(Split::RowGroup {
+                                    file: Arc::clone(&r),
+                                    vis: Arc::clone(&file.vis),
+                                    rg,
+                                });
+                            }
+                        }
+                    }
+                    FileKind::Virtual { blocks, .. } => {
+                        let mut offset = 0;
+                        for block in blocks {
+                            let rows = block.rows;
+                            if options.visibility == VisibilityMode::Enforced && block.min_ts > qts
+                            {
+                                metrics.splits_skipped_by_ts += 1;
+                            } else {
+                                splits.push_back(Split::Block {
+                                    vis: Arc::clone(&file.vis),
+                                    block,
+                                    offset,
+                                });
+                            }
+                            offset += rows;
+                        }
+                    }
+                }
+            }
+            if let Some(active) = view.active {
+                splits.push_back(Split::Active(active));
+            }
+        }
+        Ok(Scan {
+            snapshot,
+            lake,
+            table,
+            options,
+            read_columns,
+            output_positions,
+            output_schema,
+            splits,
+            current_file: None,
+            metrics,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The snapshot timestamp.
+    pub fn qts(&self) -> Ts {
+        self.snapshot.qts()
+    }
+
+    /// Schema of the returned batches.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.output_schema)
+    }
+
+    /// Counters so far.
+    pub fn metrics(&self) -> ScanMetrics {
+        self.metrics
+    }
+
+    /// Drains the scan into a vector.
+    pub fn collect_batches(mut self) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        while let Some(b) = self.next_batch()? {
+            out.push(b);
+        }
+        Ok(out)
+    }
+
+    /// The next non-empty batch, or `None` at the end.
+    pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        while let Some(split) = self.splits.pop_front() {
+            self.metrics.splits_read += 1;
+            let (batch, vis, offset) = match split {
+                Split::RowGroup { file, vis, rg } => {
+                    let batch = self.read_row_group(&file, rg)?;
+                    (batch, vis, file.row_groups[rg].offset)
+                }
+                Split::Block { vis, block, offset } => {
+                    let batch = match &block.data {
+                        BlockData::Memory(b) => b.clone(),
+                        BlockData::Flushed(path) => self.lake.read_block(path)?,
+                    };
+                    (self.project_decoded(&batch)?, vis, offset)
+                }
+                Split::Active(a) => (self.project_decoded(&a.batch)?, a.vis, a.offset),
+            };
+            if let Some(out) = self.filter(batch, &vis, offset)? {
+                return Ok(Some(out));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Selects the read columns (+ hidden) of a full file batch.
+    fn project_decoded(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let mut cols = self.read_columns.clone();
+        cols.push(batch.num_columns() - 1);
+        Ok(batch.project(&cols)?)
+    }
+
+    fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<RecordBatch> {
+        let bytes = match &self.current_file {
+            Some((p, b)) if *p == file.path => b.clone(),
+            _ => {
+                let b = self.lake.get(&file.path)?;
+                self.current_file = Some((file.path.clone(), b.clone()));
+                b
+            }
+        };
+        let parquet_schema = file.metadata.metadata().file_metadata().schema_descr();
+        let mut roots = self.read_columns.clone();
+        roots.push(self.table.schema.fields().len());
+        let mask = ProjectionMask::roots(parquet_schema, roots);
+        let rows = file.row_groups[rg].rows;
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, file.metadata.clone())
+                .with_row_groups(vec![rg])
+                .with_projection(mask)
+                .with_batch_size(rows.max(1))
+                .build()?;
+        let batches = reader.collect::<Result<Vec<_>, _>>()?;
+        match batches.len() {
+            1 => Ok(batches
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| unreachable!("length checked"))),
+            _ => Ok(arrow::compute::concat_batches(
+                &batches[0].schema(),
+                &batches,
+            )?),
+        }
+    }
+
+    /// Applies VFoR and the filter to a decoded batch (read columns + hidden
+    /// column last) whose first row is at `offset` of its file.
+    fn filter(
+        &mut self,
+        batch: RecordBatch,
+        vis: &FileVisibility,
+        offset: usize,
+    ) -> Result<Option<RecordBatch>> {
+        let rows = batch.num_rows();
+        self.metrics.rows_read += rows;
+        let words = kernel::mask_words(rows);
+        let mut mask = vec![u64::MAX; words];
+        if self.options.visibility == VisibilityMode::Enforced {
+            let qts = self.snapshot.qts();
+            let create_ts = create_ts_column(&batch)?;
+            let (_, max_ts) = crate::lake::ts_range(create_ts);
+            if max_ts > qts {
+                kernel::create_ts_mask(create_ts.values(), qts.get() as i64, &mut mask);
+            }
+            vis.deleted_bitmap(offset, rows, qts, &mut self.scratch)?;
+            kernel::and_not(&mut mask, &self.scratch);
+        }
+        if let Some(filter) = &self.options.filter {
+            // Nulls never match.
+            let matches = self.evaluate(filter, &batch)?;
+            let matches = if matches.null_count() > 0 {
+                arrow::compute::prep_null_mask_filter(&matches)
+            } else {
+                matches
+            };
+            let chunks = matches.values().bit_chunks();
+            let full = chunks.chunk_len();
+            for (word, bits) in mask.iter_mut().zip(chunks.iter()) {
+                *word &= bits;
+            }
+            if chunks.remainder_len() > 0 {
+                mask[full] &= chunks.remainder_bits();
+            }
+        }
+        let visible = kernel::count_visible(&mask, rows);
+        if visible == 0 {
+            return Ok(None);
+        }
+        let projected = batch.project(&self.output_positions)?;
+        let out = if visible == rows {
+            projected
+        } else {
+            let selection =
+                BooleanArray::new(BooleanBuffer::new(Buffer::from_vec(mask), 0, rows), None);
+            arrow::compute::filter_record_batch(&projected, &selection)?
+        };
+        let out = out.with_schema(Arc::clone(&self.output_schema))?;
+        self.metrics.rows_returned += out.num_rows();
+        Ok(Some(out))
+    }
+
+    fn evaluate(&self, p: &Predicate, batch: &RecordBatch) -> Result<BooleanArray> {
+        match p {
+            Predicate::Compare { column, op, value } => {
+                let pos = self
+                    .read_columns
+                    .binary_search(column)
+                    .map_err(|_| Error::invariant("filter column not read"))?;
+                let array = batch.column(pos);
+                let literal = crate::buffer::value_array(&self.table, *column, value)?;
+                compare(array, &Scalar::new(literal), *op)
+            }
+            Predicate::And(ps) => {
+                let mut acc: Option<BooleanArray> = None;
+                for p in ps {
+                    let m = self.evaluate(p, batch)?;
+                    acc = Some(match acc {
+                        None => m,
+                        Some(a) => arrow::compute::and(&a, &m)?,
+                    });
+                }
+                Ok(acc.unwrap_or_else(|| BooleanArray::from(vec![true; batch.num_rows()])))
+            }
+        }
+    }
+}
+
+impl Iterator for Scan {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch().transpose()
+    }
+}
+
+fn compare(left: &dyn Datum, right: &dyn Datum, op: CmpOp) -> Result<BooleanArray> {
+    Ok(match op {
+        CmpOp::Eq => cmp::eq(left, right)?,
+        CmpOp::NotEq => cmp::neq(left, right)?,
+        CmpOp::Lt => cmp::lt(left, right)?,
+        CmpOp::LtEq => cmp::lt_eq(left, right)?,
+        CmpOp::Gt => cmp::gt(left, right)?,
+        CmpOp::GtEq => cmp::gt_eq(left, right)?,
+    })
+}
+
+/// Which row groups of `file` may hold rows matching `filter`, from the
+/// user columns' min/max statistics. Unknown statistics keep a row group.
+fn prune_row_groups(
+    table: &TableDef,
+    file: &RegularFile,
+    filter: Option<&Predicate>,
+) -> Result<Vec<bool>> {
+    let n = file.row_groups.len();
+    let Some(filter) = filter else {
+        return Ok(vec![true; n]);
+    };
+    prune_with(table, file, filter)
+}
+
+fn prune_with(table: &TableDef, file: &RegularFile, p: &Predicate) -> Result<Vec<bool>> {
+    let n = file.row_groups.len();
+    match p {
+        Predicate::And(ps) => {
+            let mut keep = vec![true; n];
+            for p in ps {
+                for (k, x) in keep.iter_mut().zip(prune_with(table, file, p)?) {
+                    *k &= x;
+                }
+            }
+            Ok(keep)
+        }
+        Predicate::Compare { column, op, value } => {
+            if value.is_null() {
+                return Ok(vec![false; n]);
+            }
+            let meta = file.metadata.metadata();
+            let field = table.schema.field(*column);
+            let Ok(conv) = StatisticsConverter::try_new(
+                field.name(),
+                &table.file_schema,
+                meta.file_metadata().schema_descr(),
+            ) else {
+                return Ok(vec![true; n]);
+            };
+            let (Ok(mins), Ok(maxs)) = (
+                conv.row_group_mins(meta.row_groups()),
+                conv.row_group_maxes(meta.row_groups()),
+            ) else {
+                return Ok(vec![true; n]);
+            };
+            let literal = Scalar::new(crate::buffer::value_array(table, *column, value)?);
+            // A row group may match unless its [min, max] range excludes it.
+            let may: BooleanArray = match op {
+                CmpOp::Eq => arrow::compute::and(
+                    &cmp::lt_eq(&mins, &literal)?,
+                    &cmp::gt_eq(&maxs, &literal)?,
+                )?,
+                CmpOp::NotEq => BooleanArray::from(vec![true; n]),
+                CmpOp::Lt => cmp::lt(&mins, &literal)?,
+                CmpOp::LtEq => cmp::lt_eq(&mins, &literal)?,
+                CmpOp::Gt => cmp::gt(&maxs, &literal)?,
+                CmpOp::GtEq => cmp::gt_eq(&maxs, &literal)?,
+            };
+            // Missing statistics (null) keep the row group.
+            Ok((0..n).map(|i| may.is_null(i) || may.value(i)).collect())
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Integration tests of fovea-core, in one binary.
+
+mod concurrency;
+mod model;
+mod oracle;
+mod parquet_roundtrip;
