@@ -1,0 +1,417 @@
+//! `fovea demo`: the embedded main job in one process.
+//!
+//! A generator produces HyBench-shaped transactions (transfers between
+//! accounts: ~65% updates, ~30% inserts, ~5% deletes, ~10 rows each, every
+//! row stamped with `fresh_ts`, the time the change was produced), the engine
+//! replays them at the requested rate into a lake directory, a query loop
+//! reads the live tables the whole time and checks that every answer is a
+//! consistent snapshot (the total balance never changes), and a background
+//! loop runs memory GC, flushes and combines. The report gives throughput,
+//! freshness (HyBench method: query start − max visible `fresh_ts`), query
+//! latency with and without visibility, and memory.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arrow::array::{Array, Decimal128Array, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use fovea_core::engine::METADATA_DIR;
+use fovea_core::{Engine, EngineConfig, Op, ScanOptions, Value, VisibilityMode};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+/// Options of `fovea demo`.
+pub struct DemoOptions {
+    /// Lake directory.
+    pub lake: PathBuf,
+    /// Replay duration.
+    pub seconds: u64,
+    /// Target changed rows per second.
+    pub rate: u64,
+}
+
+const ACCOUNTS: i64 = 10_000;
+const INITIAL_BALANCE: i128 = 1000_00;
+
+type DemoResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Makes `lake` an empty directory, refusing to touch anything that is not
+/// a fovea lake.
+fn prepare_lake(lake: &Path) -> DemoResult<()> {
+    if lake.exists() {
+        let is_lake = lake.join(METADATA_DIR).is_dir();
+        let is_empty = std::fs::read_dir(lake)?.next().is_none();
+        if is_lake {
+            std::fs::remove_dir_all(lake)?;
+        } else if !is_empty {
+            return Err(format!(
+                "{} exists and is not a fovea lake; choose another --lake (the demo replaces only lakes it made)",
+                lake.display()
+            )
+            .into());
+        }
+    }
+    std::fs::create_dir_all(lake)?;
+    Ok(())
+}
+
+struct QuerySample {
+    at_s: f64,
+    freshness_ms: f64,
+    latency_ms: f64,
+}
+
+/// Runs the demo and prints its report.
+pub fn run(o: &DemoOptions) -> DemoResult<()> {
+    prepare_lake(&o.lake)?;
+    let engine = Engine::open_dir(&o.lake, EngineConfig::default())?;
+    let account = engine.create_table(
+        "hybench.account",
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+            Field::new("balance", DataType::Decimal128(18, 2), false),
+            Field::new(
+                "fresh_ts",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                false,
+            ),
+        ])),
+        vec![0],
+    )?;
+    let transfer = engine.create_table(
+        "hybench.transfer",
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("src", DataType::Int64, false),
+            Field::new("dst", DataType::Int64, false),
+            Field::new("amount", DataType::Decimal128(18, 2), false),
+            Field::new(
+                "fresh_ts",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                false,
+            ),
+        ])),
+        vec![0],
+    )?;
+    let t0 = now_micros();
+    let mut balances = vec![INITIAL_BALANCE; ACCOUNTS as usize];
+    engine.apply(
+        (0..ACCOUNTS)
+            .map(|k| Op::Insert {
+                table: account.id,
+                row: account_row(k, INITIAL_BALANCE, t0),
+            })
+            .collect(),
+    )?;
+    println!(
+        "fovea demo: lake {}, {} s at {} rows/s, {} shards; {ACCOUNTS} accounts loaded",
+        o.lake.display(),
+        o.seconds,
+        o.rate,
+        engine.config().shards
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(Mutex::new(Vec::<QuerySample>::new()));
+    let off_latency = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let rows_done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+
+    std::thread::scope(|s| -> DemoResult<()> {
+        // Query loop: a consistent total and the freshest visible change.
+        {
+            let (engine, stop, samples, off_latency, failure) =
+                (&engine, &stop, &samples, &off_latency, &failure);
+            let name = account.name.clone();
+            s.spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    let at = now_micros();
+                    let begun = Instant::now();
+                    match sum_and_freshest(engine, &name, VisibilityMode::Enforced) {
+                        Ok((total, freshest)) => {
+                            let latency_ms = begun.elapsed().as_secs_f64() * 1e3;
+                            if total != INITIAL_BALANCE * i128::from(ACCOUNTS) {
+                                *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
+                                    "snapshot isolation violated: total balance {total}"
+                                ));
+                                return;
+                            }
+                            samples
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(QuerySample {
+                                    at_s: start.elapsed().as_secs_f64(),
+                                    freshness_ms: (at - freshest) as f64 / 1e3,
+                                    latency_ms,
+                                });
+                        }
+                        Err(e) => {
+                            *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(format!("query failed: {e}"));
+                            return;
+                        }
+                    }
+                    n += 1;
+                    if n % 10 == 0 {
+                        let begun = Instant::now();
+                        if sum_and_freshest(engine, &name, VisibilityMode::Off).is_ok() {
+                            off_latency
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(begun.elapsed().as_secs_f64() * 1e3);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+        }
+        // Background maintenance: memory GC, flush, combine.
+        {
+            let (engine, stop, failure) = (&engine, &stop, &failure);
+            s.spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    let r = engine
+                        .gc()
+                        .and_then(|_| engine.flush())
+                        .and_then(|_| engine.combine().map(|_| ()));
+                    if let Err(e) = r {
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(format!("maintenance failed: {e}"));
+                        return;
+                    }
+                }
+            });
+        }
+        // Generator + replay, paced to the target rate.
+        let mut rng = SmallRng::seed_from_u64(42);
+        let mut next_transfer = 0i64;
+        let mut live_transfers: Vec<i64> = Vec::new();
+        let mut last_report = Instant::now();
+        let deadline = Duration::from_secs(o.seconds);
+        let result = (|| -> DemoResult<()> {
+            while start.elapsed() < deadline {
+                if failure.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                    break;
+                }
+                let fresh = now_micros();
+                let mut ops = Vec::with_capacity(10);
+                for _ in 0..3 {
+                    let (a, b) = (rng.random_range(0..ACCOUNTS), rng.random_range(0..ACCOUNTS));
+                    let x = i128::from(rng.random_range(1..10_000i64));
+                    if a == b {
+                        continue;
+                    }
+                    balances[a as usize] -= x;
+                    balances[b as usize] += x;
+                    for k in [a, b] {
+                        ops.push(Op::Update {
+                            table: account.id,
+                            key: vec![Value::Int(k)],
+                            row: account_row(k, balances[k as usize], fresh),
+                        });
+                    }
+                    ops.push(Op::Insert {
+                        table: transfer.id,
+                        row: vec![
+                            Value::Int(next_transfer),
+                            Value::Int(a),
+                            Value::Int(b),
+                            Value::Decimal(x),
+                            Value::Int(fresh),
+                        ],
+                    });
+                    live_transfers.push(next_transfer);
+                    next_transfer += 1;
+                }
+                if rng.random_bool(0.5) && live_transfers.len() > 100 {
+                    let i = rng.random_range(0..live_transfers.len());
+                    let id = live_transfers.swap_remove(i);
+                    ops.push(Op::Delete {
+                        table: transfer.id,
+                        key: vec![Value::Int(id)],
+                    });
+                }
+                let n = ops.len() as u64;
+                engine.apply(ops)?;
+                let done = rows_done.fetch_add(n, Ordering::Relaxed) + n;
+                // Pace: sleep while ahead of the target rate.
+                let due = Duration::from_secs_f64(done as f64 / o.rate.max(1) as f64);
+                if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                    if ahead > Duration::from_millis(1) {
+                        std::thread::sleep(ahead);
+                    }
+                }
+                if last_report.elapsed() >= Duration::from_secs(1) {
+                    last_report = Instant::now();
+                    let fresh = samples
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .last()
+                        .map_or(0.0, |q| q.freshness_ms);
+                    eprint!(
+                        "\r{:>4.0} s  {:>10} rows  {:>9.0} rows/s  HWM {:>8}  freshness {:>7.2} ms   ",
+                        start.elapsed().as_secs_f64(),
+                        done,
+                        done as f64 / start.elapsed().as_secs_f64(),
+                        engine.clock().hwm(),
+                        fresh
+                    );
+                }
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Release);
+        result
+    })?;
+    eprintln!();
+    if let Some(f) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(f.into());
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    engine.flush()?;
+    engine.combine()?;
+    engine.gc()?;
+
+    let rows = rows_done.load(Ordering::Relaxed);
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut fresh: Vec<f64> = samples.iter().map(|q| q.freshness_ms).collect();
+    let mut live: Vec<f64> = samples.iter().map(|q| q.latency_ms).collect();
+    let mut off = off_latency
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mem = engine.memory();
+    println!("\n== fovea demo report ==");
+    println!(
+        "replayed            {rows} rows in {elapsed:.1} s = {:.0} rows/s (target {})",
+        rows as f64 / elapsed,
+        o.rate
+    );
+    println!(
+        "queries             {} consistent snapshots (total balance checked on each)",
+        samples.len()
+    );
+    println!(
+        "freshness           P50 {:.2} ms, P99 {:.2} ms",
+        percentile(&mut fresh, 0.5),
+        percentile(&mut fresh, 0.99)
+    );
+    println!(
+        "query latency       live (VFoR) P50 {:.2} ms vs visibility off P50 {:.2} ms",
+        percentile(&mut live, 0.5),
+        percentile(&mut off, 0.5)
+    );
+    println!(
+        "memory              visibility {:.3} bits/tuple ({} tuples), index {} KiB, buffers {} KiB",
+        mem.visibility_bits_per_tuple(),
+        mem.tuples,
+        mem.index_bytes / 1024,
+        mem.buffer_bytes / 1024
+    );
+    let plot = o.lake.join("demo.svg");
+    std::fs::write(&plot, svg_plot(&samples, elapsed))?;
+    println!("plot                {}", plot.display());
+    Ok(())
+}
+
+fn account_row(k: i64, balance: i128, fresh: i64) -> Vec<Value> {
+    vec![
+        Value::Int(k),
+        Value::Utf8(format!("account-{k:05}")),
+        Value::Decimal(balance),
+        Value::Int(fresh),
+    ]
+}
+
+/// `SELECT sum(balance), max(fresh_ts) FROM hybench.account` at a fresh snapshot.
+fn sum_and_freshest(
+    engine: &Engine,
+    table: &str,
+    mode: VisibilityMode,
+) -> fovea_core::Result<(i128, i64)> {
+    let snap = engine.snapshot();
+    let scan = engine.scan(
+        &snap,
+        table,
+        ScanOptions {
+            projection: Some(vec![2, 3]),
+            visibility: mode,
+            ..Default::default()
+        },
+    )?;
+    let (mut total, mut freshest) = (0i128, 0i64);
+    for batch in scan {
+        let batch = batch?;
+        if let Some(b) = batch.column(0).as_any().downcast_ref::<Decimal128Array>() {
+            total += b.iter().flatten().sum::<i128>();
+        }
+        if let Some(f) = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+        {
+            freshest = freshest.max(arrow::compute::max(f).unwrap_or(0));
+        }
+    }
+    Ok((total, freshest))
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Freshness of every query and replay throughput over time, as SVG.
+fn svg_plot(samples: &[QuerySample], seconds: f64) -> String {
+    let (w, h) = (800.0, 300.0);
+    let max_f = samples.iter().map(|q| q.freshness_ms).fold(1.0, f64::max);
+    let points: String = samples
+        .iter()
+        .map(|q| {
+            format!(
+                "{:.1},{:.1} ",
+                50.0 + q.at_s / seconds.max(1e-9) * (w - 70.0),
+                h - 30.0 - q.freshness_ms / max_f * (h - 60.0)
+            )
+        })
+        .collect();
+    let max_l = samples.iter().map(|q| q.latency_ms).fold(1.0, f64::max);
+    let lat: String = samples
+        .iter()
+        .map(|q| {
+            format!(
+                "{:.1},{:.1} ",
+                50.0 + q.at_s / seconds.max(1e-9) * (w - 70.0),
+                h - 30.0 - q.latency_ms / max_l * (h - 60.0)
+            )
+        })
+        .collect();
+    format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="50" y="18">fovea demo: freshness (blue, max {max_f:.1} ms) and query latency (orange, max {max_l:.1} ms) over {seconds:.0} s</text>
+<line x1="50" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="50" y1="30" x2="50" y2="{y0}" stroke="black"/>
+<polyline fill="none" stroke="#1f77b4" stroke-width="1" points="{points}"/>
+<polyline fill="none" stroke="#ff7f0e" stroke-width="1" points="{lat}"/>
+<text x="50" y="{yl}">0 s</text><text x="{x1}" y="{yl}" text-anchor="end">{seconds:.0} s</text>
+</svg>
+"##,
+        y0 = h - 30.0,
+        x1 = w - 20.0,
+        yl = h - 12.0
+    )
+}
