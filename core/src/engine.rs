@@ -568,10 +568,10 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         lock(&self.flush_tx).take();
-        if let Some(t) = lock(&self.flush_thread).take() {
-            if t.join().is_err() {
-                tracing::error!("the flush thread panicked");
-            }
+        if let Some(t) = lock(&self.flush_thread).take()
+            && t.join().is_err()
+        {
+            tracing::error!("the flush thread panicked");
         }
     }
 }
@@ -610,12 +610,12 @@ fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
     )?;
     let mut state = lock(&job.part.state);
     let file = state.files.iter_mut().find(|f| f.id == job.file);
-    if let Some(FileKind::Virtual { blocks, .. }) = file.map(|f| &mut f.kind) {
-        if let Some(slot) = blocks.iter_mut().find(|b| b.index == job.block.index) {
-            let mut flushed = (**slot).clone();
-            flushed.data = BlockData::Flushed(path);
-            *slot = Arc::new(flushed);
-        }
+    if let Some(FileKind::Virtual { blocks, .. }) = file.map(|f| &mut f.kind)
+        && let Some(slot) = blocks.iter_mut().find(|b| b.index == job.block.index)
+    {
+        let mut flushed = (**slot).clone();
+        flushed.data = BlockData::Flushed(path);
+        *slot = Arc::new(flushed);
     }
     Ok(())
 }

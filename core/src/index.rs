@@ -81,7 +81,7 @@ struct Version {
     row: u64,
 }
 
-type Versions = SmallVec<[Version; 1]>;
+type Versions = SmallVec<[Version; 2]>;
 
 /// One shard's partition of the single-point index.
 pub struct PrimaryIndex {
@@ -349,12 +349,12 @@ impl MainIndex {
         file_slot: u32,
         offset: u32,
     ) -> Result<()> {
-        if let Some(last) = self.ranges.last() {
-            if start.0 < last.start + u64::from(last.len) {
-                return Err(Error::invariant(format!(
-                    "row-id range {start:?} overlaps the previous one"
-                )));
-            }
+        if let Some(last) = self.ranges.last()
+            && start.0 < last.start + u64::from(last.len)
+        {
+            return Err(Error::invariant(format!(
+                "row-id range {start:?} overlaps the previous one"
+            )));
         }
         self.ranges.push(RangeEntry {
             start: start.0,

@@ -283,6 +283,10 @@ impl Scan {
             self.metrics.splits_read += 1;
             let (batch, vis, offset) = match split {
                 Split::RowGroup { file, vis, rg } => {
+                    // Decoding everything and then filtering measured faster
+                    // than handing the bitmap to the decoder as a row
+                    // selection (1.09 vs 1.11–1.22 of a plain scan at 1%
+                    // scattered deletes).
                     let batch = self.read_row_group(&file, rg)?;
                     (batch, vis, file.row_groups[rg].offset)
                 }
@@ -364,6 +368,13 @@ impl Scan {
             vis.deleted_bitmap(offset, rows, qts, &mut self.scratch)?;
             kernel::and_not(&mut mask, &self.scratch);
         }
+        self.finish(batch, mask)
+    }
+
+    /// Applies the filter to a batch whose visible rows are `mask`, then
+    /// projects.
+    fn finish(&mut self, batch: RecordBatch, mut mask: Vec<u64>) -> Result<Option<RecordBatch>> {
+        let rows = batch.num_rows();
         if let Some(filter) = &self.options.filter {
             // Nulls never match.
             let matches = self.evaluate(filter, &batch)?;

@@ -32,7 +32,8 @@ pub struct DemoOptions {
 }
 
 const ACCOUNTS: i64 = 10_000;
-const INITIAL_BALANCE: i128 = 1000_00;
+/// 1000.00 in cents (the balance column has scale 2).
+const INITIAL_BALANCE: i128 = 100_000;
 
 type DemoResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -162,7 +163,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
                         }
                     }
                     n += 1;
-                    if n % 10 == 0 {
+                    if n.is_multiple_of(10) {
                         let begun = Instant::now();
                         if sum_and_freshest(engine, &name, VisibilityMode::Off).is_ok() {
                             off_latency
@@ -247,10 +248,10 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
                 let done = rows_done.fetch_add(n, Ordering::Relaxed) + n;
                 // Pace: sleep while ahead of the target rate.
                 let due = Duration::from_secs_f64(done as f64 / o.rate.max(1) as f64);
-                if let Some(ahead) = due.checked_sub(start.elapsed()) {
-                    if ahead > Duration::from_millis(1) {
-                        std::thread::sleep(ahead);
-                    }
+                if let Some(ahead) = due.checked_sub(start.elapsed())
+                    && ahead > Duration::from_millis(1)
+                {
+                    std::thread::sleep(ahead);
                 }
                 if last_report.elapsed() >= Duration::from_secs(1) {
                     last_report = Instant::now();

@@ -1,0 +1,87 @@
+//! The `fovea` command line, run as a user runs it.
+
+use std::process::Command;
+
+fn fovea() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fovea"))
+}
+
+#[test]
+fn bench_components_prints_every_field_as_json() {
+    let out = fovea()
+        .args(["bench", "components", "--quick", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "visibility_deletes_per_s",
+        "bitmap_tiles_per_s",
+        "index_updates_per_s",
+        "txn_begin_commit_per_s",
+        "write_buffer_rows_per_s",
+        "visibility_bits_per_tuple",
+        "vfor_overhead_ratio",
+    ] {
+        let x = v[field]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{field} missing in {v}"));
+        assert!(x > 0.0, "{field} = {x}");
+    }
+    assert!(v["visibility_bits_per_tuple"].as_f64().unwrap() <= 1.05);
+}
+
+#[test]
+fn demo_replays_queries_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let out = fovea()
+        .args(["demo", "--seconds", "2", "--rate", "3000", "--lake"])
+        .arg(&lake)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "replayed",
+        "consistent snapshots",
+        "freshness",
+        "query latency",
+        "bits/tuple",
+        "plot",
+    ] {
+        assert!(stdout.contains(line), "report lacks {line}: {stdout}");
+    }
+    assert!(lake.join("demo.svg").is_file());
+    assert!(lake.join("_fovea/txn.sqlite").is_file());
+    // A second run replaces the lake it made.
+    let again = fovea()
+        .args(["demo", "--seconds", "1", "--rate", "1000", "--lake"])
+        .arg(&lake)
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+}
+
+#[test]
+fn demo_refuses_a_directory_that_is_not_a_lake() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("precious.txt"), "keep me").unwrap();
+    let out = fovea()
+        .args(["demo", "--seconds", "1", "--lake"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a fovea lake"), "{err}");
+    assert!(dir.path().join("precious.txt").is_file());
+}
