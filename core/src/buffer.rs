@@ -34,6 +34,26 @@ pub const DEFAULT_BLOCK_ROWS: usize = 8192;
 /// Default blocks per virtual file.
 pub const DEFAULT_BLOCKS_PER_FILE: usize = 16;
 
+/// The same expression for every variant of [`ColumnBuilder`].
+macro_rules! each_builder {
+    ($value:expr, $b:ident => $e:expr) => {
+        match $value {
+            ColumnBuilder::Bool($b) => $e,
+            ColumnBuilder::Int8($b) => $e,
+            ColumnBuilder::Int16($b) => $e,
+            ColumnBuilder::Int32($b) => $e,
+            ColumnBuilder::Int64($b) => $e,
+            ColumnBuilder::Float32($b) => $e,
+            ColumnBuilder::Float64($b) => $e,
+            ColumnBuilder::Decimal($b) => $e,
+            ColumnBuilder::Utf8($b) => $e,
+            ColumnBuilder::Binary($b) => $e,
+            ColumnBuilder::Date32($b) => $e,
+            ColumnBuilder::Timestamp($b) => $e,
+        }
+    };
+}
+
 /// One typed Arrow builder per user column.
 enum ColumnBuilder {
     Bool(BooleanBuilder),
@@ -110,54 +130,15 @@ impl ColumnBuilder {
     }
 
     fn append_null(&mut self) {
-        match self {
-            Self::Bool(b) => b.append_null(),
-            Self::Int8(b) => b.append_null(),
-            Self::Int16(b) => b.append_null(),
-            Self::Int32(b) => b.append_null(),
-            Self::Int64(b) => b.append_null(),
-            Self::Float32(b) => b.append_null(),
-            Self::Float64(b) => b.append_null(),
-            Self::Decimal(b) => b.append_null(),
-            Self::Utf8(b) => b.append_null(),
-            Self::Binary(b) => b.append_null(),
-            Self::Date32(b) => b.append_null(),
-            Self::Timestamp(b) => b.append_null(),
-        }
+        each_builder!(self, b => b.append_null())
     }
 
     fn builder(&mut self) -> &mut dyn ArrayBuilder {
-        match self {
-            Self::Bool(b) => b,
-            Self::Int8(b) => b,
-            Self::Int16(b) => b,
-            Self::Int32(b) => b,
-            Self::Int64(b) => b,
-            Self::Float32(b) => b,
-            Self::Float64(b) => b,
-            Self::Decimal(b) => b,
-            Self::Utf8(b) => b,
-            Self::Binary(b) => b,
-            Self::Date32(b) => b,
-            Self::Timestamp(b) => b,
-        }
+        each_builder!(self, b => b)
     }
 
     fn builder_ref(&self) -> &dyn ArrayBuilder {
-        match self {
-            Self::Bool(b) => b,
-            Self::Int8(b) => b,
-            Self::Int16(b) => b,
-            Self::Int32(b) => b,
-            Self::Int64(b) => b,
-            Self::Float32(b) => b,
-            Self::Float64(b) => b,
-            Self::Decimal(b) => b,
-            Self::Utf8(b) => b,
-            Self::Binary(b) => b,
-            Self::Date32(b) => b,
-            Self::Timestamp(b) => b,
-        }
+        each_builder!(self, b => b)
     }
 }
 

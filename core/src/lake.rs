@@ -23,7 +23,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
 };
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -120,21 +121,23 @@ impl Lake {
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
             .with_batch_size(usize::MAX >> 1)
             .build()?;
-        let batches = reader.collect::<Result<Vec<_>, _>>()?;
-        match batches.len() {
-            1 => Ok(batches
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| unreachable!("length checked"))),
-            0 => Err(Error::Corrupt {
-                what: format!("block {path}"),
-                reason: "no rows".into(),
-            }),
-            _ => Ok(arrow::compute::concat_batches(
-                &batches[0].schema(),
-                &batches,
-            )?),
-        }
+        one_batch(reader, path.as_ref())
+    }
+}
+
+/// Drains a Parquet reader into one batch (readers may split a row group).
+pub(crate) fn one_batch(reader: ParquetRecordBatchReader, what: &str) -> Result<RecordBatch> {
+    let mut batches = reader.collect::<Result<Vec<_>, _>>()?;
+    match batches.len() {
+        0 => Err(Error::Corrupt {
+            what: what.to_owned(),
+            reason: "no rows".into(),
+        }),
+        1 => Ok(batches.swap_remove(0)),
+        _ => Ok(arrow::compute::concat_batches(
+            &batches[0].schema(),
+            &batches,
+        )?),
     }
 }
 

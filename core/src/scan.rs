@@ -333,17 +333,7 @@ impl Scan {
                 .with_projection(mask)
                 .with_batch_size(rows.max(1))
                 .build()?;
-        let batches = reader.collect::<Result<Vec<_>, _>>()?;
-        match batches.len() {
-            1 => Ok(batches
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| unreachable!("length checked"))),
-            _ => Ok(arrow::compute::concat_batches(
-                &batches[0].schema(),
-                &batches,
-            )?),
-        }
+        crate::lake::one_batch(reader, file.path.as_ref())
     }
 
     /// Applies VFoR and the filter to a decoded batch (read columns + hidden
