@@ -28,6 +28,19 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// Bad input: names where it came from (position, table, source
+    /// transaction). Nothing of the failing transaction was applied.
+    #[error("input {position}{}{}: {message}", table.as_ref().map(|t| format!(", table {t}")).unwrap_or_default(), txid.as_ref().map(|t| format!(", source transaction {t}")).unwrap_or_default())]
+    Input {
+        /// Where in the input.
+        position: crate::cdc::SourcePosition,
+        /// The table, when known.
+        table: Option<String>,
+        /// The source transaction, when known.
+        txid: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
     /// A table name or id that the engine does not know.
     #[error(
         "unknown table {0}. Help: tables are created with Engine::create_table before rows arrive"

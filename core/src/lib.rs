@@ -15,6 +15,7 @@ pub mod visibility;
 pub use error::{Error, Result};
 pub use ids::{FileId, RowId, ShardId, TableId, Ts};
 pub mod buffer;
+pub mod cdc;
 pub mod engine;
 pub mod lake;
 pub mod replay;

@@ -1,0 +1,334 @@
+//! Typed values from canonical JSON, type inference, and the text forms
+//! of dates, timestamps and decimals (PostgreSQL's, so exports compare with
+//! `COPY … TO` output).
+
+use arrow::datatypes::{DataType, TimeUnit};
+use serde_json::Value as Json;
+
+use crate::schema::Value;
+
+/// The Arrow type inferred for a column first seen with `v` (no schema).
+/// NULL gives `None`: the column's type is decided by its first non-null
+/// value, text if there is none.
+pub fn infer_type(v: &Json) -> Option<DataType> {
+    match v {
+        Json::Null => None,
+        Json::Bool(_) => Some(DataType::Boolean),
+        Json::Number(n) if n.is_i64() || n.is_u64() => Some(DataType::Int64),
+        Json::Number(_) => Some(DataType::Float64),
+        _ => Some(DataType::Utf8),
+    }
+}
+
+/// Converts canonical JSON to a value of `t`.
+pub fn to_value(v: &Json, t: &DataType) -> Result<Value, String> {
+    if v.is_null() {
+        return Ok(Value::Null);
+    }
+    let bad = || format!("value {v} does not fit type {t}");
+    match t {
+        DataType::Boolean => match v {
+            Json::Bool(b) => Ok(Value::Bool(*b)),
+            Json::String(s) => match s.as_str() {
+                "t" | "true" | "TRUE" | "1" => Ok(Value::Bool(true)),
+                "f" | "false" | "FALSE" | "0" => Ok(Value::Bool(false)),
+                _ => Err(bad()),
+            },
+            Json::Number(n) => Ok(Value::Bool(n.as_i64() != Some(0))),
+            _ => Err(bad()),
+        },
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => match v {
+            Json::Number(n) => n.as_i64().map(Value::Int).ok_or_else(bad),
+            Json::String(s) => s.trim().parse().map(Value::Int).map_err(|_| bad()),
+            _ => Err(bad()),
+        },
+        DataType::Float32 | DataType::Float64 => match v {
+            Json::Number(n) => n.as_f64().map(Value::Float).ok_or_else(bad),
+            Json::String(s) => match s.as_str() {
+                "NaN" => Ok(Value::Float(f64::NAN)),
+                "Infinity" => Ok(Value::Float(f64::INFINITY)),
+                "-Infinity" => Ok(Value::Float(f64::NEG_INFINITY)),
+                s => s.parse().map(Value::Float).map_err(|_| bad()),
+            },
+            _ => Err(bad()),
+        },
+        DataType::Decimal128(_, scale) => {
+            let text = match v {
+                Json::String(s) => s.clone(),
+                Json::Number(n) => n.to_string(),
+                _ => return Err(bad()),
+            };
+            parse_decimal(&text, *scale).map(Value::Decimal)
+        }
+        DataType::Date32 => match v {
+            Json::Number(n) => n.as_i64().map(Value::Int).ok_or_else(bad),
+            Json::String(s) => parse_date(s).map(|d| Value::Int(d.into())).ok_or_else(bad),
+            _ => Err(bad()),
+        },
+        DataType::Timestamp(TimeUnit::Microsecond, _) => match v {
+            Json::Number(n) => n.as_i64().map(Value::Int).ok_or_else(bad),
+            Json::String(s) => parse_timestamp(s).map(Value::Int).ok_or_else(bad),
+            _ => Err(bad()),
+        },
+        DataType::Binary => match v {
+            Json::String(s) => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(s)
+                    .map(Value::Binary)
+                    .map_err(|_| bad())
+            }
+            _ => Err(bad()),
+        },
+        DataType::Utf8 => Ok(Value::Utf8(match v {
+            Json::String(s) => s.clone(),
+            other => other.to_string(),
+        })),
+        _ => Err(bad()),
+    }
+}
+
+/// Parses a decimal literal (`-12.5`, `3`, `1e3`) to an unscaled value at `scale`.
+/// Digits beyond the scale must be zeros.
+pub fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
+    let s = s.trim();
+    let bad = |why: &str| format!("decimal {s:?}: {why}");
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(i) => (
+            &s[..i],
+            s[i + 1..].parse::<i32>().map_err(|_| bad("bad exponent"))?,
+        ),
+        None => (s, 0),
+    };
+    let (neg, digits) = match mantissa.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
+    };
+    let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
+    if int_part.is_empty() && frac_part.is_empty()
+        || !int_part
+            .chars()
+            .chain(frac_part.chars())
+            .all(|c| c.is_ascii_digit())
+    {
+        return Err(bad("not a number"));
+    }
+    // value = int_part.frac_part × 10^exp; we want value × 10^scale.
+    let mut all: String = format!("{int_part}{frac_part}");
+    let shift = i32::from(scale) + exp - frac_part.len() as i32;
+    if shift >= 0 {
+        all.extend(std::iter::repeat_n('0', shift as usize));
+    } else {
+        let cut = all.len().saturating_sub((-shift) as usize);
+        if all[cut..].chars().any(|c| c != '0') {
+            return Err(bad(&format!(
+                "more fractional digits than the column's scale {scale}"
+            )));
+        }
+        all.truncate(cut);
+    }
+    let all = all.trim_start_matches('0');
+    let v: i128 = if all.is_empty() {
+        0
+    } else {
+        all.parse().map_err(|_| bad("out of range"))?
+    };
+    Ok(if neg { -v } else { v })
+}
+
+/// Formats an unscaled decimal: `-249650` at scale 2 → `-2496.50`.
+pub fn format_decimal(v: i128, scale: i8) -> String {
+    if scale <= 0 {
+        let mut s = v.to_string();
+        if v != 0 {
+            s.extend(std::iter::repeat_n('0', (-scale) as usize));
+        }
+        return s;
+    }
+    let digits = v.unsigned_abs().to_string();
+    let scale = scale as usize;
+    let padded = if digits.len() <= scale {
+        format!("{}{digits}", "0".repeat(scale - digits.len() + 1))
+    } else {
+        digits
+    };
+    let (i, f) = padded.split_at(padded.len() - scale);
+    format!("{}{i}.{f}", if v < 0 { "-" } else { "" })
+}
+
+/// Days since 1970-01-01 of a civil date (proleptic Gregorian).
+pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (i64::from(m) + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Civil date of days since 1970-01-01.
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// `YYYY-MM-DD` → days since the epoch.
+pub fn parse_date(s: &str) -> Option<i32> {
+    let mut it = s.trim().splitn(3, '-');
+    let y: i64 = it.next()?.parse().ok()?;
+    let m: u32 = it.next()?.parse().ok()?;
+    let d: u32 = it.next()?.get(..2)?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    i32::try_from(days_from_civil(y, m, d)).ok()
+}
+
+/// ISO-8601 / PostgreSQL timestamp text → µs since the epoch (UTC). Accepts
+/// `T` or space, optional fraction, `Z`, `±HH[:MM]` or no offset (UTC).
+pub fn parse_timestamp(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let (date, rest) = s.split_at(s.find(['T', ' '])?);
+    let days = i64::from(parse_date(date)?);
+    let rest = &rest[1..];
+    let (time, offset_s) = match rest.find(['Z', 'z', '+', '-']) {
+        Some(i) => {
+            let (t, off) = rest.split_at(i);
+            let secs = match off {
+                "Z" | "z" => 0,
+                _ => {
+                    let sign = if off.starts_with('-') { -1 } else { 1 };
+                    let body = &off[1..];
+                    let (h, m) = match body.split_once(':') {
+                        Some((h, m)) => (h.parse::<i64>().ok()?, m.parse::<i64>().ok()?),
+                        None if body.len() == 4 => {
+                            (body[..2].parse().ok()?, body[2..].parse().ok()?)
+                        }
+                        None => (body.parse().ok()?, 0),
+                    };
+                    sign * (h * 3600 + m * 60)
+                }
+            };
+            (t, secs)
+        }
+        None => (rest, 0),
+    };
+    let mut parts = time.splitn(3, ':');
+    let h: i64 = parts.next()?.parse().ok()?;
+    let m: i64 = parts.next()?.parse().ok()?;
+    let sec_text = parts.next().unwrap_or("0");
+    let (sec, frac) = sec_text.split_once('.').unwrap_or((sec_text, ""));
+    let sec: i64 = sec.parse().ok()?;
+    let mut micros: i64 = 0;
+    for (i, c) in frac.chars().take(6).enumerate() {
+        micros += i64::from(c.to_digit(10)?) * 10i64.pow(5 - i as u32);
+    }
+    Some(((days * 86_400 + h * 3600 + m * 60 + sec - offset_s) * 1_000_000) + micros)
+}
+
+/// PostgreSQL text of a timestamp in µs: `2024-01-01 00:37:12.345678`
+/// (fraction without trailing zeros, none when zero).
+pub fn format_timestamp(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let frac = us.rem_euclid(1_000_000);
+    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let sod = secs.rem_euclid(86_400);
+    let mut s = format!(
+        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    );
+    if frac != 0 {
+        let f = format!("{frac:06}");
+        s.push('.');
+        s.push_str(f.trim_end_matches('0'));
+    }
+    s
+}
+
+/// PostgreSQL text of a date.
+pub fn format_date(days: i64) -> String {
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// PostgreSQL text of a value of type `t` (as `COPY … TO` writes it);
+/// `None` for NULL.
+pub fn format_value(v: &Value, t: &DataType) -> Option<String> {
+    Some(match (v, t) {
+        (Value::Null, _) => return None,
+        (Value::Bool(b), _) => if *b { "t" } else { "f" }.to_owned(),
+        (Value::Int(i), DataType::Date32) => format_date(*i),
+        (Value::Int(i), DataType::Timestamp(_, None)) => format_timestamp(*i),
+        (Value::Int(i), DataType::Timestamp(_, Some(_))) => format!("{}+00", format_timestamp(*i)),
+        (Value::Int(i), _) => i.to_string(),
+        (Value::Decimal(d), DataType::Decimal128(_, s)) => format_decimal(*d, *s),
+        (Value::Decimal(d), _) => d.to_string(),
+        (Value::Float(f), _) => {
+            if f.is_nan() {
+                "NaN".into()
+            } else if f.is_infinite() {
+                if *f > 0.0 {
+                    "Infinity".into()
+                } else {
+                    "-Infinity".into()
+                }
+            } else {
+                format!("{f}")
+            }
+        }
+        (Value::Utf8(s), _) => s.clone(),
+        (Value::Binary(b), _) => format!(
+            "\\x{}",
+            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_round_trip() {
+        assert_eq!(parse_decimal("-2496.50", 2), Ok(-249_650));
+        assert_eq!(parse_decimal("1.5", 2), Ok(150));
+        assert_eq!(parse_decimal("7", 2), Ok(700));
+        assert_eq!(parse_decimal("0.0650", 4), Ok(650));
+        assert_eq!(parse_decimal("1e2", 1), Ok(1000));
+        assert!(parse_decimal("1.234", 2).is_err());
+        assert!(parse_decimal("abc", 2).is_err());
+        assert_eq!(format_decimal(-249_650, 2), "-2496.50");
+        assert_eq!(format_decimal(5, 4), "0.0005");
+        assert_eq!(format_decimal(-5, 1), "-0.5");
+    }
+
+    #[test]
+    fn timestamps_round_trip() {
+        let us = parse_timestamp("2024-01-01T00:37:12.345678Z").unwrap();
+        assert_eq!(format_timestamp(us), "2024-01-01 00:37:12.345678");
+        assert_eq!(
+            parse_timestamp("2024-01-01 02:37:12.345678+02:00"),
+            Some(us)
+        );
+        assert_eq!(format_timestamp(0), "1970-01-01 00:00:00");
+        assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
+        assert_eq!(
+            format_date(i64::from(parse_date("2026-11-30").unwrap())),
+            "2026-11-30"
+        );
+        for d in [-800_000i64, -1, 0, 59, 19_000, 2_000_000] {
+            let (y, m, dd) = civil_from_days(d);
+            assert_eq!(days_from_civil(y, m, dd), d);
+        }
+    }
+}
