@@ -90,7 +90,7 @@ impl EngineConfig {
     }
 }
 
-struct TableRuntime {
+pub(crate) struct TableRuntime {
     def: Arc<TableDef>,
     parts: Vec<Arc<TablePart>>,
 }
@@ -152,21 +152,26 @@ impl MemoryStats {
 
 /// The fovea engine.
 pub struct Engine {
-    config: EngineConfig,
-    clock: Arc<Clock>,
-    lake: Lake,
+    pub(crate) config: EngineConfig,
+    pub(crate) clock: Arc<Clock>,
+    pub(crate) lake: Lake,
     tables: RwLock<Tables>,
-    shards: Vec<Mutex<Shard>>,
+    pub(crate) shards: Vec<Mutex<Shard>>,
     /// Serialises `apply` (begin + apply) so timestamps reach shards in order.
-    sequencer: Mutex<()>,
+    pub(crate) sequencer: Mutex<()>,
     /// Serialises `apply_at` so one transaction's shards are locked together.
-    sequencer_apply: Mutex<()>,
-    file_ids: AtomicU64,
+    pub(crate) sequencer_apply: Mutex<()>,
+    pub(crate) file_ids: AtomicU64,
     flusher: Arc<Flusher>,
     flush_tx: Mutex<Option<Sender<FlushJob>>>,
     flush_thread: Mutex<Option<JoinHandle<()>>>,
-    /// Objects replaced by combine, with the registration sequence of the swap.
-    retired: Mutex<Vec<(u64, Vec<Path>)>>,
+    /// Objects replaced by combine: registration sequence of the swap, the
+    /// paths, and whether a checkpoint has been written since (a checkpoint
+    /// written before the swap still references them).
+    pub(crate) retired: Mutex<Vec<(u64, Vec<Path>, bool)>>,
+    /// Set once the engine writes checkpoints: retired objects then wait
+    /// for the next checkpoint as well as for old snapshots.
+    pub(crate) checkpointing: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -205,6 +210,7 @@ impl Engine {
             flush_tx: Mutex::new(Some(tx)),
             flush_thread: Mutex::new(Some(thread)),
             retired: Mutex::new(Vec::new()),
+            checkpointing: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -453,7 +459,7 @@ impl Engine {
         Scan::new(snapshot.clone(), self.lake.clone(), def, views, options)
     }
 
-    fn all_parts(&self) -> Vec<Arc<TablePart>> {
+    pub(crate) fn all_parts(&self) -> Vec<Arc<TablePart>> {
         self.read_tables()
             .by_id
             .iter()
@@ -473,9 +479,10 @@ impl Engine {
                     FileKind::Virtual {
                         blocks,
                         sealed: true,
-                    } if blocks
-                        .iter()
-                        .all(|b| matches!(b.data, BlockData::Flushed(_))) =>
+                    } if !blocks.is_empty()
+                        && blocks
+                            .iter()
+                            .all(|b| matches!(b.data, BlockData::Flushed(_))) =>
                     {
                         Some((f.id, blocks.clone()))
                     }
@@ -502,7 +509,7 @@ impl Engine {
                     f.kind = FileKind::Regular(Arc::new(regular));
                 }
                 // Readers registered before this point may still read the blocks.
-                lock(&self.retired).push((self.clock.registration_seq(), paths));
+                lock(&self.retired).push((self.clock.registration_seq(), paths, false));
                 combined += 1;
             }
         }
@@ -532,10 +539,15 @@ impl Engine {
         let oldest = self.clock.oldest_registration();
         let ready: Vec<Path> = {
             let mut retired = lock(&self.retired);
-            let (ready, keep): (Vec<_>, Vec<_>) =
-                retired.drain(..).partition(|(seq, _)| *seq <= oldest);
+            // Acquire: pairs with the Release in `write_checkpoint`.
+            let checkpointing = self
+                .checkpointing
+                .load(std::sync::atomic::Ordering::Acquire);
+            let (ready, keep): (Vec<_>, Vec<_>) = retired
+                .drain(..)
+                .partition(|(seq, _, covered)| *seq <= oldest && (*covered || !checkpointing));
             *retired = keep;
-            ready.into_iter().flat_map(|(_, p)| p).collect()
+            ready.into_iter().flat_map(|(_, p, _)| p).collect()
         };
         for p in &ready {
             self.lake.delete(p)?;

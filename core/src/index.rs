@@ -202,6 +202,21 @@ impl PrimaryIndex {
         dropped
     }
 
+    /// The index as a snapshot at `ts` sees it: one version per key live at
+    /// `ts`, nothing newer (checkpoints are images at one timestamp).
+    pub fn live_at(&self, ts: Ts) -> PrimaryIndex {
+        let mut out = PrimaryIndex::new();
+        out.map.reserve(self.map.len());
+        for (k, versions) in &self.map {
+            if let Some(v) = versions.iter().rev().find(|v| v.ts <= ts.get())
+                && v.row != TOMBSTONE
+            {
+                out.map.insert(k.clone(), std::iter::once(*v).collect());
+            }
+        }
+        out
+    }
+
     /// Approximate bytes used.
     pub fn memory_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(KeyBytes, Versions)>() + 1;
@@ -323,13 +338,19 @@ pub struct RowLocation {
     pub offset: u32,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct RangeEntry {
-    start: u64,
-    len: u32,
-    file: FileId,
-    file_slot: u32,
-    offset: u32,
+/// One MI entry: row ids `[start, start + len)` at `offset` of `file`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeEntry {
+    /// First row id.
+    pub start: u64,
+    /// Row ids in the range.
+    pub len: u32,
+    /// The file.
+    pub file: FileId,
+    /// Slot of the file's visibility writer in its shard.
+    pub file_slot: u32,
+    /// Row offset of `start` in the file.
+    pub offset: u32,
 }
 
 /// One shard's main index: row-id ranges → file locations.
@@ -380,6 +401,11 @@ impl MainIndex {
             file_slot: r.file_slot,
             offset: r.offset + delta as u32,
         })
+    }
+
+    /// The ranges, in row-id order (checkpoints).
+    pub fn ranges(&self) -> &[RangeEntry] {
+        &self.ranges
     }
 
     /// Bytes used.

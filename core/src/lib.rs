@@ -16,6 +16,7 @@ pub use error::{Error, Result};
 pub use ids::{FileId, RowId, ShardId, TableId, Ts};
 pub mod buffer;
 pub mod cdc;
+pub mod checkpoint;
 pub mod engine;
 pub mod lake;
 pub mod replay;

@@ -183,30 +183,36 @@ pub struct ShardContext<'a> {
     pub config: BufferConfig,
 }
 
-struct OpenBlock {
-    file: FileId,
-    slot: u32,
-    index: u32,
-    rows: usize,
-    row_id_start: u64,
+/// The block a part appends to (or, after a restore, the last block of its
+/// open file, with `capacity == rows` so the next row opens a new block).
+pub(crate) struct OpenBlock {
+    pub(crate) file: FileId,
+    pub(crate) slot: u32,
+    pub(crate) index: u32,
+    /// Row offset of the block in its file: the sum of the earlier blocks'
+    /// rows (blocks are full, except the last one before a restore).
+    pub(crate) offset: usize,
+    pub(crate) rows: usize,
+    pub(crate) capacity: usize,
+    pub(crate) row_id_start: u64,
 }
 
-struct PartWriter {
-    part: Arc<TablePart>,
-    open: Option<OpenBlock>,
+pub(crate) struct PartWriter {
+    pub(crate) part: Arc<TablePart>,
+    pub(crate) open: Option<OpenBlock>,
 }
 
 /// One shard's writer state: index partition, row-id allocator, buffers and
 /// the unique visibility writers of its files.
 pub struct Shard {
     id: ShardId,
-    index: PrimaryIndex,
-    main: MainIndex,
-    next_row_id: u64,
-    writers: Vec<VisibilityWriter>,
-    parts: HashMap<TableId, PartWriter>,
+    pub(crate) index: PrimaryIndex,
+    pub(crate) main: MainIndex,
+    pub(crate) next_row_id: u64,
+    pub(crate) writers: Vec<VisibilityWriter>,
+    pub(crate) parts: HashMap<TableId, PartWriter>,
     /// Timestamp of the last applied operations.
-    last_ts: Ts,
+    pub(crate) last_ts: Ts,
 }
 
 impl Shard {
@@ -348,17 +354,28 @@ impl Shard {
             .parts
             .get_mut(&table.id)
             .ok_or_else(|| Error::UnknownTable(table.name.clone()))?;
-        if pw.open.as_ref().is_none_or(|o| o.rows == cfg.block_rows) {
+        let file_capacity = cfg.block_rows * cfg.blocks_per_file;
+        if pw.open.as_ref().is_none_or(|o| o.rows == o.capacity) {
             // Open a new block, in a new file when the current one is full.
-            let (file, slot, index) = match &pw.open {
-                Some(o) if (o.index as usize) + 1 < cfg.blocks_per_file => {
-                    (o.file, o.slot, o.index + 1)
+            let (file, slot, index, offset) = match &pw.open {
+                Some(o)
+                    if (o.index as usize) + 1 < cfg.blocks_per_file
+                        && o.offset + o.rows + cfg.block_rows <= file_capacity =>
+                {
+                    (o.file, o.slot, o.index + 1, o.offset + o.rows)
                 }
-                _ => {
+                previous => {
+                    let mut state = lock(&pw.part.state);
+                    if let Some(prev) = previous
+                        && let Some(f) = state.files.iter_mut().find(|f| f.id == prev.file)
+                        && let FileKind::Virtual { sealed, .. } = &mut f.kind
+                    {
+                        *sealed = true;
+                    }
+                    drop(state);
                     // Relaxed: ids only need to be unique.
                     let file = FileId(ctx.file_ids.fetch_add(1, Ordering::Relaxed));
-                    let (vis, writer) =
-                        FileVisibility::new(file, cfg.block_rows * cfg.blocks_per_file);
+                    let (vis, writer) = FileVisibility::new(file, file_capacity);
                     let slot = self.writers.len() as u32;
                     self.writers.push(writer);
                     lock(&pw.part.state).files.push(LakeFile {
@@ -369,12 +386,11 @@ impl Shard {
                             sealed: false,
                         },
                     });
-                    (file, slot, 0)
+                    (file, slot, 0, 0)
                 }
             };
             let row_id_start = self.next_row_id;
             self.next_row_id += cfg.block_rows as u64;
-            let offset = index as usize * cfg.block_rows;
             self.main.add_range(
                 RowId(row_id_start),
                 cfg.block_rows as u32,
@@ -394,7 +410,9 @@ impl Shard {
                 file,
                 slot,
                 index,
+                offset,
                 rows: 0,
+                capacity: cfg.block_rows,
                 row_id_start,
             });
         }

@@ -354,6 +354,51 @@ impl FileVisibility {
         (vis, writer)
     }
 
+    /// Visibility rebuilt from a checkpoint: `deleted` offsets folded into
+    /// the tiles' bases at `base_ts`, with its unique writer.
+    pub fn restore(
+        file: FileId,
+        rows: usize,
+        deleted: &[u32],
+        base_ts: Ts,
+    ) -> Result<(std::sync::Arc<FileVisibility>, VisibilityWriter)> {
+        let (vis, mut writer) = Self::new(file, rows);
+        let mut bitmaps = vec![[0u64; TILE_WORDS]; vis.tiles.len()];
+        for &d in deleted {
+            let d = d as usize;
+            let tile = bitmaps
+                .get_mut(d / TILE_ROWS)
+                .ok_or_else(|| Error::Corrupt {
+                    what: format!("visibility of {file}"),
+                    reason: format!("deleted row {d} beyond the file's capacity {rows}"),
+                })?;
+            tile[(d % TILE_ROWS) / 64] |= 1 << (d % 64);
+        }
+        for (t, bitmap) in vis.tiles.iter().zip(&bitmaps) {
+            if bitmap.iter().any(|&w| w != 0) {
+                // Relaxed: `vis` is not shared yet.
+                t.snapshot.store(
+                    Owned::new(VisSnapshot {
+                        base_ts,
+                        base: Base::from_bitmap(bitmap),
+                    }),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        writer.last_ts.fill(base_ts.get());
+        Ok((vis, writer))
+    }
+
+    /// Offsets of the rows deleted at `qts`, ascending.
+    pub fn deleted_rows(&self, qts: Ts) -> Result<Vec<u32>> {
+        let mut bits = Vec::new();
+        self.deleted_bitmap(0, self.capacity(), qts, &mut bits)?;
+        let mut out = Vec::new();
+        kernel::selection(&bits, self.capacity(), &mut out);
+        Ok(out)
+    }
+
     /// The file this visibility belongs to.
     pub fn file(&self) -> FileId {
         self.file

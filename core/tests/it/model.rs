@@ -4,8 +4,14 @@
 //! flushes and combines at random points. After every step, the scan at
 //! every live snapshot equals the oracle at that snapshot.
 
+use std::sync::Arc;
+
+use fovea_core::Clock;
+use fovea_core::mvcc::{MemoryTxnStore, TxnStore};
 use fovea_core::scan::{CmpOp, Predicate};
 use fovea_core::{Engine, EngineConfig, Error, Op, ScanOptions, Snapshot, TableId, Ts, Value};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -41,6 +47,9 @@ enum Step {
     Gc,
     Flush,
     Combine,
+    /// Checkpoint (optionally with a transaction applied but not committed),
+    /// drop the engine as a crash would, restore from the checkpoint.
+    Restart(Option<Vec<RawOp>>),
 }
 
 fn raw_op() -> impl Strategy<Value = RawOp> {
@@ -63,6 +72,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Gc),
         1 => Just(Step::Flush),
         1 => Just(Step::Combine),
+        1 => proptest::option::of(proptest::collection::vec(raw_op(), 1..4)).prop_map(Step::Restart),
     ]
 }
 
@@ -118,7 +128,11 @@ fn run(
     blocks_per_file: usize,
     steps: Vec<Step>,
 ) -> Result<(), TestCaseError> {
-    let engine = Engine::in_memory(
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+    let mut engine = Engine::open(
+        Arc::clone(&store),
+        Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap(),
         EngineConfig::default()
             .with_shards(shards)
             .with_blocks(block_rows, blocks_per_file),
@@ -180,6 +194,23 @@ fn run(
                 );
             }
             Step::Flush => engine.flush().unwrap(),
+            Step::Restart(in_flight) => {
+                if let Some(ops) = in_flight {
+                    // Applied, never committed: must not survive.
+                    let ts = engine.begin().unwrap();
+                    let _ = engine.apply_at(ts, ops.iter().map(to_op).collect());
+                }
+                let manifest = engine.write_checkpoint().unwrap();
+                prop_assert_eq!(manifest.checkpoint_ts, engine.clock().latest().get());
+                live.clear();
+                drop(engine);
+                engine = Engine::restore(
+                    Arc::clone(&store),
+                    Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap(),
+                    &manifest,
+                )
+                .unwrap();
+            }
             Step::Combine => {
                 engine.flush().unwrap();
                 engine.combine().unwrap();

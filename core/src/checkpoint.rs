@@ -1,0 +1,677 @@
+//! Checkpoints: a durable image of the engine at one timestamp, and
+//! recovery from it.
+//!
+//! ```text
+//!  write_checkpoint()                         restore()
+//!  c = HWM − 1 (under the apply sequencer)    read manifest (the catalog holds it)
+//!  per shard: index live at c   ─▶ object      rebuild tables, files, index, MI,
+//!             deleted rows at c ─▶ objects      visibility (folded at c), open blocks
+//!  per part:  blocks ≤ c referenced,          delete objects the manifest does not name
+//!             blocks straddling c cut to
+//!             their prefix ≤ c, active rows
+//!             ≤ c written as a short block
+//!  ─▶ Manifest (the caller commits it with the input position, atomically)
+//! ```
+//!
+//! A checkpoint is an image at `c` whatever is in flight: rows with
+//! `create_ts > c` (a transaction being applied, or one that failed half
+//! way) are cut from block suffixes, the index keeps only versions live at
+//! `c`, visibility is the deleted set at `c`. After recovery the input is
+//! replayed from the position the checkpoint recorded.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path;
+use parquet::basic::Compression;
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::{Block, BlockData, FileKind, LakeFile};
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{Error, Result};
+use crate::ids::{FileId, RowId, TableId, Ts};
+use crate::index::PrimaryIndex;
+use crate::lake::{
+    RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet, load_metadata,
+};
+use crate::mvcc::{Clock, lock};
+use crate::replay::OpenBlock;
+use crate::visibility::FileVisibility;
+
+/// Version of the manifest format.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// The engine image of one checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version.
+    pub format: u32,
+    /// The image is the state at this timestamp.
+    pub checkpoint_ts: u64,
+    /// Next file id to hand out.
+    pub next_file_id: u64,
+    /// Rows per block.
+    pub block_rows: usize,
+    /// Blocks per virtual file.
+    pub blocks_per_file: usize,
+    /// Tables, by id.
+    pub tables: Vec<TableManifest>,
+    /// Shards, by id.
+    pub shards: Vec<ShardManifest>,
+}
+
+/// A table.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableManifest {
+    /// Qualified name.
+    pub name: String,
+    /// User columns.
+    pub columns: Vec<ColumnManifest>,
+    /// Primary-key column indices.
+    pub primary_key: Vec<usize>,
+}
+
+/// A column.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ColumnManifest {
+    /// Name.
+    pub name: String,
+    /// Type, as [`type_name`] writes it.
+    pub data_type: String,
+    /// NULL allowed.
+    pub nullable: bool,
+}
+
+/// A shard.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShardManifest {
+    /// Next row id.
+    pub next_row_id: u64,
+    /// Object holding the index (live at the checkpoint).
+    pub index: String,
+    /// MI ranges: start, len, file, slot, offset.
+    pub ranges: Vec<[u64; 5]>,
+    /// Visibility writers by slot.
+    pub slots: Vec<SlotManifest>,
+    /// Table parts.
+    pub parts: Vec<PartManifest>,
+}
+
+/// A visibility slot (one file).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SlotManifest {
+    /// File id.
+    pub file: u64,
+    /// Row capacity.
+    pub capacity: usize,
+    /// Object with the deleted offsets (u32 LE), if any row is deleted.
+    pub deleted: Option<String>,
+}
+
+/// A table part.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PartManifest {
+    /// Table id.
+    pub table: u32,
+    /// Files in order.
+    pub files: Vec<FileManifest>,
+    /// The block the next row continues after.
+    pub open: Option<OpenManifest>,
+}
+
+/// A file of a part.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FileManifest {
+    /// File id.
+    pub id: u64,
+    /// Virtual file: sealed.
+    pub sealed: bool,
+    /// Virtual file: blocks.
+    pub blocks: Vec<BlockManifest>,
+    /// Regular file.
+    pub regular: Option<RegularManifest>,
+}
+
+/// A flushed block.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BlockManifest {
+    /// Block index.
+    pub index: u32,
+    /// Object path.
+    pub path: String,
+    /// Rows.
+    pub rows: usize,
+    /// Smallest create_ts.
+    pub min_ts: u64,
+    /// Largest create_ts.
+    pub max_ts: u64,
+}
+
+/// A regular file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RegularManifest {
+    /// Object path.
+    pub path: String,
+    /// Row groups: offset, rows, min_ts, max_ts.
+    pub row_groups: Vec<[u64; 4]>,
+}
+
+/// Where a part continues.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpenManifest {
+    /// File id.
+    pub file: u64,
+    /// Visibility slot.
+    pub slot: u32,
+    /// Index of the last block.
+    pub index: u32,
+    /// Offset of the last block.
+    pub offset: usize,
+    /// Rows of the last block.
+    pub rows: usize,
+}
+
+/// Text form of a supported column type.
+pub fn type_name(t: &DataType) -> String {
+    match t {
+        DataType::Decimal128(p, s) => format!("decimal({p},{s})"),
+        DataType::Timestamp(_, Some(_)) => "timestamptz".into(),
+        DataType::Timestamp(_, None) => "timestamp".into(),
+        other => format!("{other}").to_ascii_lowercase(),
+    }
+}
+
+/// Parses [`type_name`].
+pub fn parse_type_name(s: &str) -> Result<DataType> {
+    Ok(match s {
+        "boolean" => DataType::Boolean,
+        "int8" => DataType::Int8,
+        "int16" => DataType::Int16,
+        "int32" => DataType::Int32,
+        "int64" => DataType::Int64,
+        "float32" => DataType::Float32,
+        "float64" => DataType::Float64,
+        "utf8" => DataType::Utf8,
+        "binary" => DataType::Binary,
+        "date32" => DataType::Date32,
+        "timestamp" => DataType::Timestamp(TimeUnit::Microsecond, None),
+        "timestamptz" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        d if d.starts_with("decimal(") => {
+            let inner = d.trim_start_matches("decimal(").trim_end_matches(')');
+            let (p, sc) = inner
+                .split_once(',')
+                .ok_or_else(|| corrupt(format!("bad type {d}")))?;
+            DataType::Decimal128(
+                p.trim()
+                    .parse()
+                    .map_err(|_| corrupt(format!("bad type {d}")))?,
+                sc.trim()
+                    .parse()
+                    .map_err(|_| corrupt(format!("bad type {d}")))?,
+            )
+        }
+        other => return Err(corrupt(format!("unknown column type {other}"))),
+    })
+}
+
+fn corrupt(reason: String) -> Error {
+    Error::Corrupt {
+        what: "checkpoint manifest".into(),
+        reason,
+    }
+}
+
+/// Rows of a file batch with `create_ts ≤ c` (a prefix: create_ts ascends).
+fn prefix_at(batch: &RecordBatch, c: Ts) -> Result<RecordBatch> {
+    let ts = create_ts_column(batch)?;
+    let n = ts.values().partition_point(|&t| t as u64 <= c.get());
+    Ok(batch.slice(0, n))
+}
+
+impl Engine {
+    /// Writes the objects of a checkpoint at `HWM − 1` and returns its
+    /// manifest. The checkpoint takes effect when the caller commits the
+    /// manifest (with the input position) to the catalog.
+    pub fn write_checkpoint(&self) -> Result<Manifest> {
+        let _order = lock(&self.sequencer_apply);
+        let c = self.clock.latest();
+        // Release: pairs with the Acquire in `gc`.
+        self.checkpointing.store(true, Ordering::Release);
+        let lake = &self.lake;
+        let dir = format!("_fovea/checkpoints/{}", c.get());
+        let mut shards = Vec::with_capacity(self.shards.len());
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = lock(shard);
+            let mut index = Vec::new();
+            shard.index.live_at(c).write_to(&mut index);
+            let index_path = format!("{dir}/index-{s}.bin");
+            lake.put(&Path::from(index_path.as_str()), Bytes::from(index))?;
+            let mut slots = Vec::with_capacity(shard.writers.len());
+            let mut slot_of = HashMap::new();
+            for (i, w) in shard.writers.iter().enumerate() {
+                let vis = w.visibility();
+                slot_of.insert(vis.file(), i as u32);
+                let deleted = vis.deleted_rows(c)?;
+                let deleted_path = if deleted.is_empty() {
+                    None
+                } else {
+                    let p = format!("{dir}/deleted-{}.bin", vis.file().0);
+                    let bytes: Vec<u8> = deleted.iter().flat_map(|d| d.to_le_bytes()).collect();
+                    lake.put(&Path::from(p.as_str()), Bytes::from(bytes))?;
+                    Some(p)
+                };
+                slots.push(SlotManifest {
+                    file: vis.file().0,
+                    capacity: vis.capacity(),
+                    deleted: deleted_path,
+                });
+            }
+            let mut parts = Vec::new();
+            let mut tables: Vec<_> = shard.parts.iter().collect();
+            tables.sort_by_key(|(t, _)| **t);
+            for (table, pw) in tables {
+                let mut state = lock(&pw.part.state);
+                let active = match &mut state.active {
+                    Some(a) => Some((a.file, a.builder.snapshot()?)),
+                    None => None,
+                };
+                let mut files = Vec::with_capacity(state.files.len());
+                let mut open = None;
+                for f in &state.files {
+                    let slot = *slot_of.get(&f.id).ok_or_else(|| {
+                        Error::invariant(format!("{} has no visibility slot", f.id))
+                    })?;
+                    match &f.kind {
+                        FileKind::Regular(r) => {
+                            if r.row_groups.iter().any(|g| g.max_ts > c) {
+                                return Err(Error::invariant(format!(
+                                    "regular {} holds rows newer than the checkpoint",
+                                    f.id
+                                )));
+                            }
+                            files.push(FileManifest {
+                                id: f.id.0,
+                                sealed: true,
+                                blocks: Vec::new(),
+                                regular: Some(RegularManifest {
+                                    path: r.path.to_string(),
+                                    row_groups: r
+                                        .row_groups
+                                        .iter()
+                                        .map(|g| {
+                                            [
+                                                g.offset as u64,
+                                                g.rows as u64,
+                                                g.min_ts.get(),
+                                                g.max_ts.get(),
+                                            ]
+                                        })
+                                        .collect(),
+                                }),
+                            });
+                        }
+                        FileKind::Virtual { blocks, sealed } => {
+                            let mut out = Vec::new();
+                            let mut offset = 0;
+                            let mut batches: Vec<(u32, Option<Arc<Block>>, Option<RecordBatch>)> =
+                                blocks
+                                    .iter()
+                                    .map(|b| (b.index, Some(Arc::clone(b)), None))
+                                    .collect();
+                            if let Some((file, batch)) = &active
+                                && *file == f.id
+                            {
+                                let index =
+                                    pw.open.as_ref().map_or(blocks.len() as u32, |o| o.index);
+                                batches.push((index, None, Some(batch.clone())));
+                            }
+                            for (index, block, batch) in batches {
+                                let (path, rows, min_ts, max_ts) = match (&block, batch) {
+                                    (Some(b), _) if b.max_ts <= c => {
+                                        let path = match &b.data {
+                                            BlockData::Flushed(p) => p.clone(),
+                                            BlockData::Memory(batch) => {
+                                                let p = block_path(pw.part.table.id, f.id, b.index);
+                                                lake.put(
+                                                    &p,
+                                                    encode_parquet(
+                                                        std::slice::from_ref(batch),
+                                                        b.rows,
+                                                        Compression::UNCOMPRESSED,
+                                                    )?,
+                                                )?;
+                                                p
+                                            }
+                                        };
+                                        (path, b.rows, b.min_ts, b.max_ts)
+                                    }
+                                    (block, batch) => {
+                                        let full = match (block, batch) {
+                                            (_, Some(batch)) => batch,
+                                            (Some(b), None) => match &b.data {
+                                                BlockData::Memory(batch) => batch.clone(),
+                                                BlockData::Flushed(p) => lake.read_block(p)?,
+                                            },
+                                            (None, None) => {
+                                                unreachable!("one of block or batch is set")
+                                            }
+                                        };
+                                        let cut = prefix_at(&full, c)?;
+                                        if cut.num_rows() == 0 {
+                                            break;
+                                        }
+                                        let (min_ts, max_ts) =
+                                            crate::lake::ts_range(create_ts_column(&cut)?);
+                                        let p = Path::from(format!(
+                                            "tables/{}/blocks/{:016x}-{index:05}-c{}.parquet",
+                                            table.0,
+                                            f.id.0,
+                                            c.get()
+                                        ));
+                                        lake.put(
+                                            &p,
+                                            encode_parquet(
+                                                std::slice::from_ref(&cut),
+                                                cut.num_rows(),
+                                                Compression::UNCOMPRESSED,
+                                            )?,
+                                        )?;
+                                        (p, cut.num_rows(), min_ts, max_ts)
+                                    }
+                                };
+                                open = Some(OpenManifest {
+                                    file: f.id.0,
+                                    slot,
+                                    index,
+                                    offset,
+                                    rows,
+                                });
+                                offset += rows;
+                                out.push(BlockManifest {
+                                    index,
+                                    path: path.to_string(),
+                                    rows,
+                                    min_ts: min_ts.get(),
+                                    max_ts: max_ts.get(),
+                                });
+                                if max_ts > c {
+                                    break;
+                                }
+                            }
+                            files.push(FileManifest {
+                                id: f.id.0,
+                                sealed: *sealed,
+                                blocks: out,
+                                regular: None,
+                            });
+                        }
+                    }
+                }
+                // Only the last, unsealed virtual file continues.
+                let open = open.filter(|o| {
+                    files
+                        .last()
+                        .is_some_and(|f| f.id == o.file && !f.sealed && f.regular.is_none())
+                });
+                parts.push(PartManifest {
+                    table: table.0,
+                    files,
+                    open,
+                });
+            }
+            shards.push(ShardManifest {
+                next_row_id: shard.next_row_id,
+                index: index_path,
+                ranges: shard
+                    .main
+                    .ranges()
+                    .iter()
+                    .map(|r| {
+                        [
+                            r.start,
+                            u64::from(r.len),
+                            r.file.0,
+                            u64::from(r.file_slot),
+                            u64::from(r.offset),
+                        ]
+                    })
+                    .collect(),
+                slots,
+                parts,
+            });
+        }
+        // Every retired object is now covered by a checkpoint that no longer names it.
+        for entry in lock(&self.retired).iter_mut() {
+            entry.2 = true;
+        }
+        Ok(Manifest {
+            format: MANIFEST_FORMAT,
+            checkpoint_ts: c.get(),
+            // Relaxed: applies are excluded by the sequencer held above.
+            next_file_id: self.file_ids.load(Ordering::Relaxed),
+            block_rows: self.config.block_rows,
+            blocks_per_file: self.config.blocks_per_file,
+            tables: self
+                .tables()
+                .iter()
+                .map(|t| TableManifest {
+                    name: t.name.clone(),
+                    columns: t
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| ColumnManifest {
+                            name: f.name().clone(),
+                            data_type: type_name(f.data_type()),
+                            nullable: f.is_nullable(),
+                        })
+                        .collect(),
+                    primary_key: t.primary_key.clone(),
+                })
+                .collect(),
+            shards,
+        })
+    }
+
+    /// Rebuilds an engine from a checkpoint manifest, then deletes the
+    /// objects under `tables/` and `_fovea/checkpoints/` that the manifest
+    /// does not name (written after it by a process that crashed).
+    pub fn restore(
+        store: Arc<dyn object_store::ObjectStore>,
+        clock: Arc<Clock>,
+        m: &Manifest,
+    ) -> Result<Arc<Engine>> {
+        if m.format != MANIFEST_FORMAT {
+            return Err(corrupt(format!(
+                "format {} (this fovea reads {MANIFEST_FORMAT})",
+                m.format
+            )));
+        }
+        if clock.latest() < Ts(m.checkpoint_ts) {
+            return Err(corrupt(format!(
+                "the checkpoint is at ts {} but the timestamp store is at {}",
+                m.checkpoint_ts,
+                clock.latest()
+            )));
+        }
+        let config = EngineConfig {
+            shards: m.shards.len(),
+            block_rows: m.block_rows,
+            blocks_per_file: m.blocks_per_file,
+        };
+        let engine = Engine::open(store, clock, config)?;
+        for t in &m.tables {
+            let fields = t
+                .columns
+                .iter()
+                .map(|c| {
+                    Ok(Field::new(
+                        &c.name,
+                        parse_type_name(&c.data_type)?,
+                        c.nullable,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            engine.create_table(
+                &t.name,
+                Arc::new(Schema::new(fields)),
+                t.primary_key.clone(),
+            )?;
+        }
+        let c = Ts(m.checkpoint_ts);
+        let lake = engine.lake.clone();
+        let mut named: HashSet<String> = HashSet::new();
+        engine.file_ids.store(m.next_file_id, Ordering::Relaxed);
+        for (s, sm) in m.shards.iter().enumerate() {
+            let mut shard = lock(&engine.shards[s]);
+            named.insert(sm.index.clone());
+            shard.index = PrimaryIndex::read_from(&lake.get(&Path::from(sm.index.as_str()))?)?;
+            shard.next_row_id = sm.next_row_id;
+            shard.last_ts = c;
+            for r in &sm.ranges {
+                shard.main.add_range(
+                    RowId(r[0]),
+                    r[1] as u32,
+                    FileId(r[2]),
+                    r[3] as u32,
+                    r[4] as u32,
+                )?;
+            }
+            let mut vis_of = HashMap::new();
+            for slot in &sm.slots {
+                let deleted: Vec<u32> = match &slot.deleted {
+                    Some(p) => {
+                        named.insert(p.clone());
+                        lake.get(&Path::from(p.as_str()))?
+                            .chunks_exact(4)
+                            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                            .collect()
+                    }
+                    None => Vec::new(),
+                };
+                let (vis, writer) =
+                    FileVisibility::restore(FileId(slot.file), slot.capacity, &deleted, c)?;
+                vis_of.insert(slot.file, vis);
+                shard.writers.push(writer);
+            }
+            for pm in &sm.parts {
+                let pw = shard
+                    .parts
+                    .get_mut(&TableId(pm.table))
+                    .ok_or_else(|| corrupt(format!("part of unknown table {}", pm.table)))?;
+                let mut files = Vec::with_capacity(pm.files.len());
+                for f in &pm.files {
+                    let vis = Arc::clone(
+                        vis_of
+                            .get(&f.id)
+                            .ok_or_else(|| corrupt(format!("file {} has no slot", f.id)))?,
+                    );
+                    let kind = match &f.regular {
+                        Some(r) => {
+                            named.insert(r.path.clone());
+                            let path = Path::from(r.path.as_str());
+                            let bytes = lake.get(&path)?;
+                            let metadata = load_metadata(&bytes)?;
+                            FileKind::Regular(Arc::new(RegularFile {
+                                path,
+                                row_groups: r
+                                    .row_groups
+                                    .iter()
+                                    .map(|g| RowGroupInfo {
+                                        offset: g[0] as usize,
+                                        rows: g[1] as usize,
+                                        min_ts: Ts(g[2]),
+                                        max_ts: Ts(g[3]),
+                                    })
+                                    .collect(),
+                                metadata,
+                                size: bytes.len(),
+                            }))
+                        }
+                        None => FileKind::Virtual {
+                            blocks: f
+                                .blocks
+                                .iter()
+                                .map(|b| {
+                                    named.insert(b.path.clone());
+                                    Arc::new(Block {
+                                        index: b.index,
+                                        rows: b.rows,
+                                        min_ts: Ts(b.min_ts),
+                                        max_ts: Ts(b.max_ts),
+                                        data: BlockData::Flushed(Path::from(b.path.as_str())),
+                                    })
+                                })
+                                .collect(),
+                            sealed: f.sealed,
+                        },
+                    };
+                    files.push(LakeFile {
+                        id: FileId(f.id),
+                        vis,
+                        kind,
+                    });
+                }
+                lock(&pw.part.state).files = files;
+                pw.open = pm.open.as_ref().map(|o| OpenBlock {
+                    file: FileId(o.file),
+                    slot: o.slot,
+                    index: o.index,
+                    offset: o.offset,
+                    rows: o.rows,
+                    capacity: o.rows,
+                    row_id_start: 0,
+                });
+            }
+        }
+        drop(lake);
+        engine.vacuum(&named)?;
+        engine.checkpointing.store(true, Ordering::Release);
+        Ok(engine)
+    }
+
+    /// Deletes objects under `tables/` and `_fovea/checkpoints/` not in `named`.
+    fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
+        let mut deleted = 0;
+        for prefix in ["tables", "_fovea/checkpoints"] {
+            let prefix = Path::from(prefix);
+            let listed: Vec<_> = futures::executor::block_on(
+                self.lake.store().list(Some(&prefix)).collect::<Vec<_>>(),
+            );
+            for meta in listed {
+                let meta = meta?;
+                if !named.contains(meta.location.as_ref()) {
+                    self.lake.delete(&meta.location)?;
+                    deleted += 1;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes checkpoint objects that `current` does not name.
+    pub fn drop_old_checkpoints(&self, current: &Manifest) -> Result<usize> {
+        let mut named = HashSet::new();
+        for s in &current.shards {
+            named.insert(s.index.clone());
+            named.extend(s.slots.iter().filter_map(|x| x.deleted.clone()));
+        }
+        let prefix = Path::from("_fovea/checkpoints");
+        let listed: Vec<_> =
+            futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
+        let mut deleted = 0;
+        for meta in listed {
+            let meta = meta?;
+            if !named.contains(meta.location.as_ref()) {
+                self.lake.delete(&meta.location)?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+}
