@@ -28,17 +28,13 @@ fn visibility(c: &mut Criterion) {
     }
     let mut out = Vec::new();
     g.throughput(Throughput::Elements(1));
-    g.bench_function("tile_bitmap_64_pending", |b| {
-        b.iter(|| vis.deleted_bitmap(0, 4096, black_box(Ts(40)), &mut out))
-    });
+    g.bench_function("tile_bitmap_64_pending", |b| b.iter(|| vis.deleted_bitmap(0, 4096, black_box(Ts(40)), &mut out)));
     g.finish();
 }
 
 fn index(c: &mut Criterion) {
     let mut index = PrimaryIndex::new();
-    let keys: Vec<_> = (0..1_000_000i64)
-        .map(|k| encode_key(TableId(0), &[Value::Int(k)]))
-        .collect();
+    let keys: Vec<_> = (0..1_000_000i64).map(|k| encode_key(TableId(0), &[Value::Int(k)])).collect();
     for (i, k) in keys.iter().enumerate() {
         let _ = index.put(k, Ts(1), RowId(i as u64));
     }

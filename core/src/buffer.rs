@@ -15,9 +15,9 @@
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{
-    ArrayBuilder, ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder,
-    Float32Builder, Float64Builder, Int8Builder, Int16Builder, Int32Builder, Int64Array,
-    Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+    ArrayBuilder, ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
+    Float64Builder, Int8Builder, Int16Builder, Int32Builder, Int64Array, Int64Builder, StringBuilder,
+    TimestampMicrosecondBuilder,
 };
 use arrow::datatypes::{DataType, TimeUnit};
 use arrow::record_batch::RecordBatch;
@@ -80,19 +80,17 @@ impl ColumnBuilder {
             DataType::Int64 => Self::Int64(Int64Builder::with_capacity(rows)),
             DataType::Float32 => Self::Float32(Float32Builder::with_capacity(rows)),
             DataType::Float64 => Self::Float64(Float64Builder::with_capacity(rows)),
-            DataType::Decimal128(p, s) => Self::Decimal(
-                Decimal128Builder::with_capacity(rows).with_precision_and_scale(*p, *s)?,
-            ),
+            DataType::Decimal128(p, s) => {
+                Self::Decimal(Decimal128Builder::with_capacity(rows).with_precision_and_scale(*p, *s)?)
+            }
             DataType::Utf8 => Self::Utf8(StringBuilder::with_capacity(rows, rows * 16)),
             DataType::Binary => Self::Binary(BinaryBuilder::with_capacity(rows, rows * 16)),
             DataType::Date32 => Self::Date32(Date32Builder::with_capacity(rows)),
-            DataType::Timestamp(TimeUnit::Microsecond, tz) => Self::Timestamp(
-                TimestampMicrosecondBuilder::with_capacity(rows).with_timezone_opt(tz.clone()),
-            ),
+            DataType::Timestamp(TimeUnit::Microsecond, tz) => {
+                Self::Timestamp(TimestampMicrosecondBuilder::with_capacity(rows).with_timezone_opt(tz.clone()))
+            }
             other => {
-                return Err(Error::invariant(format!(
-                    "unsupported type {other} passed TableDef::new"
-                )));
+                return Err(Error::invariant(format!("unsupported type {other} passed TableDef::new")));
             }
         })
     }
@@ -102,11 +100,7 @@ impl ColumnBuilder {
     fn append(&mut self, v: &Value) {
         macro_rules! opt {
             ($b:expr, $some:expr) => {
-                if v.is_null() {
-                    $b.append_null()
-                } else {
-                    $b.append_value($some)
-                }
+                if v.is_null() { $b.append_null() } else { $b.append_value($some) }
             };
         }
         match (self, v) {
@@ -168,19 +162,9 @@ pub struct BlockBuilder {
 impl BlockBuilder {
     /// An empty block for `table` with room for `rows` rows.
     pub fn new(table: Arc<TableDef>, rows: usize) -> Result<Self> {
-        let columns = table
-            .schema
-            .fields()
-            .iter()
-            .map(|f| ColumnBuilder::new(f.data_type(), rows))
-            .collect::<Result<_>>()?;
-        Ok(Self {
-            table,
-            columns,
-            create_ts: Vec::with_capacity(rows),
-            capacity: rows,
-            cached: None,
-        })
+        let columns =
+            table.schema.fields().iter().map(|f| ColumnBuilder::new(f.data_type(), rows)).collect::<Result<_>>()?;
+        Ok(Self { table, columns, create_ts: Vec::with_capacity(rows), capacity: rows, cached: None })
     }
 
     /// Rows appended so far.
@@ -209,11 +193,7 @@ impl BlockBuilder {
         if let Some(b) = &self.cached {
             return Ok(b.clone());
         }
-        let mut arrays: Vec<ArrayRef> = self
-            .columns
-            .iter()
-            .map(|c| c.builder_ref().finish_cloned())
-            .collect();
+        let mut arrays: Vec<ArrayRef> = self.columns.iter().map(|c| c.builder_ref().finish_cloned()).collect();
         arrays.push(Arc::new(Int64Array::from(self.create_ts.clone())));
         let batch = RecordBatch::try_new(Arc::clone(&self.table.file_schema), arrays)?;
         self.cached = Some(batch.clone());
@@ -222,31 +202,17 @@ impl BlockBuilder {
 
     /// Takes the rows out as a batch and resets the builders.
     pub fn finish(&mut self) -> Result<RecordBatch> {
-        let mut arrays: Vec<ArrayRef> = self
-            .columns
-            .iter_mut()
-            .map(|c| c.builder().finish())
-            .collect();
-        arrays.push(Arc::new(Int64Array::from(std::mem::take(
-            &mut self.create_ts,
-        ))));
+        let mut arrays: Vec<ArrayRef> = self.columns.iter_mut().map(|c| c.builder().finish()).collect();
+        arrays.push(Arc::new(Int64Array::from(std::mem::take(&mut self.create_ts))));
         self.cached = None;
-        Ok(RecordBatch::try_new(
-            Arc::clone(&self.table.file_schema),
-            arrays,
-        )?)
+        Ok(RecordBatch::try_new(Arc::clone(&self.table.file_schema), arrays)?)
     }
 
     /// Approximate bytes held.
     pub fn memory_bytes(&self) -> usize {
         // Builders do not expose their capacity; count what they hold.
-        let per_row: usize = self
-            .table
-            .schema
-            .fields()
-            .iter()
-            .map(|f| f.data_type().primitive_width().unwrap_or(16))
-            .sum();
+        let per_row: usize =
+            self.table.schema.fields().iter().map(|f| f.data_type().primitive_width().unwrap_or(16)).sum();
         self.capacity * (per_row + 8)
     }
 }
@@ -347,14 +313,7 @@ pub(crate) struct ActiveBlock {
 impl TablePart {
     /// An empty part.
     pub fn new(table: Arc<TableDef>, shard: ShardId) -> Self {
-        Self {
-            table,
-            shard,
-            state: Mutex::new(PartState {
-                files: Vec::new(),
-                active: None,
-            }),
-        }
+        Self { table, shard, state: Mutex::new(PartState { files: Vec::new(), active: None }) }
     }
 
     /// One consistent view of files and in-memory rows.
@@ -369,19 +328,13 @@ impl TablePart {
             }),
             _ => None,
         };
-        Ok(PartView {
-            files: state.files.clone(),
-            active,
-        })
+        Ok(PartView { files: state.files.clone(), active })
     }
 
     /// Bytes held in memory: active builders and unflushed blocks.
     pub fn memory_bytes(&self) -> usize {
         let state = lock(&self.state);
-        let active = state
-            .active
-            .as_ref()
-            .map_or(0, |a| a.builder.memory_bytes());
+        let active = state.active.as_ref().map_or(0, |a| a.builder.memory_bytes());
         let blocks: usize = state
             .files
             .iter()

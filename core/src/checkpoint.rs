@@ -36,9 +36,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
 use crate::index::PrimaryIndex;
-use crate::lake::{
-    RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet, load_metadata,
-};
+use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet, load_metadata};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
 use crate::visibility::FileVisibility;
@@ -203,16 +201,10 @@ pub fn parse_type_name(s: &str) -> Result<DataType> {
         "timestamptz" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         d if d.starts_with("decimal(") => {
             let inner = d.trim_start_matches("decimal(").trim_end_matches(')');
-            let (p, sc) = inner
-                .split_once(',')
-                .ok_or_else(|| corrupt(format!("bad type {d}")))?;
+            let (p, sc) = inner.split_once(',').ok_or_else(|| corrupt(format!("bad type {d}")))?;
             DataType::Decimal128(
-                p.trim()
-                    .parse()
-                    .map_err(|_| corrupt(format!("bad type {d}")))?,
-                sc.trim()
-                    .parse()
-                    .map_err(|_| corrupt(format!("bad type {d}")))?,
+                p.trim().parse().map_err(|_| corrupt(format!("bad type {d}")))?,
+                sc.trim().parse().map_err(|_| corrupt(format!("bad type {d}")))?,
             )
         }
         other => return Err(corrupt(format!("unknown column type {other}"))),
@@ -220,10 +212,7 @@ pub fn parse_type_name(s: &str) -> Result<DataType> {
 }
 
 fn corrupt(reason: String) -> Error {
-    Error::Corrupt {
-        what: "checkpoint manifest".into(),
-        reason,
-    }
+    Error::Corrupt { what: "checkpoint manifest".into(), reason }
 }
 
 /// Rows of a file batch with `create_ts ≤ c` (a prefix: create_ts ascends).
@@ -244,6 +233,11 @@ impl Engine {
         self.checkpointing.store(true, Ordering::Release);
         let lake = &self.lake;
         let dir = format!("_fovea/checkpoints/{}", c.get());
+        let tables = self.tables_at(c);
+        let included: HashSet<TableId> = tables.iter().map(|t| t.id).collect();
+        if tables.iter().enumerate().any(|(i, t)| t.id.0 as usize != i) {
+            return Err(Error::invariant("tables left out of a checkpoint must be the newest ones"));
+        }
         let mut shards = Vec::with_capacity(self.shards.len());
         for (s, shard) in self.shards.iter().enumerate() {
             let shard = lock(shard);
@@ -265,16 +259,12 @@ impl Engine {
                     lake.put(&Path::from(p.as_str()), Bytes::from(bytes))?;
                     Some(p)
                 };
-                slots.push(SlotManifest {
-                    file: vis.file().0,
-                    capacity: vis.capacity(),
-                    deleted: deleted_path,
-                });
+                slots.push(SlotManifest { file: vis.file().0, capacity: vis.capacity(), deleted: deleted_path });
             }
             let mut parts = Vec::new();
             let mut tables: Vec<_> = shard.parts.iter().collect();
             tables.sort_by_key(|(t, _)| **t);
-            for (table, pw) in tables {
+            for (table, pw) in tables.into_iter().filter(|(t, _)| included.contains(t)) {
                 let mut state = lock(&pw.part.state);
                 let active = match &mut state.active {
                     Some(a) => Some((a.file, a.builder.snapshot()?)),
@@ -283,9 +273,9 @@ impl Engine {
                 let mut files = Vec::with_capacity(state.files.len());
                 let mut open = None;
                 for f in &state.files {
-                    let slot = *slot_of.get(&f.id).ok_or_else(|| {
-                        Error::invariant(format!("{} has no visibility slot", f.id))
-                    })?;
+                    let slot = *slot_of
+                        .get(&f.id)
+                        .ok_or_else(|| Error::invariant(format!("{} has no visibility slot", f.id)))?;
                     match &f.kind {
                         FileKind::Regular(r) => {
                             if r.row_groups.iter().any(|g| g.max_ts > c) {
@@ -303,14 +293,7 @@ impl Engine {
                                     row_groups: r
                                         .row_groups
                                         .iter()
-                                        .map(|g| {
-                                            [
-                                                g.offset as u64,
-                                                g.rows as u64,
-                                                g.min_ts.get(),
-                                                g.max_ts.get(),
-                                            ]
-                                        })
+                                        .map(|g| [g.offset as u64, g.rows as u64, g.min_ts.get(), g.max_ts.get()])
                                         .collect(),
                                 }),
                             });
@@ -319,15 +302,11 @@ impl Engine {
                             let mut out = Vec::new();
                             let mut offset = 0;
                             let mut batches: Vec<(u32, Option<Arc<Block>>, Option<RecordBatch>)> =
-                                blocks
-                                    .iter()
-                                    .map(|b| (b.index, Some(Arc::clone(b)), None))
-                                    .collect();
+                                blocks.iter().map(|b| (b.index, Some(Arc::clone(b)), None)).collect();
                             if let Some((file, batch)) = &active
                                 && *file == f.id
                             {
-                                let index =
-                                    pw.open.as_ref().map_or(blocks.len() as u32, |o| o.index);
+                                let index = pw.open.as_ref().map_or(blocks.len() as u32, |o| o.index);
                                 batches.push((index, None, Some(batch.clone())));
                             }
                             for (index, block, batch) in batches {
@@ -365,8 +344,7 @@ impl Engine {
                                         if cut.num_rows() == 0 {
                                             break;
                                         }
-                                        let (min_ts, max_ts) =
-                                            crate::lake::ts_range(create_ts_column(&cut)?);
+                                        let (min_ts, max_ts) = crate::lake::ts_range(create_ts_column(&cut)?);
                                         let p = Path::from(format!(
                                             "tables/{}/blocks/{:016x}-{index:05}-c{}.parquet",
                                             table.0,
@@ -384,13 +362,7 @@ impl Engine {
                                         (p, cut.num_rows(), min_ts, max_ts)
                                     }
                                 };
-                                open = Some(OpenManifest {
-                                    file: f.id.0,
-                                    slot,
-                                    index,
-                                    offset,
-                                    rows,
-                                });
+                                open = Some(OpenManifest { file: f.id.0, slot, index, offset, rows });
                                 offset += rows;
                                 out.push(BlockManifest {
                                     index,
@@ -403,26 +375,14 @@ impl Engine {
                                     break;
                                 }
                             }
-                            files.push(FileManifest {
-                                id: f.id.0,
-                                sealed: *sealed,
-                                blocks: out,
-                                regular: None,
-                            });
+                            files.push(FileManifest { id: f.id.0, sealed: *sealed, blocks: out, regular: None });
                         }
                     }
                 }
                 // Only the last, unsealed virtual file continues.
-                let open = open.filter(|o| {
-                    files
-                        .last()
-                        .is_some_and(|f| f.id == o.file && !f.sealed && f.regular.is_none())
-                });
-                parts.push(PartManifest {
-                    table: table.0,
-                    files,
-                    open,
-                });
+                let open =
+                    open.filter(|o| files.last().is_some_and(|f| f.id == o.file && !f.sealed && f.regular.is_none()));
+                parts.push(PartManifest { table: table.0, files, open });
             }
             shards.push(ShardManifest {
                 next_row_id: shard.next_row_id,
@@ -431,15 +391,7 @@ impl Engine {
                     .main
                     .ranges()
                     .iter()
-                    .map(|r| {
-                        [
-                            r.start,
-                            u64::from(r.len),
-                            r.file.0,
-                            u64::from(r.file_slot),
-                            u64::from(r.offset),
-                        ]
-                    })
+                    .map(|r| [r.start, u64::from(r.len), r.file.0, u64::from(r.file_slot), u64::from(r.offset)])
                     .collect(),
                 slots,
                 parts,
@@ -456,8 +408,7 @@ impl Engine {
             next_file_id: self.file_ids.load(Ordering::Relaxed),
             block_rows: self.config.block_rows,
             blocks_per_file: self.config.blocks_per_file,
-            tables: self
-                .tables()
+            tables: tables
                 .iter()
                 .map(|t| TableManifest {
                     name: t.name.clone(),
@@ -478,19 +429,18 @@ impl Engine {
         })
     }
 
-    /// Rebuilds an engine from a checkpoint manifest, then deletes the
-    /// objects under `tables/` and `_fovea/checkpoints/` that the manifest
-    /// does not name (written after it by a process that crashed).
+    /// Rebuilds an engine from a checkpoint manifest, then (when `vacuum`)
+    /// deletes the objects under `tables/` and `_fovea/checkpoints/` that
+    /// the manifest does not name (written after it by a process that
+    /// crashed). Readers of a lake a replayer is writing must not vacuum.
     pub fn restore(
         store: Arc<dyn object_store::ObjectStore>,
         clock: Arc<Clock>,
         m: &Manifest,
+        vacuum: bool,
     ) -> Result<Arc<Engine>> {
         if m.format != MANIFEST_FORMAT {
-            return Err(corrupt(format!(
-                "format {} (this fovea reads {MANIFEST_FORMAT})",
-                m.format
-            )));
+            return Err(corrupt(format!("format {} (this fovea reads {MANIFEST_FORMAT})", m.format)));
         }
         if clock.latest() < Ts(m.checkpoint_ts) {
             return Err(corrupt(format!(
@@ -499,29 +449,16 @@ impl Engine {
                 clock.latest()
             )));
         }
-        let config = EngineConfig {
-            shards: m.shards.len(),
-            block_rows: m.block_rows,
-            blocks_per_file: m.blocks_per_file,
-        };
+        let config =
+            EngineConfig { shards: m.shards.len(), block_rows: m.block_rows, blocks_per_file: m.blocks_per_file };
         let engine = Engine::open(store, clock, config)?;
         for t in &m.tables {
             let fields = t
                 .columns
                 .iter()
-                .map(|c| {
-                    Ok(Field::new(
-                        &c.name,
-                        parse_type_name(&c.data_type)?,
-                        c.nullable,
-                    ))
-                })
+                .map(|c| Ok(Field::new(&c.name, parse_type_name(&c.data_type)?, c.nullable)))
                 .collect::<Result<Vec<_>>>()?;
-            engine.create_table(
-                &t.name,
-                Arc::new(Schema::new(fields)),
-                t.primary_key.clone(),
-            )?;
+            engine.create_table(&t.name, Arc::new(Schema::new(fields)), t.primary_key.clone())?;
         }
         let c = Ts(m.checkpoint_ts);
         let lake = engine.lake.clone();
@@ -534,13 +471,7 @@ impl Engine {
             shard.next_row_id = sm.next_row_id;
             shard.last_ts = c;
             for r in &sm.ranges {
-                shard.main.add_range(
-                    RowId(r[0]),
-                    r[1] as u32,
-                    FileId(r[2]),
-                    r[3] as u32,
-                    r[4] as u32,
-                )?;
+                shard.main.add_range(RowId(r[0]), r[1] as u32, FileId(r[2]), r[3] as u32, r[4] as u32)?;
             }
             let mut vis_of = HashMap::new();
             for slot in &sm.slots {
@@ -554,8 +485,7 @@ impl Engine {
                     }
                     None => Vec::new(),
                 };
-                let (vis, writer) =
-                    FileVisibility::restore(FileId(slot.file), slot.capacity, &deleted, c)?;
+                let (vis, writer) = FileVisibility::restore(FileId(slot.file), slot.capacity, &deleted, c)?;
                 vis_of.insert(slot.file, vis);
                 shard.writers.push(writer);
             }
@@ -566,11 +496,8 @@ impl Engine {
                     .ok_or_else(|| corrupt(format!("part of unknown table {}", pm.table)))?;
                 let mut files = Vec::with_capacity(pm.files.len());
                 for f in &pm.files {
-                    let vis = Arc::clone(
-                        vis_of
-                            .get(&f.id)
-                            .ok_or_else(|| corrupt(format!("file {} has no slot", f.id)))?,
-                    );
+                    let vis =
+                        Arc::clone(vis_of.get(&f.id).ok_or_else(|| corrupt(format!("file {} has no slot", f.id)))?);
                     let kind = match &f.regular {
                         Some(r) => {
                             named.insert(r.path.clone());
@@ -611,11 +538,7 @@ impl Engine {
                             sealed: f.sealed,
                         },
                     };
-                    files.push(LakeFile {
-                        id: FileId(f.id),
-                        vis,
-                        kind,
-                    });
+                    files.push(LakeFile { id: FileId(f.id), vis, kind });
                 }
                 lock(&pw.part.state).files = files;
                 pw.open = pm.open.as_ref().map(|o| OpenBlock {
@@ -630,19 +553,20 @@ impl Engine {
             }
         }
         drop(lake);
-        engine.vacuum(&named)?;
+        engine.tables_restored();
+        if vacuum {
+            engine.vacuum(&named)?;
+        }
         engine.checkpointing.store(true, Ordering::Release);
         Ok(engine)
     }
 
     /// Deletes objects under `tables/` and `_fovea/checkpoints/` not in `named`.
-    fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
+    pub(crate) fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
         let mut deleted = 0;
         for prefix in ["tables", "_fovea/checkpoints"] {
             let prefix = Path::from(prefix);
-            let listed: Vec<_> = futures::executor::block_on(
-                self.lake.store().list(Some(&prefix)).collect::<Vec<_>>(),
-            );
+            let listed: Vec<_> = futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
             for meta in listed {
                 let meta = meta?;
                 if !named.contains(meta.location.as_ref()) {
@@ -662,8 +586,7 @@ impl Engine {
             named.extend(s.slots.iter().filter_map(|x| x.deleted.clone()));
         }
         let prefix = Path::from("_fovea/checkpoints");
-        let listed: Vec<_> =
-            futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
+        let listed: Vec<_> = futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
         let mut deleted = 0;
         for meta in listed {
             let meta = meta?;

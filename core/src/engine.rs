@@ -22,9 +22,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use parquet::basic::Compression;
 
-use crate::buffer::{
-    BlockData, DEFAULT_BLOCK_ROWS, DEFAULT_BLOCKS_PER_FILE, FileKind, PartView, TablePart,
-};
+use crate::buffer::{BlockData, DEFAULT_BLOCK_ROWS, DEFAULT_BLOCKS_PER_FILE, FileKind, PartView, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{ShardId, TableId, Ts};
 use crate::lake::{Lake, block_path, encode_parquet, file_path};
@@ -93,6 +91,10 @@ impl EngineConfig {
 pub(crate) struct TableRuntime {
     def: Arc<TableDef>,
     parts: Vec<Arc<TablePart>>,
+    /// No transaction below this ts can have written to the table: a
+    /// checkpoint at a smaller ts leaves the table out (it was created by a
+    /// transaction that had not committed).
+    pub(crate) created_at: Ts,
 }
 
 #[derive(Default)]
@@ -142,11 +144,7 @@ pub struct MemoryStats {
 impl MemoryStats {
     /// Visibility bits per stored tuple.
     pub fn visibility_bits_per_tuple(&self) -> f64 {
-        if self.tuples == 0 {
-            0.0
-        } else {
-            self.visibility_bytes as f64 * 8.0 / self.tuples as f64
-        }
+        if self.tuples == 0 { 0.0 } else { self.visibility_bytes as f64 * 8.0 / self.tuples as f64 }
     }
 }
 
@@ -176,17 +174,10 @@ pub struct Engine {
 
 impl Engine {
     /// An engine over `store`, with timestamps from `clock`.
-    pub fn open(
-        store: Arc<dyn ObjectStore>,
-        clock: Arc<Clock>,
-        config: EngineConfig,
-    ) -> Result<Arc<Engine>> {
+    pub fn open(store: Arc<dyn ObjectStore>, clock: Arc<Clock>, config: EngineConfig) -> Result<Arc<Engine>> {
         config.validate()?;
         let lake = Lake::new(store);
-        let flusher = Arc::new(Flusher {
-            state: Mutex::new(FlushState::default()),
-            idle: Condvar::new(),
-        });
+        let flusher = Arc::new(Flusher { state: Mutex::new(FlushState::default()), idle: Condvar::new() });
         let (tx, rx) = channel();
         let thread = {
             let lake = lake.clone();
@@ -200,9 +191,7 @@ impl Engine {
             clock,
             lake,
             tables: RwLock::new(Tables::default()),
-            shards: (0..config.shards)
-                .map(|i| Mutex::new(Shard::new(ShardId(i as u32))))
-                .collect(),
+            shards: (0..config.shards).map(|i| Mutex::new(Shard::new(ShardId(i as u32)))).collect(),
             sequencer: Mutex::new(()),
             sequencer_apply: Mutex::new(()),
             file_ids: AtomicU64::new(1),
@@ -249,11 +238,27 @@ impl Engine {
     }
 
     /// Creates a table with the given user columns and primary-key columns.
-    pub fn create_table(
+    pub fn create_table(&self, name: &str, schema: SchemaRef, primary_key: Vec<usize>) -> Result<Arc<TableDef>> {
+        self.create_table_since(name, schema, primary_key, Ts::ZERO)
+    }
+
+    /// Creates a table as part of the next transaction to begin: until that
+    /// transaction commits, checkpoints leave the table out.
+    pub fn create_table_in_next_txn(
         &self,
         name: &str,
         schema: SchemaRef,
         primary_key: Vec<usize>,
+    ) -> Result<Arc<TableDef>> {
+        self.create_table_since(name, schema, primary_key, self.clock.peek_next())
+    }
+
+    fn create_table_since(
+        &self,
+        name: &str,
+        schema: SchemaRef,
+        primary_key: Vec<usize>,
+        created_at: Ts,
     ) -> Result<Arc<TableDef>> {
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         if tables.by_name.contains_key(name) {
@@ -261,16 +266,12 @@ impl Engine {
         }
         let id = TableId(tables.by_id.len() as u32);
         let def = TableDef::new(id, name, schema, primary_key)?;
-        let parts: Vec<Arc<TablePart>> = (0..self.shards.len())
-            .map(|s| Arc::new(TablePart::new(Arc::clone(&def), ShardId(s as u32))))
-            .collect();
+        let parts: Vec<Arc<TablePart>> =
+            (0..self.shards.len()).map(|s| Arc::new(TablePart::new(Arc::clone(&def), ShardId(s as u32)))).collect();
         for (shard, part) in self.shards.iter().zip(&parts) {
             lock(shard).add_part(Arc::clone(part));
         }
-        tables.by_id.push(TableRuntime {
-            def: Arc::clone(&def),
-            parts,
-        });
+        tables.by_id.push(TableRuntime { def: Arc::clone(&def), parts, created_at });
         tables.by_name.insert(name.into(), id);
         Ok(def)
     }
@@ -278,36 +279,36 @@ impl Engine {
     /// The table named `name`.
     pub fn table(&self, name: &str) -> Result<Arc<TableDef>> {
         let tables = self.read_tables();
-        let id = tables
-            .by_name
-            .get(name)
-            .ok_or_else(|| Error::UnknownTable(name.into()))?;
+        let id = tables.by_name.get(name).ok_or_else(|| Error::UnknownTable(name.into()))?;
         Ok(Arc::clone(&tables.by_id[id.0 as usize].def))
+    }
+
+    /// Tables created at or below `ts` (see `TableRuntime::created_at`).
+    pub(crate) fn tables_at(&self, ts: Ts) -> Vec<Arc<TableDef>> {
+        self.read_tables().by_id.iter().filter(|t| t.created_at <= ts).map(|t| Arc::clone(&t.def)).collect()
+    }
+
+    /// Marks every table as existing since ts 0 (after a restore).
+    pub(crate) fn tables_restored(&self) {
+        for t in &mut self.tables.write().unwrap_or_else(|p| p.into_inner()).by_id {
+            t.created_at = Ts::ZERO;
+        }
     }
 
     /// All tables, by id.
     pub fn tables(&self) -> Vec<Arc<TableDef>> {
-        self.read_tables()
-            .by_id
-            .iter()
-            .map(|t| Arc::clone(&t.def))
-            .collect()
+        self.read_tables().by_id.iter().map(|t| Arc::clone(&t.def)).collect()
     }
 
     fn table_by_id(&self, id: TableId) -> Result<Arc<TableDef>> {
         let tables = self.read_tables();
-        tables
-            .by_id
-            .get(id.0 as usize)
-            .map(|t| Arc::clone(&t.def))
-            .ok_or_else(|| Error::UnknownTable(id.to_string()))
+        tables.by_id.get(id.0 as usize).map(|t| Arc::clone(&t.def)).ok_or_else(|| Error::UnknownTable(id.to_string()))
     }
 
     /// The shard a key belongs to.
     pub fn shard_of(&self, key: &[u8]) -> usize {
         use std::hash::BuildHasher;
-        (foldhash::fast::FixedState::with_seed(0x0005_4a2d).hash_one(key)
-            % self.shards.len() as u64) as usize
+        (foldhash::fast::FixedState::with_seed(0x0005_4a2d).hash_one(key) % self.shards.len() as u64) as usize
     }
 
     /// Replays one mirror transaction: all of `ops` become visible together at
@@ -320,9 +321,7 @@ impl Engine {
                 self.clock.commit(ts)?;
                 Ok(ts)
             }
-            Err(
-                e @ (Error::KeyConflict { .. } | Error::Schema { .. } | Error::UnknownTable(_)),
-            ) => {
+            Err(e @ (Error::KeyConflict { .. } | Error::Schema { .. } | Error::UnknownTable(_))) => {
                 // Rejected before anything was written.
                 self.clock.abort(ts)?;
                 Err(e)
@@ -348,9 +347,12 @@ impl Engine {
     /// invariant; the transaction must then never be committed.
     pub fn apply_at(&self, ts: Ts, ops: Vec<Op>) -> Result<()> {
         let mut routed: Vec<Vec<ShardOp>> = vec![Vec::new(); self.shards.len()];
-        for op in ops {
+        let mut origins: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
+        for (i, op) in ops.into_iter().enumerate() {
             for s in ShardOp::from_op(op, |t| self.table_by_id(t))? {
-                routed[self.shard_of(s.key())].push(s);
+                let shard = self.shard_of(s.key());
+                routed[shard].push(s);
+                origins[shard].push(i);
             }
         }
         let _order = lock(&self.sequencer_apply);
@@ -360,20 +362,93 @@ impl Engine {
             .filter(|(_, ops)| !ops.is_empty())
             .map(|(i, ops)| (lock(&self.shards[i]), ops))
             .collect();
-        shards
-            .iter()
-            .try_for_each(|(shard, ops)| shard.validate(ops))?;
+        for (shard, ops) in &shards {
+            shard.validate(ops).map_err(|e| match e {
+                // The index in the caller's list, not in the shard's.
+                Error::KeyConflict { table, key, message, op } => {
+                    Error::KeyConflict { table, key, message, op: op.map(|i| origins[shard.id().0 as usize][i]) }
+                }
+                other => other,
+            })?;
+        }
         let tx = lock(&self.flush_tx).clone();
         let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
-        let ctx = ShardContext {
-            file_ids: &self.file_ids,
-            flush: &flush,
-            config: self.buffer_config(),
-        };
+        let ctx = ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() };
         for (shard, ops) in shards.iter_mut() {
             shard.apply(ts, ops, &ctx)?;
         }
         Ok(())
+    }
+
+    /// The newest version of `key` in `table`, committed or not (the
+    /// writer's view: a transaction sees its own earlier changes). Used to
+    /// fill in values a change stream leaves out (unchanged TOAST columns).
+    pub fn latest_row(&self, table: &TableDef, key: &[crate::schema::Value]) -> Result<Option<crate::schema::Row>> {
+        let encoded = crate::index::encode_key(table.id, key);
+        let (loc, part) = {
+            let shard = lock(&self.shards[self.shard_of(&encoded)]);
+            let Some(row_id) = shard.index.latest(&encoded) else { return Ok(None) };
+            let loc = shard
+                .main
+                .locate(row_id)
+                .ok_or_else(|| Error::invariant(format!("{row_id:?} of {} has no location", table.name)))?;
+            let part = shard.parts.get(&table.id).map(|p| Arc::clone(&p.part));
+            (loc, part.ok_or_else(|| Error::UnknownTable(table.name.clone()))?)
+        };
+        let view = part.view()?;
+        let offset = loc.offset as usize;
+        let found = match &view.active {
+            Some(a) if a.file == loc.file && offset >= a.offset && offset < a.offset + a.batch.num_rows() => {
+                Some(a.batch.slice(offset - a.offset, 1))
+            }
+            _ => {
+                let file = view.files.iter().find(|f| f.id == loc.file);
+                match file.map(|f| &f.kind) {
+                    Some(FileKind::Virtual { blocks, .. }) => {
+                        let mut start = 0;
+                        let mut hit = None;
+                        for b in blocks {
+                            if offset < start + b.rows {
+                                let batch = match &b.data {
+                                    BlockData::Memory(batch) => batch.clone(),
+                                    BlockData::Flushed(p) => self.lake.read_block(p)?,
+                                };
+                                hit = Some(batch.slice(offset - start, 1));
+                                break;
+                            }
+                            start += b.rows;
+                        }
+                        hit
+                    }
+                    Some(FileKind::Regular(r)) => {
+                        let snapshot = self.clock.snapshot();
+                        let mut found = None;
+                        if let Some(rg) =
+                            r.row_groups.iter().position(|g| offset >= g.offset && offset < g.offset + g.rows)
+                        {
+                            let bytes = self.lake.get(&r.path)?;
+                            let reader =
+                                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
+                                    bytes,
+                                    r.metadata.clone(),
+                                )
+                                .with_row_groups(vec![rg])
+                                .build()?;
+                            let batch = crate::lake::one_batch(reader, r.path.as_ref())?;
+                            found = Some(batch.slice(offset - r.row_groups[rg].offset, 1));
+                        }
+                        drop(snapshot);
+                        found
+                    }
+                    None => None,
+                }
+            }
+        };
+        let Some(batch) = found else {
+            return Err(Error::invariant(format!("row at {} offset {offset} of {} not found", loc.file, table.name)));
+        };
+        let user: Vec<usize> = (0..table.schema.fields().len()).collect();
+        Ok(crate::schema::rows_from_batch(&batch.project(&user)?)?.into_iter().next())
     }
 
     /// Marks `ts` fully applied; HWM advances over the committed prefix.
@@ -387,10 +462,7 @@ impl Engine {
     }
 
     fn buffer_config(&self) -> BufferConfig {
-        BufferConfig {
-            block_rows: self.config.block_rows,
-            blocks_per_file: self.config.blocks_per_file,
-        }
+        BufferConfig { block_rows: self.config.block_rows, blocks_per_file: self.config.blocks_per_file }
     }
 
     fn enqueue_flush(&self, tx: Option<&Sender<FlushJob>>, job: FlushJob) {
@@ -412,16 +484,10 @@ impl Engine {
     pub fn flush(&self) -> Result<()> {
         let mut st = lock(&self.flusher.state);
         while st.pending > 0 {
-            st = self
-                .flusher
-                .idle
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+            st = self.flusher.idle.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         match st.last_error.take() {
-            Some(e) => Err(Error::Io(std::io::Error::other(format!(
-                "flushing write-buffer blocks failed: {e}"
-            )))),
+            Some(e) => Err(Error::Io(std::io::Error::other(format!("flushing write-buffer blocks failed: {e}")))),
             None => Ok(()),
         }
     }
@@ -444,10 +510,7 @@ impl Engine {
     /// One consistent view of every part of `table`.
     pub fn views(&self, table: &str) -> Result<(Arc<TableDef>, Vec<PartView>)> {
         let tables = self.read_tables();
-        let id = tables
-            .by_name
-            .get(table)
-            .ok_or_else(|| Error::UnknownTable(table.into()))?;
+        let id = tables.by_name.get(table).ok_or_else(|| Error::UnknownTable(table.into()))?;
         let rt = &tables.by_id[id.0 as usize];
         let views = rt.parts.iter().map(|p| p.view()).collect::<Result<_>>()?;
         Ok((Arc::clone(&rt.def), views))
@@ -460,11 +523,7 @@ impl Engine {
     }
 
     pub(crate) fn all_parts(&self) -> Vec<Arc<TablePart>> {
-        self.read_tables()
-            .by_id
-            .iter()
-            .flat_map(|t| t.parts.iter().cloned())
-            .collect()
+        self.read_tables().by_id.iter().flat_map(|t| t.parts.iter().cloned()).collect()
     }
 
     /// Combines every sealed virtual file whose blocks are all flushed into a
@@ -476,13 +535,8 @@ impl Engine {
                 .files
                 .iter()
                 .filter_map(|f| match &f.kind {
-                    FileKind::Virtual {
-                        blocks,
-                        sealed: true,
-                    } if !blocks.is_empty()
-                        && blocks
-                            .iter()
-                            .all(|b| matches!(b.data, BlockData::Flushed(_))) =>
+                    FileKind::Virtual { blocks, sealed: true }
+                        if !blocks.is_empty() && blocks.iter().all(|b| matches!(b.data, BlockData::Flushed(_))) =>
                     {
                         Some((f.id, blocks.clone()))
                     }
@@ -498,12 +552,8 @@ impl Engine {
                         paths.push(p.clone());
                     }
                 }
-                let regular = crate::lake::combine(
-                    &self.lake,
-                    file_path(part.table.id, id),
-                    &batches,
-                    self.config.block_rows,
-                )?;
+                let regular =
+                    crate::lake::combine(&self.lake, file_path(part.table.id, id), &batches, self.config.block_rows)?;
                 let mut state = lock(&part.state);
                 if let Some(f) = state.files.iter_mut().find(|f| f.id == id) {
                     f.kind = FileKind::Regular(Arc::new(regular));
@@ -521,16 +571,9 @@ impl Engine {
     /// Changes no answer of any query.
     pub fn gc(&self) -> Result<GcReport> {
         let lwm = self.clock.lwm();
-        let mut report = GcReport {
-            lwm,
-            ..GcReport::default()
-        };
+        let mut report = GcReport { lwm, ..GcReport::default() };
         for part in self.all_parts() {
-            let files: Vec<_> = lock(&part.state)
-                .files
-                .iter()
-                .map(|f| Arc::clone(&f.vis))
-                .collect();
+            let files: Vec<_> = lock(&part.state).files.iter().map(|f| Arc::clone(&f.vis)).collect();
             report.visibility_blocks_freed += files.iter().map(|v| v.fold(lwm)).sum::<usize>();
         }
         for shard in &self.shards {
@@ -540,12 +583,9 @@ impl Engine {
         let ready: Vec<Path> = {
             let mut retired = lock(&self.retired);
             // Acquire: pairs with the Release in `write_checkpoint`.
-            let checkpointing = self
-                .checkpointing
-                .load(std::sync::atomic::Ordering::Acquire);
-            let (ready, keep): (Vec<_>, Vec<_>) = retired
-                .drain(..)
-                .partition(|(seq, _, covered)| *seq <= oldest && (*covered || !checkpointing));
+            let checkpointing = self.checkpointing.load(std::sync::atomic::Ordering::Acquire);
+            let (ready, keep): (Vec<_>, Vec<_>) =
+                retired.drain(..).partition(|(seq, _, covered)| *seq <= oldest && (*covered || !checkpointing));
             *retired = keep;
             ready.into_iter().flat_map(|(_, p, _)| p).collect()
         };
@@ -562,11 +602,7 @@ impl Engine {
         for part in self.all_parts() {
             m.buffer_bytes += part.memory_bytes();
             m.tuples += part.tuples();
-            m.visibility_bytes += lock(&part.state)
-                .files
-                .iter()
-                .map(|f| f.vis.memory_bytes())
-                .sum::<usize>();
+            m.visibility_bytes += lock(&part.state).files.iter().map(|f| f.vis.memory_bytes()).sum::<usize>();
         }
         for shard in &self.shards {
             let (index, vis) = lock(shard).memory_bytes();
@@ -595,10 +631,7 @@ fn flush_loop(rx: Receiver<FlushJob>, lake: Lake, flusher: Arc<Flusher>, block_r
         if let Err(e) = result {
             tracing::error!(table = %job.part.table.name, file = %job.file, block = job.block.index, error = %e, "flush failed; the block stays in memory");
             st.failures += 1;
-            st.last_error = Some(format!(
-                "table {}, {} block {}: {e}",
-                job.part.table.name, job.file, job.block.index
-            ));
+            st.last_error = Some(format!("table {}, {} block {}: {e}", job.part.table.name, job.file, job.block.index));
         }
         st.pending -= 1;
         if st.pending == 0 {
@@ -612,14 +645,7 @@ fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
         return Ok(());
     };
     let path = block_path(job.part.table.id, job.file, job.block.index);
-    lake.put(
-        &path,
-        encode_parquet(
-            std::slice::from_ref(batch),
-            block_rows,
-            Compression::UNCOMPRESSED,
-        )?,
-    )?;
+    lake.put(&path, encode_parquet(std::slice::from_ref(batch), block_rows, Compression::UNCOMPRESSED)?)?;
     let mut state = lock(&job.part.state);
     let file = state.files.iter_mut().find(|f| f.id == job.file);
     if let Some(FileKind::Virtual { blocks, .. }) = file.map(|f| &mut f.kind)

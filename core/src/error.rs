@@ -17,6 +17,8 @@ pub enum Error {
         key: String,
         /// What conflicted.
         message: String,
+        /// Index of the failing operation in the call's operation list.
+        op: Option<usize>,
     },
     /// A row does not fit the table's schema.
     #[error("table {table}, column {column}: {message}")]
@@ -42,9 +44,7 @@ pub enum Error {
         message: String,
     },
     /// A table name or id that the engine does not know.
-    #[error(
-        "unknown table {0}. Help: tables are created with Engine::create_table before rows arrive"
-    )]
+    #[error("unknown table {0}. Help: tables are created with Engine::create_table before rows arrive")]
     UnknownTable(String),
     /// A table was created twice.
     #[error("table {0} already exists")]
@@ -83,9 +83,7 @@ pub enum Error {
     },
     /// A persisted value would move backwards (a second writer, or a restored
     /// old copy of the metadata).
-    #[error(
-        "{what} would regress from {current} to {proposed}. Help: another replayer may be writing to this lake"
-    )]
+    #[error("{what} would regress from {current} to {proposed}. Help: another replayer may be writing to this lake")]
     Regression {
         /// Which value.
         what: &'static str,

@@ -44,11 +44,7 @@ pub fn encode_key(table: TableId, key: &[Value]) -> KeyBytes {
             }
             Value::Float(f) => {
                 let bits = f.to_bits();
-                let ordered = if bits >> 63 == 1 {
-                    !bits
-                } else {
-                    bits ^ (1 << 63)
-                };
+                let ordered = if bits >> 63 == 1 { !bits } else { bits ^ (1 << 63) };
                 out.push(1);
                 out.extend_from_slice(&ordered.to_be_bytes());
             }
@@ -97,9 +93,7 @@ impl Default for PrimaryIndex {
 impl PrimaryIndex {
     /// An empty index.
     pub fn new() -> Self {
-        Self {
-            map: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_f0ea)),
-        }
+        Self { map: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_f0ea)) }
     }
 
     /// Number of keys with at least one version.
@@ -135,25 +129,13 @@ impl PrimaryIndex {
     /// Records that `key` lives at `row` from `ts` on.
     #[inline]
     pub fn put(&mut self, key: &[u8], ts: Ts, row: RowId) -> Result<()> {
-        self.push(
-            key,
-            Version {
-                ts: ts.get(),
-                row: row.0,
-            },
-        )
+        self.push(key, Version { ts: ts.get(), row: row.0 })
     }
 
     /// Records that `key` is deleted from `ts` on.
     #[inline]
     pub fn tombstone(&mut self, key: &[u8], ts: Ts) -> Result<()> {
-        self.push(
-            key,
-            Version {
-                ts: ts.get(),
-                row: TOMBSTONE,
-            },
-        )
+        self.push(key, Version { ts: ts.get(), row: TOMBSTONE })
     }
 
     #[inline]
@@ -225,11 +207,7 @@ impl PrimaryIndex {
             .iter()
             .map(|(k, v)| {
                 (if k.spilled() { k.capacity() } else { 0 })
-                    + if v.spilled() {
-                        v.capacity() * std::mem::size_of::<Version>()
-                    } else {
-                        0
-                    }
+                    + if v.spilled() { v.capacity() * std::mem::size_of::<Version>() } else { 0 }
             })
             .sum();
         self.map.capacity() * slot + spilled
@@ -256,10 +234,7 @@ impl PrimaryIndex {
 
     /// Restores an index written by [`PrimaryIndex::write_to`].
     pub fn read_from(bytes: &[u8]) -> Result<Self> {
-        let corrupt = |reason: &str| Error::Corrupt {
-            what: "index snapshot".into(),
-            reason: reason.into(),
-        };
+        let corrupt = |reason: &str| Error::Corrupt { what: "index snapshot".into(), reason: reason.into() };
         if bytes.len() < INDEX_MAGIC.len() + 4 + 8 + 4 {
             return Err(corrupt("too short"));
         }
@@ -267,21 +242,13 @@ impl PrimaryIndex {
         if crc32fast::hash(body).to_le_bytes() != crc {
             return Err(corrupt("checksum mismatch"));
         }
-        let mut r = Reader {
-            bytes: body,
-            pos: 0,
-        };
-        if r.take(INDEX_MAGIC.len())
-            .ok_or_else(|| corrupt("truncated"))?
-            != INDEX_MAGIC
-        {
+        let mut r = Reader { bytes: body, pos: 0 };
+        if r.take(INDEX_MAGIC.len()).ok_or_else(|| corrupt("truncated"))? != INDEX_MAGIC {
             return Err(corrupt("bad magic"));
         }
         let format = r.u32().ok_or_else(|| corrupt("truncated"))?;
         if format != INDEX_FORMAT {
-            return Err(corrupt(&format!(
-                "format {format} is not supported (expected {INDEX_FORMAT})"
-            )));
+            return Err(corrupt(&format!("format {format} is not supported (expected {INDEX_FORMAT})")));
         }
         let n = r.u64().ok_or_else(|| corrupt("truncated"))? as usize;
         let mut index = PrimaryIndex::new();
@@ -362,38 +329,20 @@ pub struct MainIndex {
 
 impl MainIndex {
     /// Adds the range `[start, start + len)` at `offset` of `file`.
-    pub fn add_range(
-        &mut self,
-        start: RowId,
-        len: u32,
-        file: FileId,
-        file_slot: u32,
-        offset: u32,
-    ) -> Result<()> {
+    pub fn add_range(&mut self, start: RowId, len: u32, file: FileId, file_slot: u32, offset: u32) -> Result<()> {
         if let Some(last) = self.ranges.last()
             && start.0 < last.start + u64::from(last.len)
         {
-            return Err(Error::invariant(format!(
-                "row-id range {start:?} overlaps the previous one"
-            )));
+            return Err(Error::invariant(format!("row-id range {start:?} overlaps the previous one")));
         }
-        self.ranges.push(RangeEntry {
-            start: start.0,
-            len,
-            file,
-            file_slot,
-            offset,
-        });
+        self.ranges.push(RangeEntry { start: start.0, len, file, file_slot, offset });
         Ok(())
     }
 
     /// The location of `row`.
     #[inline]
     pub fn locate(&self, row: RowId) -> Option<RowLocation> {
-        let i = self
-            .ranges
-            .partition_point(|r| r.start <= row.0)
-            .checked_sub(1)?;
+        let i = self.ranges.partition_point(|r| r.start <= row.0).checked_sub(1)?;
         let r = &self.ranges[i];
         let delta = row.0 - r.start;
         (delta < u64::from(r.len)).then(|| RowLocation {
@@ -497,9 +446,7 @@ mod tests {
     #[test]
     fn corrupt_snapshot_is_refused() {
         let mut index = PrimaryIndex::new();
-        index
-            .put(&encode_key(TableId(1), &[Value::Int(1)]), Ts(1), RowId(0))
-            .unwrap();
+        index.put(&encode_key(TableId(1), &[Value::Int(1)]), Ts(1), RowId(0)).unwrap();
         let mut bytes = Vec::new();
         index.write_to(&mut bytes);
         bytes[12] ^= 1;
@@ -512,8 +459,7 @@ mod tests {
         let mut mi = MainIndex::default();
         mi.add_range(RowId(0), 8192, FileId(1), 0, 0).unwrap();
         mi.add_range(RowId(8192), 8192, FileId(2), 1, 0).unwrap();
-        mi.add_range(RowId(20000), 8192, FileId(1), 0, 8192)
-            .unwrap();
+        mi.add_range(RowId(20000), 8192, FileId(1), 0, 8192).unwrap();
         assert_eq!(mi.locate(RowId(5)).unwrap().offset, 5);
         assert_eq!(mi.locate(RowId(8193)).unwrap().file, FileId(2));
         assert_eq!(mi.locate(RowId(20001)).unwrap().offset, 8193);

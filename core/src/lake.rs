@@ -23,8 +23,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
-    ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
 };
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -34,10 +33,7 @@ use crate::ids::{FileId, TableId, Ts};
 
 /// Path of a flushed write-buffer block.
 pub fn block_path(table: TableId, file: FileId, block: u32) -> Path {
-    Path::from(format!(
-        "tables/{}/blocks/{:016x}-{block:05}.parquet",
-        table.0, file.0
-    ))
+    Path::from(format!("tables/{}/blocks/{:016x}-{block:05}.parquet", table.0, file.0))
 }
 
 /// Path of a regular file.
@@ -102,9 +98,7 @@ impl Lake {
 
     /// Reads a whole object.
     pub fn get(&self, path: &Path) -> Result<Bytes> {
-        Ok(block_on(async {
-            self.store.get(path).await?.bytes().await
-        })?)
+        Ok(block_on(async { self.store.get(path).await?.bytes().await })?)
     }
 
     /// Deletes an object; a missing one is not an error (deletes are retried).
@@ -118,9 +112,7 @@ impl Lake {
     /// Reads a flushed block back.
     pub fn read_block(&self, path: &Path) -> Result<RecordBatch> {
         let bytes = self.get(path)?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
-            .with_batch_size(usize::MAX >> 1)
-            .build()?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.with_batch_size(usize::MAX >> 1).build()?;
         one_batch(reader, path.as_ref())
     }
 }
@@ -129,15 +121,9 @@ impl Lake {
 pub(crate) fn one_batch(reader: ParquetRecordBatchReader, what: &str) -> Result<RecordBatch> {
     let mut batches = reader.collect::<Result<Vec<_>, _>>()?;
     match batches.len() {
-        0 => Err(Error::Corrupt {
-            what: what.to_owned(),
-            reason: "no rows".into(),
-        }),
+        0 => Err(Error::Corrupt { what: what.to_owned(), reason: "no rows".into() }),
         1 => Ok(batches.swap_remove(0)),
-        _ => Ok(arrow::compute::concat_batches(
-            &batches[0].schema(),
-            &batches,
-        )?),
+        _ => Ok(arrow::compute::concat_batches(&batches[0].schema(), &batches)?),
     }
 }
 
@@ -153,21 +139,13 @@ fn writer_properties(row_group_rows: usize, compression: Compression) -> WriterP
 }
 
 /// Encodes batches as one Parquet file, one row group per batch.
-pub fn encode_parquet(
-    batches: &[RecordBatch],
-    row_group_rows: usize,
-    compression: Compression,
-) -> Result<Bytes> {
+pub fn encode_parquet(batches: &[RecordBatch], row_group_rows: usize, compression: Compression) -> Result<Bytes> {
     let schema = batches
         .first()
         .map(|b| b.schema())
         .ok_or_else(|| Error::invariant("encode_parquet needs at least one batch"))?;
     let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(
-        &mut out,
-        schema,
-        Some(writer_properties(row_group_rows, compression)),
-    )?;
+    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(writer_properties(row_group_rows, compression)))?;
     for b in batches {
         writer.write(b)?;
         // One row group per batch keeps row groups aligned with blocks.
@@ -193,12 +171,7 @@ pub fn ts_range(create_ts: &arrow::array::Int64Array) -> (Ts, Ts) {
 
 /// `combine`: the blocks of a virtual file (in order) → one regular file with
 /// the same file id and row order. Returns the file and its encoded size.
-pub fn combine(
-    lake: &Lake,
-    path: Path,
-    blocks: &[RecordBatch],
-    row_group_rows: usize,
-) -> Result<RegularFile> {
+pub fn combine(lake: &Lake, path: Path, blocks: &[RecordBatch], row_group_rows: usize) -> Result<RegularFile> {
     let bytes = encode_parquet(blocks, row_group_rows, Compression::SNAPPY)?;
     let metadata = load_metadata(&bytes)?;
     let mut row_groups = Vec::with_capacity(blocks.len());
@@ -206,12 +179,7 @@ pub fn combine(
     for b in blocks {
         let create_ts = create_ts_column(b)?;
         let (min_ts, max_ts) = ts_range(create_ts);
-        row_groups.push(RowGroupInfo {
-            offset,
-            rows: b.num_rows(),
-            min_ts,
-            max_ts,
-        });
+        row_groups.push(RowGroupInfo { offset, rows: b.num_rows(), min_ts, max_ts });
         offset += b.num_rows();
     }
     if metadata.metadata().num_row_groups() != blocks.len() {
@@ -223,12 +191,7 @@ pub fn combine(
     }
     let size = bytes.len();
     lake.put(&path, bytes)?;
-    Ok(RegularFile {
-        path,
-        row_groups,
-        metadata,
-        size,
-    })
+    Ok(RegularFile { path, row_groups, metadata, size })
 }
 
 /// The hidden create_ts column of a file batch (always the last column).

@@ -15,12 +15,14 @@ pub mod visibility;
 pub use error::{Error, Result};
 pub use ids::{FileId, RowId, ShardId, TableId, Ts};
 pub mod buffer;
+pub mod catalog;
 pub mod cdc;
 pub mod checkpoint;
 pub mod engine;
 pub mod lake;
 pub mod replay;
 pub mod scan;
+pub mod sink;
 
 pub use engine::{Engine, EngineConfig};
 pub use mvcc::{Clock, Snapshot};

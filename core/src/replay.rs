@@ -94,18 +94,13 @@ impl ShardOp {
     /// The encoded key (routing uses it).
     pub fn key(&self) -> &KeyBytes {
         match self {
-            ShardOp::Insert { key, .. }
-            | ShardOp::Delete { key, .. }
-            | ShardOp::Update { key, .. } => key,
+            ShardOp::Insert { key, .. } | ShardOp::Delete { key, .. } | ShardOp::Update { key, .. } => key,
         }
     }
 
     /// Splits an [`Op`] into shard operations: checks types and keys, and
     /// turns a key-changing update into a delete and an insert.
-    pub fn from_op(
-        op: Op,
-        table_of: impl Fn(TableId) -> Result<Arc<TableDef>>,
-    ) -> Result<Vec<ShardOp>> {
+    pub fn from_op(op: Op, table_of: impl Fn(TableId) -> Result<Arc<TableDef>>) -> Result<Vec<ShardOp>> {
         Ok(match op {
             Op::Insert { table, row } => {
                 let table = table_of(table)?;
@@ -117,11 +112,7 @@ impl ShardOp {
                 let table = table_of(table)?;
                 table.check_key(&key)?;
                 let encoded = encode_key(table.id, &key);
-                vec![ShardOp::Delete {
-                    table,
-                    key: encoded,
-                    values: key,
-                }]
+                vec![ShardOp::Delete { table, key: encoded, values: key }]
             }
             Op::Update { table, key, row } => {
                 let table = table_of(table)?;
@@ -130,23 +121,11 @@ impl ShardOp {
                 let old = encode_key(table.id, &key);
                 let new = encode_key(table.id, &table.key_of(&row));
                 if old == new {
-                    vec![ShardOp::Update {
-                        table,
-                        key: new,
-                        row,
-                    }]
+                    vec![ShardOp::Update { table, key: new, row }]
                 } else {
                     vec![
-                        ShardOp::Delete {
-                            table: Arc::clone(&table),
-                            key: old,
-                            values: key,
-                        },
-                        ShardOp::Insert {
-                            table,
-                            key: new,
-                            row,
-                        },
+                        ShardOp::Delete { table: Arc::clone(&table), key: old, values: key },
+                        ShardOp::Insert { table, key: new, row },
                     ]
                 }
             }
@@ -236,8 +215,7 @@ impl Shard {
 
     /// Registers the table part this shard writes.
     pub fn add_part(&mut self, part: Arc<TablePart>) {
-        self.parts
-            .insert(part.table.id, PartWriter { part, open: None });
+        self.parts.insert(part.table.id, PartWriter { part, open: None });
     }
 
     /// The index partition.
@@ -246,39 +224,39 @@ impl Shard {
     }
 
     /// Checks that `ops`, applied in order, conflict with no live key.
+    /// A [`Error::KeyConflict`] names the index of the failing operation in `ops`.
     pub fn validate(&self, ops: &[ShardOp]) -> Result<()> {
         let mut overlay: HashMap<&[u8], bool> = HashMap::new();
         let live = |overlay: &HashMap<&[u8], bool>, key: &KeyBytes| {
-            overlay
-                .get(key.as_slice())
-                .copied()
-                .unwrap_or_else(|| self.index.latest(key).is_some())
+            overlay.get(key.as_slice()).copied().unwrap_or_else(|| self.index.latest(key).is_some())
         };
-        for op in ops {
+        for (i, op) in ops.iter().enumerate() {
+            let at = |e: Error| match e {
+                Error::KeyConflict { table, key, message, .. } => {
+                    Error::KeyConflict { table, key, message, op: Some(i) }
+                }
+                other => other,
+            };
             match op {
                 ShardOp::Insert { table, key, row } => {
                     if live(&overlay, key) {
-                        return Err(conflict(
+                        return Err(at(conflict(
                             table,
                             &table.key_of(row),
                             "insert of a key that already has a live row",
-                        ));
+                        )));
                     }
                     overlay.insert(key, true);
                 }
                 ShardOp::Delete { table, key, values } => {
                     if !live(&overlay, key) {
-                        return Err(conflict(table, values, "delete of a key with no live row"));
+                        return Err(at(conflict(table, values, "delete of a key with no live row")));
                     }
                     overlay.insert(key, false);
                 }
                 ShardOp::Update { table, key, row } => {
                     if !live(&overlay, key) {
-                        return Err(conflict(
-                            table,
-                            &table.key_of(row),
-                            "update of a key with no live row",
-                        ));
+                        return Err(at(conflict(table, &table.key_of(row), "update of a key with no live row")));
                     }
                 }
             }
@@ -319,41 +297,21 @@ impl Shard {
         Ok(())
     }
 
-    fn delete_row(
-        &mut self,
-        table: &TableDef,
-        key: &KeyBytes,
-        values: &[Value],
-        ts: Ts,
-    ) -> Result<()> {
-        let row_id = self.index.latest(key).ok_or_else(|| {
-            conflict(
-                table,
-                values,
-                "delete of a key with no live row (not validated)",
-            )
-        })?;
-        let loc = self.main.locate(row_id).ok_or_else(|| {
-            Error::invariant(format!(
-                "{row_id:?} of table {} has no location",
-                table.name
-            ))
-        })?;
+    fn delete_row(&mut self, table: &TableDef, key: &KeyBytes, values: &[Value], ts: Ts) -> Result<()> {
+        let row_id = self
+            .index
+            .latest(key)
+            .ok_or_else(|| conflict(table, values, "delete of a key with no live row (not validated)"))?;
+        let loc = self
+            .main
+            .locate(row_id)
+            .ok_or_else(|| Error::invariant(format!("{row_id:?} of table {} has no location", table.name)))?;
         self.writers[loc.file_slot as usize].delete(loc.offset as usize, ts)
     }
 
-    fn append_row(
-        &mut self,
-        table: &Arc<TableDef>,
-        row: &[Value],
-        ts: Ts,
-        ctx: &ShardContext<'_>,
-    ) -> Result<RowId> {
+    fn append_row(&mut self, table: &Arc<TableDef>, row: &[Value], ts: Ts, ctx: &ShardContext<'_>) -> Result<RowId> {
         let cfg = ctx.config;
-        let pw = self
-            .parts
-            .get_mut(&table.id)
-            .ok_or_else(|| Error::UnknownTable(table.name.clone()))?;
+        let pw = self.parts.get_mut(&table.id).ok_or_else(|| Error::UnknownTable(table.name.clone()))?;
         let file_capacity = cfg.block_rows * cfg.blocks_per_file;
         if pw.open.as_ref().is_none_or(|o| o.rows == o.capacity) {
             // Open a new block, in a new file when the current one is full.
@@ -381,51 +339,23 @@ impl Shard {
                     lock(&pw.part.state).files.push(LakeFile {
                         id: file,
                         vis,
-                        kind: FileKind::Virtual {
-                            blocks: Vec::new(),
-                            sealed: false,
-                        },
+                        kind: FileKind::Virtual { blocks: Vec::new(), sealed: false },
                     });
                     (file, slot, 0, 0)
                 }
             };
             let row_id_start = self.next_row_id;
             self.next_row_id += cfg.block_rows as u64;
-            self.main.add_range(
-                RowId(row_id_start),
-                cfg.block_rows as u32,
-                file,
-                slot,
-                offset as u32,
-            )?;
+            self.main.add_range(RowId(row_id_start), cfg.block_rows as u32, file, slot, offset as u32)?;
             let vis = Arc::clone(self.writers[slot as usize].visibility());
             let builder = BlockBuilder::new(Arc::clone(table), cfg.block_rows)?;
-            lock(&pw.part.state).active = Some(ActiveBlock {
-                file,
-                vis,
-                offset,
-                builder,
-            });
-            pw.open = Some(OpenBlock {
-                file,
-                slot,
-                index,
-                offset,
-                rows: 0,
-                capacity: cfg.block_rows,
-                row_id_start,
-            });
+            lock(&pw.part.state).active = Some(ActiveBlock { file, vis, offset, builder });
+            pw.open = Some(OpenBlock { file, slot, index, offset, rows: 0, capacity: cfg.block_rows, row_id_start });
         }
-        let open = pw
-            .open
-            .as_mut()
-            .ok_or_else(|| Error::invariant("no open block after opening one"))?;
+        let open = pw.open.as_mut().ok_or_else(|| Error::invariant("no open block after opening one"))?;
         let full = {
             let mut state = lock(&pw.part.state);
-            let active = state
-                .active
-                .as_mut()
-                .ok_or_else(|| Error::invariant("open block without active builder"))?;
+            let active = state.active.as_mut().ok_or_else(|| Error::invariant("open block without active builder"))?;
             active.builder.append(row, ts);
             if active.builder.is_full() {
                 let batch = active.builder.finish()?;
@@ -443,9 +373,7 @@ impl Shard {
                     .files
                     .iter_mut()
                     .find(|f| f.id == open.file)
-                    .ok_or_else(|| {
-                        Error::invariant(format!("{} missing from its part", open.file))
-                    })?;
+                    .ok_or_else(|| Error::invariant(format!("{} missing from its part", open.file)))?;
                 match &mut file.kind {
                     FileKind::Virtual { blocks, sealed } => {
                         blocks.push(Arc::clone(&block));
@@ -463,11 +391,7 @@ impl Shard {
         let row_id = RowId(open.row_id_start + open.rows as u64);
         open.rows += 1;
         if let Some(block) = full {
-            (ctx.flush)(FlushJob {
-                part: Arc::clone(&pw.part),
-                file: open.file,
-                block,
-            });
+            (ctx.flush)(FlushJob { part: Arc::clone(&pw.part), file: open.file, block });
         }
         Ok(row_id)
     }
@@ -481,26 +405,17 @@ impl Shard {
     pub fn memory_bytes(&self) -> (usize, usize) {
         (
             self.index.memory_bytes() + self.main.memory_bytes(),
-            self.writers
-                .iter()
-                .map(VisibilityWriter::memory_bytes)
-                .sum(),
+            self.writers.iter().map(VisibilityWriter::memory_bytes).sum(),
         )
     }
 }
 
 fn op_table(op: &ShardOp) -> &Arc<TableDef> {
     match op {
-        ShardOp::Insert { table, .. }
-        | ShardOp::Delete { table, .. }
-        | ShardOp::Update { table, .. } => table,
+        ShardOp::Insert { table, .. } | ShardOp::Delete { table, .. } | ShardOp::Update { table, .. } => table,
     }
 }
 
 fn conflict(table: &TableDef, key: &[Value], message: &str) -> Error {
-    Error::KeyConflict {
-        table: table.name.clone(),
-        key: render_key(key),
-        message: message.into(),
-    }
+    Error::KeyConflict { table: table.name.clone(), key: render_key(key), message: message.into(), op: None }
 }

@@ -120,16 +120,8 @@ pub struct ScanMetrics {
 }
 
 enum Split {
-    RowGroup {
-        file: Arc<RegularFile>,
-        vis: Arc<FileVisibility>,
-        rg: usize,
-    },
-    Block {
-        vis: Arc<FileVisibility>,
-        block: Arc<Block>,
-        offset: usize,
-    },
+    RowGroup { file: Arc<RegularFile>, vis: Arc<FileVisibility>, rg: usize },
+    Block { vis: Arc<FileVisibility>, block: Arc<Block>, offset: usize },
     Active(ActiveRows),
 }
 
@@ -161,10 +153,7 @@ impl Scan {
         options: ScanOptions,
     ) -> Result<Self> {
         let n = table.schema.fields().len();
-        let projection: Vec<usize> = options
-            .projection
-            .clone()
-            .unwrap_or_else(|| (0..n).collect());
+        let projection: Vec<usize> = options.projection.clone().unwrap_or_else(|| (0..n).collect());
         let mut wanted = projection.clone();
         if let Some(f) = &options.filter {
             f.columns(&mut wanted);
@@ -181,18 +170,10 @@ impl Scan {
         read_columns.dedup();
         let output_positions = projection
             .iter()
-            .map(|c| {
-                read_columns
-                    .binary_search(c)
-                    .unwrap_or_else(|_| unreachable!("c was added"))
-            })
+            .map(|c| read_columns.binary_search(c).unwrap_or_else(|_| unreachable!("c was added")))
             .collect();
-        let output_schema = Arc::new(Schema::new(
-            projection
-                .iter()
-                .map(|&c| table.schema.field(c).clone())
-                .collect::<Vec<_>>(),
-        ));
+        let output_schema =
+            Arc::new(Schema::new(projection.iter().map(|&c| table.schema.field(c).clone()).collect::<Vec<_>>()));
         let qts = snapshot.qts();
         let mut metrics = ScanMetrics::default();
         let mut splits = VecDeque::new();
@@ -219,15 +200,10 @@ impl Scan {
                         let mut offset = 0;
                         for block in blocks {
                             let rows = block.rows;
-                            if options.visibility == VisibilityMode::Enforced && block.min_ts > qts
-                            {
+                            if options.visibility == VisibilityMode::Enforced && block.min_ts > qts {
                                 metrics.splits_skipped_by_ts += 1;
                             } else {
-                                splits.push_back(Split::Block {
-                                    vis: Arc::clone(&file.vis),
-                                    block,
-                                    offset,
-                                });
+                                splits.push_back(Split::Block { vis: Arc::clone(&file.vis), block, offset });
                             }
                             offset += rows;
                         }
@@ -327,23 +303,17 @@ impl Scan {
         roots.push(self.table.schema.fields().len());
         let mask = ProjectionMask::roots(parquet_schema, roots);
         let rows = file.row_groups[rg].rows;
-        let reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, file.metadata.clone())
-                .with_row_groups(vec![rg])
-                .with_projection(mask)
-                .with_batch_size(rows.max(1))
-                .build()?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, file.metadata.clone())
+            .with_row_groups(vec![rg])
+            .with_projection(mask)
+            .with_batch_size(rows.max(1))
+            .build()?;
         crate::lake::one_batch(reader, file.path.as_ref())
     }
 
     /// Applies VFoR and the filter to a decoded batch (read columns + hidden
     /// column last) whose first row is at `offset` of its file.
-    fn filter(
-        &mut self,
-        batch: RecordBatch,
-        vis: &FileVisibility,
-        offset: usize,
-    ) -> Result<Option<RecordBatch>> {
+    fn filter(&mut self, batch: RecordBatch, vis: &FileVisibility, offset: usize) -> Result<Option<RecordBatch>> {
         let rows = batch.num_rows();
         self.metrics.rows_read += rows;
         let words = kernel::mask_words(rows);
@@ -368,11 +338,8 @@ impl Scan {
         if let Some(filter) = &self.options.filter {
             // Nulls never match.
             let matches = self.evaluate(filter, &batch)?;
-            let matches = if matches.null_count() > 0 {
-                arrow::compute::prep_null_mask_filter(&matches)
-            } else {
-                matches
-            };
+            let matches =
+                if matches.null_count() > 0 { arrow::compute::prep_null_mask_filter(&matches) } else { matches };
             let chunks = matches.values().bit_chunks();
             let full = chunks.chunk_len();
             for (word, bits) in mask.iter_mut().zip(chunks.iter()) {
@@ -390,8 +357,7 @@ impl Scan {
         let out = if visible == rows {
             projected
         } else {
-            let selection =
-                BooleanArray::new(BooleanBuffer::new(Buffer::from_vec(mask), 0, rows), None);
+            let selection = BooleanArray::new(BooleanBuffer::new(Buffer::from_vec(mask), 0, rows), None);
             arrow::compute::filter_record_batch(&projected, &selection)?
         };
         let out = out.with_schema(Arc::clone(&self.output_schema))?;
@@ -402,10 +368,8 @@ impl Scan {
     fn evaluate(&self, p: &Predicate, batch: &RecordBatch) -> Result<BooleanArray> {
         match p {
             Predicate::Compare { column, op, value } => {
-                let pos = self
-                    .read_columns
-                    .binary_search(column)
-                    .map_err(|_| Error::invariant("filter column not read"))?;
+                let pos =
+                    self.read_columns.binary_search(column).map_err(|_| Error::invariant("filter column not read"))?;
                 let array = batch.column(pos);
                 let literal = crate::buffer::value_array(&self.table, *column, value)?;
                 compare(array, &Scalar::new(literal), *op)
@@ -446,11 +410,7 @@ fn compare(left: &dyn Datum, right: &dyn Datum, op: CmpOp) -> Result<BooleanArra
 
 /// Which row groups of `file` may hold rows matching `filter`, from the
 /// user columns' min/max statistics. Unknown statistics keep a row group.
-fn prune_row_groups(
-    table: &TableDef,
-    file: &RegularFile,
-    filter: Option<&Predicate>,
-) -> Result<Vec<bool>> {
+fn prune_row_groups(table: &TableDef, file: &RegularFile, filter: Option<&Predicate>) -> Result<Vec<bool>> {
     let n = file.row_groups.len();
     let Some(filter) = filter else {
         return Ok(vec![true; n]);
@@ -476,26 +436,20 @@ fn prune_with(table: &TableDef, file: &RegularFile, p: &Predicate) -> Result<Vec
             }
             let meta = file.metadata.metadata();
             let field = table.schema.field(*column);
-            let Ok(conv) = StatisticsConverter::try_new(
-                field.name(),
-                &table.file_schema,
-                meta.file_metadata().schema_descr(),
-            ) else {
+            let Ok(conv) =
+                StatisticsConverter::try_new(field.name(), &table.file_schema, meta.file_metadata().schema_descr())
+            else {
                 return Ok(vec![true; n]);
             };
-            let (Ok(mins), Ok(maxs)) = (
-                conv.row_group_mins(meta.row_groups()),
-                conv.row_group_maxes(meta.row_groups()),
-            ) else {
+            let (Ok(mins), Ok(maxs)) =
+                (conv.row_group_mins(meta.row_groups()), conv.row_group_maxes(meta.row_groups()))
+            else {
                 return Ok(vec![true; n]);
             };
             let literal = Scalar::new(crate::buffer::value_array(table, *column, value)?);
             // A row group may match unless its [min, max] range excludes it.
             let may: BooleanArray = match op {
-                CmpOp::Eq => arrow::compute::and(
-                    &cmp::lt_eq(&mins, &literal)?,
-                    &cmp::gt_eq(&maxs, &literal)?,
-                )?,
+                CmpOp::Eq => arrow::compute::and(&cmp::lt_eq(&mins, &literal)?, &cmp::gt_eq(&maxs, &literal)?)?,
                 CmpOp::NotEq => BooleanArray::from(vec![true; n]),
                 CmpOp::Lt => cmp::lt(&mins, &literal)?,
                 CmpOp::LtEq => cmp::lt_eq(&mins, &literal)?,

@@ -46,11 +46,7 @@ impl fmt::Display for Value {
             Value::Float(x) => write!(f, "{x}"),
             Value::Decimal(d) => write!(f, "{d}"),
             Value::Utf8(s) => write!(f, "{s:?}"),
-            Value::Binary(b) => write!(
-                f,
-                "0x{}",
-                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-            ),
+            Value::Binary(b) => write!(f, "0x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
         }
     }
 }
@@ -75,20 +71,13 @@ pub struct TableDef {
 
 impl TableDef {
     /// Validates and builds a table definition.
-    pub fn new(
-        id: TableId,
-        name: impl Into<String>,
-        schema: SchemaRef,
-        primary_key: Vec<usize>,
-    ) -> Result<Arc<Self>> {
+    pub fn new(id: TableId, name: impl Into<String>, schema: SchemaRef, primary_key: Vec<usize>) -> Result<Arc<Self>> {
         let name = name.into();
         if primary_key.is_empty() {
             return Err(Error::Schema {
                 table: name,
                 column: String::new(),
-                message:
-                    "a table needs a primary key (replica identity) to replay updates and deletes"
-                        .into(),
+                message: "a table needs a primary key (replica identity) to replay updates and deletes".into(),
             });
         }
         for &k in &primary_key {
@@ -119,13 +108,7 @@ impl TableDef {
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(CREATE_TS_COLUMN, DataType::Int64, false));
         let file_schema = Arc::new(Schema::new(fields));
-        Ok(Arc::new(TableDef {
-            id,
-            name,
-            schema,
-            primary_key,
-            file_schema,
-        }))
+        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema }))
     }
 
     /// The primary-key values of a full row.
@@ -139,11 +122,7 @@ impl TableDef {
             return Err(Error::Schema {
                 table: self.name.clone(),
                 column: String::new(),
-                message: format!(
-                    "row has {} values, the table has {} columns",
-                    row.len(),
-                    self.schema.fields().len()
-                ),
+                message: format!("row has {} values, the table has {} columns", row.len(), self.schema.fields().len()),
             });
         }
         for (f, v) in self.schema.fields().iter().zip(row) {
@@ -174,11 +153,7 @@ impl TableDef {
                     .map(|&i| self.schema.field(i).name().as_str())
                     .collect::<Vec<_>>()
                     .join(","),
-                message: format!(
-                    "a key needs {} non-NULL values, got {}",
-                    self.primary_key.len(),
-                    render_key(key)
-                ),
+                message: format!("a key needs {} non-NULL values, got {}", self.primary_key.len(), render_key(key)),
             });
         }
         Ok(())
@@ -187,13 +162,7 @@ impl TableDef {
 
 /// Renders a key for error messages: `(1, "a")`.
 pub fn render_key(key: &[Value]) -> String {
-    format!(
-        "({})",
-        key.iter()
-            .map(|v| v.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+    format!("({})", key.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "))
 }
 
 /// Column types fovea stores.
@@ -218,32 +187,21 @@ pub fn is_supported(t: &DataType) -> bool {
 /// Whether `v` can be stored in a column of type `t`.
 pub fn accepts(t: &DataType, v: &Value) -> std::result::Result<(), String> {
     fn int_range(i: i64, lo: i64, hi: i64) -> std::result::Result<(), String> {
-        if i < lo || i > hi {
-            Err(format!("{i} is out of range [{lo}, {hi}]"))
-        } else {
-            Ok(())
-        }
+        if i < lo || i > hi { Err(format!("{i} is out of range [{lo}, {hi}]")) } else { Ok(()) }
     }
     match (t, v) {
         (_, Value::Null) => Ok(()),
         (DataType::Boolean, Value::Bool(_)) => Ok(()),
         (DataType::Int8, Value::Int(i)) => int_range(*i, i8::MIN.into(), i8::MAX.into()),
         (DataType::Int16, Value::Int(i)) => int_range(*i, i16::MIN.into(), i16::MAX.into()),
-        (DataType::Int32 | DataType::Date32, Value::Int(i)) => {
-            int_range(*i, i32::MIN.into(), i32::MAX.into())
-        }
+        (DataType::Int32 | DataType::Date32, Value::Int(i)) => int_range(*i, i32::MIN.into(), i32::MAX.into()),
         (DataType::Int64 | DataType::Timestamp(_, _), Value::Int(_)) => Ok(()),
         (DataType::Float32 | DataType::Float64, Value::Float(_) | Value::Int(_)) => Ok(()),
         (DataType::Decimal128(p, _), Value::Decimal(d)) => {
             let max = 10u128.checked_pow(u32::from(*p)).unwrap_or(u128::MAX);
-            if d.unsigned_abs() >= max {
-                Err(format!("{d} does not fit precision {p}"))
-            } else {
-                Ok(())
-            }
+            if d.unsigned_abs() >= max { Err(format!("{d} does not fit precision {p}")) } else { Ok(()) }
         }
-        (DataType::Utf8, Value::Utf8(_))
-        | (DataType::Binary, Value::Binary(_) | Value::Utf8(_)) => Ok(()),
+        (DataType::Utf8, Value::Utf8(_)) | (DataType::Binary, Value::Binary(_) | Value::Utf8(_)) => Ok(()),
         (t, v) => Err(format!("value {v} does not fit type {t}")),
     }
 }
@@ -254,24 +212,16 @@ pub fn rows_from_batch(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<R
     use arrow::array::*;
     use arrow::datatypes::*;
     let n = batch.num_rows();
-    let mut rows: Vec<Row> = (0..n)
-        .map(|_| Vec::with_capacity(batch.num_columns()))
-        .collect();
+    let mut rows: Vec<Row> = (0..n).map(|_| Vec::with_capacity(batch.num_columns())).collect();
     for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
         macro_rules! push {
             ($ty:ty, $conv:expr) => {{
-                let a = col.as_any().downcast_ref::<$ty>().ok_or_else(|| {
-                    Error::invariant(format!(
-                        "column {} is not of its declared type",
-                        field.name()
-                    ))
-                })?;
+                let a = col
+                    .as_any()
+                    .downcast_ref::<$ty>()
+                    .ok_or_else(|| Error::invariant(format!("column {} is not of its declared type", field.name())))?;
                 for (i, row) in rows.iter_mut().enumerate() {
-                    row.push(if a.is_null(i) {
-                        Value::Null
-                    } else {
-                        $conv(a.value(i))
-                    });
+                    row.push(if a.is_null(i) { Value::Null } else { $conv(a.value(i)) });
                 }
             }};
         }

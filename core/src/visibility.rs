@@ -58,10 +58,7 @@ struct Block {
 impl Block {
     fn with_first(entry: u64) -> Block {
         let entries = std::array::from_fn(|i| AtomicU64::new(if i == 0 { entry } else { 0 }));
-        Block {
-            entries,
-            next: Atomic::null(),
-        }
+        Block { entries, next: Atomic::null() }
     }
 
     #[inline]
@@ -158,11 +155,7 @@ pub struct TileVisibility {
 
 impl Default for TileVisibility {
     fn default() -> Self {
-        TileVisibility {
-            snapshot: Atomic::null(),
-            head: Atomic::null(),
-            tail: Atomic::null(),
-        }
+        TileVisibility { snapshot: Atomic::null(), head: Atomic::null(), tail: Atomic::null() }
     }
 }
 
@@ -219,10 +212,7 @@ impl TileVisibility {
             kernel::apply_deletes(out, &entries, qts.get());
             // Entries of a tile are in ts order: past the first newer one
             // nothing else can be visible.
-            if entries
-                .iter()
-                .any(|&e| e == 0 || kernel::entry_ts(e) > qts.get())
-            {
+            if entries.iter().any(|&e| e == 0 || kernel::entry_ts(e) > qts.get()) {
                 break;
             }
             block = b.next.load(Ordering::Acquire, guard);
@@ -259,9 +249,7 @@ impl TileVisibility {
             let entries = b.load();
             kernel::apply_deletes(&mut bitmap, &entries, lwm.get());
             let next = b.next.load(Ordering::Acquire, guard);
-            let fully_folded = entries
-                .iter()
-                .all(|&e| e != 0 && kernel::entry_ts(e) <= lwm.get());
+            let fully_folded = entries.iter().all(|&e| e != 0 && kernel::entry_ts(e) <= lwm.get());
             if still_freeing && fully_folded && !next.is_null() {
                 freeable.push(block);
                 new_head = next;
@@ -273,10 +261,7 @@ impl TileVisibility {
             }
             block = next;
         }
-        let new = Owned::new(VisSnapshot {
-            base_ts: lwm,
-            base: Base::from_bitmap(&bitmap),
-        });
+        let new = Owned::new(VisSnapshot { base_ts: lwm, base: Base::from_bitmap(&bitmap) });
         // Release: publishes the new base before the head moves (see `deleted_at`).
         self.snapshot.store(new, Ordering::Release);
         if !old.is_null() {
@@ -347,10 +332,7 @@ impl FileVisibility {
             tiles: (0..tiles).map(|_| TileVisibility::default()).collect(),
             fold_lock: Mutex::new(()),
         });
-        let writer = VisibilityWriter {
-            vis: std::sync::Arc::clone(&vis),
-            last_ts: vec![0; tiles],
-        };
+        let writer = VisibilityWriter { vis: std::sync::Arc::clone(&vis), last_ts: vec![0; tiles] };
         (vis, writer)
     }
 
@@ -366,24 +348,17 @@ impl FileVisibility {
         let mut bitmaps = vec![[0u64; TILE_WORDS]; vis.tiles.len()];
         for &d in deleted {
             let d = d as usize;
-            let tile = bitmaps
-                .get_mut(d / TILE_ROWS)
-                .ok_or_else(|| Error::Corrupt {
-                    what: format!("visibility of {file}"),
-                    reason: format!("deleted row {d} beyond the file's capacity {rows}"),
-                })?;
+            let tile = bitmaps.get_mut(d / TILE_ROWS).ok_or_else(|| Error::Corrupt {
+                what: format!("visibility of {file}"),
+                reason: format!("deleted row {d} beyond the file's capacity {rows}"),
+            })?;
             tile[(d % TILE_ROWS) / 64] |= 1 << (d % 64);
         }
         for (t, bitmap) in vis.tiles.iter().zip(&bitmaps) {
             if bitmap.iter().any(|&w| w != 0) {
                 // Relaxed: `vis` is not shared yet.
-                t.snapshot.store(
-                    Owned::new(VisSnapshot {
-                        base_ts,
-                        base: Base::from_bitmap(bitmap),
-                    }),
-                    Ordering::Relaxed,
-                );
+                t.snapshot
+                    .store(Owned::new(VisSnapshot { base_ts, base: Base::from_bitmap(bitmap) }), Ordering::Relaxed);
             }
         }
         writer.last_ts.fill(base_ts.get());
@@ -412,13 +387,7 @@ impl FileVisibility {
     /// Deleted-row bitmap of rows `[start, start + rows)` at `qts`, one bit
     /// per row, into `out` (resized to fit). Tile-aligned ranges (the usual
     /// row group) are written in place; others are shifted into place.
-    pub fn deleted_bitmap(
-        &self,
-        start: usize,
-        rows: usize,
-        qts: Ts,
-        out: &mut Vec<u64>,
-    ) -> Result<()> {
+    pub fn deleted_bitmap(&self, start: usize, rows: usize, qts: Ts, out: &mut Vec<u64>) -> Result<()> {
         if start + rows > self.capacity() {
             return Err(Error::invariant(format!(
                 "bitmap of rows {start}..{} of {} beyond its capacity {}",
@@ -438,16 +407,13 @@ impl FileVisibility {
         out.resize((last - first + 1) * TILE_WORDS, 0);
         let guard = epoch::pin();
         for (i, chunk) in out.chunks_exact_mut(TILE_WORDS).enumerate() {
-            let chunk: &mut [u64; TILE_WORDS] = chunk
-                .try_into()
-                .map_err(|_| Error::invariant("tile chunk of wrong size"))?;
-            self.tiles[first + i]
-                .deleted_at(qts, chunk, &guard)
-                .map_err(|base_ts| Error::BelowVisibilityBase {
-                    file: self.file,
-                    qts,
-                    base_ts,
-                })?;
+            let chunk: &mut [u64; TILE_WORDS] =
+                chunk.try_into().map_err(|_| Error::invariant("tile chunk of wrong size"))?;
+            self.tiles[first + i].deleted_at(qts, chunk, &guard).map_err(|base_ts| Error::BelowVisibilityBase {
+                file: self.file,
+                qts,
+                base_ts,
+            })?;
         }
         let bit = start % TILE_ROWS;
         if bit != 0 {
@@ -455,11 +421,7 @@ impl FileVisibility {
             for i in 0..words {
                 let lo = out[w0 + i];
                 let hi = out.get(w0 + i + 1).copied().unwrap_or(0);
-                out[i] = if s == 0 {
-                    lo
-                } else {
-                    (lo >> s) | (hi << (64 - s))
-                };
+                out[i] = if s == 0 { lo } else { (lo >> s) | (hi << (64 - s)) };
             }
         }
         out.truncate(words);
@@ -479,12 +441,7 @@ impl FileVisibility {
     /// Bytes used by this file's visibility.
     pub fn memory_bytes(&self) -> usize {
         let guard = epoch::pin();
-        std::mem::size_of::<Self>()
-            + self
-                .tiles
-                .iter()
-                .map(|t| t.memory_bytes(&guard))
-                .sum::<usize>()
+        std::mem::size_of::<Self>() + self.tiles.iter().map(|t| t.memory_bytes(&guard)).sum::<usize>()
     }
 }
 
@@ -563,10 +520,7 @@ mod tests {
         vis.fold(Ts(8));
         let mut out = Vec::new();
         let err = vis.deleted_bitmap(0, 4096, Ts(6), &mut out).unwrap_err();
-        assert!(
-            matches!(err, Error::BelowVisibilityBase { base_ts: Ts(8), .. }),
-            "{err}"
-        );
+        assert!(matches!(err, Error::BelowVisibilityBase { base_ts: Ts(8), .. }), "{err}");
         vis.deleted_bitmap(0, 4096, Ts(8), &mut out).unwrap();
         assert_eq!(out[0], 2);
     }

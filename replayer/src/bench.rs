@@ -10,8 +10,7 @@ use fovea_core::buffer::BlockBuilder;
 use fovea_core::index::{PrimaryIndex, encode_key};
 use fovea_core::visibility::FileVisibility;
 use fovea_core::{
-    Clock, Engine, EngineConfig, FileId, Op, RowId, ScanOptions, TableDef, TableId, Ts, Value,
-    VisibilityMode,
+    Clock, Engine, EngineConfig, FileId, Op, RowId, ScanOptions, TableDef, TableId, Ts, Value, VisibilityMode,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -67,9 +66,7 @@ fn per_second(n: usize, d: Duration) -> f64 {
 /// Appending delete entries to tile visibility, random rows, increasing ts.
 pub fn visibility_deletes_per_s(s: ComponentSizes) -> f64 {
     let mut rng = SmallRng::seed_from_u64(1);
-    let rows: Vec<u32> = (0..s.deletes)
-        .map(|_| rng.random_range(0..s.rows as u32))
-        .collect();
+    let rows: Vec<u32> = (0..s.deletes).map(|_| rng.random_range(0..s.rows as u32)).collect();
     let (_vis, mut writer) = FileVisibility::new(FileId(1), s.rows);
     let start = Instant::now();
     for (i, &r) in rows.iter().enumerate() {
@@ -117,16 +114,12 @@ pub fn bitmap_tiles_per_s(_s: ComponentSizes) -> f64 {
 pub fn index_updates_per_s(s: ComponentSizes) -> (f64, usize) {
     let mut index = PrimaryIndex::new();
     index.reserve(s.rows);
-    let keys: Vec<_> = (0..s.rows as i64)
-        .map(|k| encode_key(TableId(0), &[Value::Int(k)]))
-        .collect();
+    let keys: Vec<_> = (0..s.rows as i64).map(|k| encode_key(TableId(0), &[Value::Int(k)])).collect();
     for (i, k) in keys.iter().enumerate() {
         let _ = index.put(k, Ts(1), RowId(i as u64));
     }
     let mut rng = SmallRng::seed_from_u64(3);
-    let picks: Vec<u32> = (0..s.index_updates)
-        .map(|_| rng.random_range(0..s.rows as u32))
-        .collect();
+    let picks: Vec<u32> = (0..s.index_updates).map(|_| rng.random_range(0..s.rows as u32)).collect();
     let mut next_row = s.rows as u64;
     let mut ts = 2;
     let mut measured = Duration::ZERO;
@@ -160,18 +153,11 @@ pub fn txn_begin_commit_per_s(s: ComponentSizes) -> f64 {
 }
 
 fn ten_column_table() -> Arc<TableDef> {
-    let mut fields: Vec<Field> = (0..8)
-        .map(|i| Field::new(format!("c{i}"), DataType::Int64, false))
-        .collect();
+    let mut fields: Vec<Field> = (0..8).map(|i| Field::new(format!("c{i}"), DataType::Int64, false)).collect();
     fields.push(Field::new("name", DataType::Utf8, true));
     fields.push(Field::new("amount", DataType::Decimal128(12, 2), true));
-    TableDef::new(
-        TableId(0),
-        "bench.wide",
-        Arc::new(Schema::new(fields)),
-        vec![0],
-    )
-    .unwrap_or_else(|e| panic!("static schema is valid: {e}"))
+    TableDef::new(TableId(0), "bench.wide", Arc::new(Schema::new(fields)), vec![0])
+        .unwrap_or_else(|e| panic!("static schema is valid: {e}"))
 }
 
 /// Appending 10-column rows to write-buffer blocks (8192 rows each).
@@ -200,9 +186,7 @@ pub fn write_buffer_rows_per_s(s: ComponentSizes) -> f64 {
 pub fn visibility_bits_per_tuple(s: ComponentSizes) -> f64 {
     const FILE_ROWS: usize = 16 * 8192;
     let files = s.rows.div_ceil(FILE_ROWS);
-    let mut vis: Vec<_> = (0..files)
-        .map(|f| FileVisibility::new(FileId(f as u64), FILE_ROWS))
-        .collect();
+    let mut vis: Vec<_> = (0..files).map(|f| FileVisibility::new(FileId(f as u64), FILE_ROWS)).collect();
     let mut rng = SmallRng::seed_from_u64(4);
     let mut victims: Vec<usize> = (0..s.rows).filter(|_| rng.random_bool(0.05)).collect();
     victims.shuffle(&mut rng);
@@ -222,8 +206,7 @@ pub fn visibility_bits_per_tuple(s: ComponentSizes) -> f64 {
 
 /// The same full scan with VFoR and with visibility off, 1% stale rows.
 pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
-    let engine =
-        Engine::in_memory(EngineConfig::default().with_shards(1)).unwrap_or_else(|e| panic!("{e}"));
+    let engine = Engine::in_memory(EngineConfig::default().with_shards(1)).unwrap_or_else(|e| panic!("{e}"));
     let schema = Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("a", DataType::Int64, false),
@@ -231,9 +214,7 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
         Field::new("c", DataType::Float64, false),
         Field::new("name", DataType::Utf8, false),
     ]);
-    let table = engine
-        .create_table("bench.scan", Arc::new(schema), vec![0])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let table = engine.create_table("bench.scan", Arc::new(schema), vec![0]).unwrap_or_else(|e| panic!("{e}"));
     let row = |k: i64, v: i64| {
         vec![
             Value::Int(k),
@@ -244,13 +225,7 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
         ]
     };
     for chunk in (0..s.scan_rows as i64).collect::<Vec<_>>().chunks(10_000) {
-        let ops = chunk
-            .iter()
-            .map(|&k| Op::Insert {
-                table: table.id,
-                row: row(k, k),
-            })
-            .collect();
+        let ops = chunk.iter().map(|&k| Op::Insert { table: table.id, row: row(k, k) }).collect();
         engine.apply(ops).unwrap_or_else(|e| panic!("{e}"));
     }
     let mut rng = SmallRng::seed_from_u64(5);
@@ -260,11 +235,7 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
             .iter()
             .map(|_| {
                 let k = rng.random_range(0..s.scan_rows as i64);
-                Op::Update {
-                    table: table.id,
-                    key: vec![Value::Int(k)],
-                    row: row(k, -k),
-                }
+                Op::Update { table: table.id, key: vec![Value::Int(k)], row: row(k, -k) }
             })
             .collect::<Vec<_>>();
         // A key picked twice in one chunk is fine: updates apply in order.
@@ -277,14 +248,7 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
         let snap = engine.snapshot();
         let start = Instant::now();
         let scan = engine
-            .scan(
-                &snap,
-                &table.name,
-                ScanOptions {
-                    visibility: mode,
-                    ..ScanOptions::default()
-                },
-            )
+            .scan(&snap, &table.name, ScanOptions { visibility: mode, ..ScanOptions::default() })
             .unwrap_or_else(|e| panic!("{e}"));
         let mut sum = 0i64;
         for b in scan {
@@ -308,11 +272,7 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
     on.sort();
     off.sort();
     let (m_on, m_off) = (on[on.len() / 2], off[off.len() / 2]);
-    (
-        m_on.as_secs_f64() / m_off.as_secs_f64(),
-        m_on.as_secs_f64() * 1e3,
-        m_off.as_secs_f64() * 1e3,
-    )
+    (m_on.as_secs_f64() / m_off.as_secs_f64(), m_on.as_secs_f64() * 1e3, m_off.as_secs_f64() * 1e3)
 }
 
 /// Runs every component benchmark; prints a table or one JSON object.
@@ -355,48 +315,15 @@ pub fn components(sizes: ComponentSizes, json_out: bool) {
         return;
     }
     let rows = [
-        (
-            "visibility_deletes_per_s",
-            format!("{deletes:.3e}"),
-            "≥ 1e8",
-            "72.7M",
-        ),
+        ("visibility_deletes_per_s", format!("{deletes:.3e}"), "≥ 1e8", "72.7M"),
         ("bitmap_tiles_per_s", format!("{bitmaps:.3e}"), "", ""),
-        (
-            "index_updates_per_s (1 core)",
-            format!("{index:.3e}"),
-            "≥ 2e6",
-            "253K",
-        ),
-        (
-            "txn_begin_commit_per_s",
-            format!("{txns:.3e}"),
-            "≥ 5e6",
-            "2.67M",
-        ),
-        (
-            "write_buffer_rows_per_s (1 core)",
-            format!("{buffer:.3e}"),
-            "≥ 5e6",
-            "3.37M",
-        ),
-        (
-            "visibility_bits_per_tuple",
-            format!("{bits:.3}"),
-            "≤ 1.05",
-            "1.16",
-        ),
-        (
-            "vfor_overhead_ratio",
-            format!("{ratio:.3} ({on_ms:.1} / {off_ms:.1} ms)"),
-            "≤ 1.02",
-            "1.0233",
-        ),
+        ("index_updates_per_s (1 core)", format!("{index:.3e}"), "≥ 2e6", "253K"),
+        ("txn_begin_commit_per_s", format!("{txns:.3e}"), "≥ 5e6", "2.67M"),
+        ("write_buffer_rows_per_s (1 core)", format!("{buffer:.3e}"), "≥ 5e6", "3.37M"),
+        ("visibility_bits_per_tuple", format!("{bits:.3}"), "≤ 1.05", "1.16"),
+        ("vfor_overhead_ratio", format!("{ratio:.3} ({on_ms:.1} / {off_ms:.1} ms)"), "≤ 1.02", "1.0233"),
     ];
-    println!(
-        "{:<34} {:>28} {:>8} {:>8}",
-        "component", "measured", "goal", "paper"
-    );
+    println!("{:<34} {:>28} {:>8} {:>8}", "component", "measured", "goal", "paper");
     for (name, value, goal, paper) in rows {
         println!("{name:<34} {value:>28} {goal:>8} {paper:>8}");
     }

@@ -38,9 +38,7 @@ const INITIAL_BALANCE: i128 = 100_000;
 type DemoResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
 }
 
 /// Makes `lake` an empty directory, refusing to touch anything that is not
@@ -79,11 +77,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
             Field::new("id", DataType::Int64, false),
             Field::new("name", DataType::Utf8, false),
             Field::new("balance", DataType::Decimal128(18, 2), false),
-            Field::new(
-                "fresh_ts",
-                DataType::Timestamp(TimeUnit::Microsecond, None),
-                false,
-            ),
+            Field::new("fresh_ts", DataType::Timestamp(TimeUnit::Microsecond, None), false),
         ])),
         vec![0],
     )?;
@@ -94,23 +88,14 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
             Field::new("src", DataType::Int64, false),
             Field::new("dst", DataType::Int64, false),
             Field::new("amount", DataType::Decimal128(18, 2), false),
-            Field::new(
-                "fresh_ts",
-                DataType::Timestamp(TimeUnit::Microsecond, None),
-                false,
-            ),
+            Field::new("fresh_ts", DataType::Timestamp(TimeUnit::Microsecond, None), false),
         ])),
         vec![0],
     )?;
     let t0 = now_micros();
     let mut balances = vec![INITIAL_BALANCE; ACCOUNTS as usize];
     engine.apply(
-        (0..ACCOUNTS)
-            .map(|k| Op::Insert {
-                table: account.id,
-                row: account_row(k, INITIAL_BALANCE, t0),
-            })
-            .collect(),
+        (0..ACCOUNTS).map(|k| Op::Insert { table: account.id, row: account_row(k, INITIAL_BALANCE, t0) }).collect(),
     )?;
     println!(
         "fovea demo: lake {}, {} s at {} rows/s, {} shards; {ACCOUNTS} accounts loaded",
@@ -130,8 +115,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
     std::thread::scope(|s| -> DemoResult<()> {
         // Query loop: a consistent total and the freshest visible change.
         {
-            let (engine, stop, samples, off_latency, failure) =
-                (&engine, &stop, &samples, &off_latency, &failure);
+            let (engine, stop, samples, off_latency, failure) = (&engine, &stop, &samples, &off_latency, &failure);
             let name = account.name.clone();
             s.spawn(move || {
                 let mut n = 0u64;
@@ -142,23 +126,18 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
                         Ok((total, freshest)) => {
                             let latency_ms = begun.elapsed().as_secs_f64() * 1e3;
                             if total != INITIAL_BALANCE * i128::from(ACCOUNTS) {
-                                *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
-                                    "snapshot isolation violated: total balance {total}"
-                                ));
+                                *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(format!("snapshot isolation violated: total balance {total}"));
                                 return;
                             }
-                            samples
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(QuerySample {
-                                    at_s: start.elapsed().as_secs_f64(),
-                                    freshness_ms: (at - freshest) as f64 / 1e3,
-                                    latency_ms,
-                                });
+                            samples.lock().unwrap_or_else(|p| p.into_inner()).push(QuerySample {
+                                at_s: start.elapsed().as_secs_f64(),
+                                freshness_ms: (at - freshest) as f64 / 1e3,
+                                latency_ms,
+                            });
                         }
                         Err(e) => {
-                            *failure.lock().unwrap_or_else(|p| p.into_inner()) =
-                                Some(format!("query failed: {e}"));
+                            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("query failed: {e}"));
                             return;
                         }
                     }
@@ -182,13 +161,9 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
             s.spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(500));
-                    let r = engine
-                        .gc()
-                        .and_then(|_| engine.flush())
-                        .and_then(|_| engine.combine().map(|_| ()));
+                    let r = engine.gc().and_then(|_| engine.flush()).and_then(|_| engine.combine().map(|_| ()));
                     if let Err(e) = r {
-                        *failure.lock().unwrap_or_else(|p| p.into_inner()) =
-                            Some(format!("maintenance failed: {e}"));
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("maintenance failed: {e}"));
                         return;
                     }
                 }
@@ -238,10 +213,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
                 if rng.random_bool(0.5) && live_transfers.len() > 100 {
                     let i = rng.random_range(0..live_transfers.len());
                     let id = live_transfers.swap_remove(i);
-                    ops.push(Op::Delete {
-                        table: transfer.id,
-                        key: vec![Value::Int(id)],
-                    });
+                    ops.push(Op::Delete { table: transfer.id, key: vec![Value::Int(id)] });
                 }
                 let n = ops.len() as u64;
                 engine.apply(ops)?;
@@ -255,11 +227,8 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
                 }
                 if last_report.elapsed() >= Duration::from_secs(1) {
                     last_report = Instant::now();
-                    let fresh = samples
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .last()
-                        .map_or(0.0, |q| q.freshness_ms);
+                    let fresh =
+                        samples.lock().unwrap_or_else(|p| p.into_inner()).last().map_or(0.0, |q| q.freshness_ms);
                     eprint!(
                         "\r{:>4.0} s  {:>10} rows  {:>9.0} rows/s  HWM {:>8}  freshness {:>7.2} ms   ",
                         start.elapsed().as_secs_f64(),
@@ -288,10 +257,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
     let mut fresh: Vec<f64> = samples.iter().map(|q| q.freshness_ms).collect();
     let mut live: Vec<f64> = samples.iter().map(|q| q.latency_ms).collect();
-    let mut off = off_latency
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let mut off = off_latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mem = engine.memory();
     println!("\n== fovea demo report ==");
     println!(
@@ -299,10 +265,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
         rows as f64 / elapsed,
         o.rate
     );
-    println!(
-        "queries             {} consistent snapshots (total balance checked on each)",
-        samples.len()
-    );
+    println!("queries             {} consistent snapshots (total balance checked on each)", samples.len());
     println!(
         "freshness           P50 {:.2} ms, P99 {:.2} ms",
         percentile(&mut fresh, 0.5),
@@ -327,29 +290,16 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
 }
 
 fn account_row(k: i64, balance: i128, fresh: i64) -> Vec<Value> {
-    vec![
-        Value::Int(k),
-        Value::Utf8(format!("account-{k:05}")),
-        Value::Decimal(balance),
-        Value::Int(fresh),
-    ]
+    vec![Value::Int(k), Value::Utf8(format!("account-{k:05}")), Value::Decimal(balance), Value::Int(fresh)]
 }
 
 /// `SELECT sum(balance), max(fresh_ts) FROM hybench.account` at a fresh snapshot.
-fn sum_and_freshest(
-    engine: &Engine,
-    table: &str,
-    mode: VisibilityMode,
-) -> fovea_core::Result<(i128, i64)> {
+fn sum_and_freshest(engine: &Engine, table: &str, mode: VisibilityMode) -> fovea_core::Result<(i128, i64)> {
     let snap = engine.snapshot();
     let scan = engine.scan(
         &snap,
         table,
-        ScanOptions {
-            projection: Some(vec![2, 3]),
-            visibility: mode,
-            ..Default::default()
-        },
+        ScanOptions { projection: Some(vec![2, 3]), visibility: mode, ..Default::default() },
     )?;
     let (mut total, mut freshest) = (0i128, 0i64);
     for batch in scan {
@@ -357,11 +307,7 @@ fn sum_and_freshest(
         if let Some(b) = batch.column(0).as_any().downcast_ref::<Decimal128Array>() {
             total += b.iter().flatten().sum::<i128>();
         }
-        if let Some(f) = batch
-            .column(1)
-            .as_any()
-            .downcast_ref::<TimestampMicrosecondArray>()
-        {
+        if let Some(f) = batch.column(1).as_any().downcast_ref::<TimestampMicrosecondArray>() {
             freshest = freshest.max(arrow::compute::max(f).unwrap_or(0));
         }
     }

@@ -8,15 +8,8 @@ fn fovea() -> Command {
 
 #[test]
 fn bench_components_prints_every_field_as_json() {
-    let out = fovea()
-        .args(["bench", "components", "--quick", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = fovea().args(["bench", "components", "--quick", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for field in [
         "visibility_deletes_per_s",
@@ -27,9 +20,7 @@ fn bench_components_prints_every_field_as_json() {
         "visibility_bits_per_tuple",
         "vfor_overhead_ratio",
     ] {
-        let x = v[field]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{field} missing in {v}"));
+        let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {v}"));
         assert!(x > 0.0, "{field} = {x}");
     }
     assert!(v["visibility_bits_per_tuple"].as_f64().unwrap() <= 1.05);
@@ -39,35 +30,16 @@ fn bench_components_prints_every_field_as_json() {
 fn demo_replays_queries_and_reports() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let out = fovea()
-        .args(["demo", "--seconds", "2", "--rate", "3000", "--lake"])
-        .arg(&lake)
-        .output()
-        .unwrap();
+    let out = fovea().args(["demo", "--seconds", "2", "--rate", "3000", "--lake"]).arg(&lake).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for line in [
-        "replayed",
-        "consistent snapshots",
-        "freshness",
-        "query latency",
-        "bits/tuple",
-        "plot",
-    ] {
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in ["replayed", "consistent snapshots", "freshness", "query latency", "bits/tuple", "plot"] {
         assert!(stdout.contains(line), "report lacks {line}: {stdout}");
     }
     assert!(lake.join("demo.svg").is_file());
     assert!(lake.join("_fovea/txn.sqlite").is_file());
     // A second run replaces the lake it made.
-    let again = fovea()
-        .args(["demo", "--seconds", "1", "--rate", "1000", "--lake"])
-        .arg(&lake)
-        .output()
-        .unwrap();
+    let again = fovea().args(["demo", "--seconds", "1", "--rate", "1000", "--lake"]).arg(&lake).output().unwrap();
     assert!(again.status.success());
 }
 
@@ -75,11 +47,7 @@ fn demo_replays_queries_and_reports() {
 fn demo_refuses_a_directory_that_is_not_a_lake() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("precious.txt"), "keep me").unwrap();
-    let out = fovea()
-        .args(["demo", "--seconds", "1", "--lake"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = fovea().args(["demo", "--seconds", "1", "--lake"]).arg(dir.path()).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is not a fovea lake"), "{err}");

@@ -40,21 +40,13 @@ pub fn sql_type(t: &str) -> Option<DataType> {
         "double precision" | "float8" | "float" => DataType::Float64,
         "numeric" | "decimal" => {
             let p = args.first().copied().unwrap_or(38).clamp(1, 38) as u8;
-            let s = args
-                .get(1)
-                .copied()
-                .unwrap_or(if args.is_empty() { 10 } else { 0 })
-                .clamp(0, 38) as i8;
+            let s = args.get(1).copied().unwrap_or(if args.is_empty() { 10 } else { 0 }).clamp(0, 38) as i8;
             DataType::Decimal128(p.max(s as u8), s)
         }
         "boolean" | "bool" => DataType::Boolean,
         "date" => DataType::Date32,
-        "timestamp" | "timestamp without time zone" => {
-            DataType::Timestamp(TimeUnit::Microsecond, None)
-        }
-        "timestamptz" | "timestamp with time zone" => {
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
-        }
+        "timestamp" | "timestamp without time zone" => DataType::Timestamp(TimeUnit::Microsecond, None),
+        "timestamptz" | "timestamp with time zone" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         "bytea" => DataType::Binary,
         "text"
         | "varchar"
@@ -79,10 +71,7 @@ pub fn parse_ddl(sql: &str) -> Result<Vec<TableDdl>, String> {
     let mut rest = 0;
     while let Some(i) = lower[rest..].find("create table") {
         let start = rest + i + "create table".len();
-        let open = sql[start..]
-            .find('(')
-            .ok_or("CREATE TABLE without a column list")?
-            + start;
+        let open = sql[start..].find('(').ok_or("CREATE TABLE without a column list")? + start;
         let mut name = sql[start..open]
             .trim()
             .trim_start_matches("IF NOT EXISTS")
@@ -115,16 +104,8 @@ pub fn parse_ddl(sql: &str) -> Result<Vec<TableDdl>, String> {
             let item = item.trim();
             let li = item.to_ascii_lowercase();
             if li.starts_with("primary key") {
-                let cols = item
-                    .split_once('(')
-                    .and_then(|(_, c)| c.split_once(')'))
-                    .map(|(c, _)| c)
-                    .unwrap_or("");
-                primary_key = cols
-                    .split(',')
-                    .map(|c| c.trim().replace('"', ""))
-                    .filter(|c| !c.is_empty())
-                    .collect();
+                let cols = item.split_once('(').and_then(|(_, c)| c.split_once(')')).map(|(c, _)| c).unwrap_or("");
+                primary_key = cols.split(',').map(|c| c.trim().replace('"', "")).filter(|c| !c.is_empty()).collect();
                 continue;
             }
             if li.starts_with("constraint")
@@ -155,12 +136,8 @@ pub fn parse_ddl(sql: &str) -> Result<Vec<TableDdl>, String> {
             .filter_map(|k| lt.find(k))
             .min()
             .unwrap_or(lt.len());
-            let data_type = sql_type(&ty[..cut]).ok_or_else(|| {
-                format!(
-                    "table {name}, column {col}: unsupported type {:?}",
-                    ty[..cut].trim()
-                )
-            })?;
+            let data_type = sql_type(&ty[..cut])
+                .ok_or_else(|| format!("table {name}, column {col}: unsupported type {:?}", ty[..cut].trim()))?;
             if lt.contains("primary key") {
                 primary_key = vec![col.clone()];
             }
@@ -175,11 +152,7 @@ pub fn parse_ddl(sql: &str) -> Result<Vec<TableDdl>, String> {
                 c.nullable = false;
             }
         }
-        out.push(TableDdl {
-            name,
-            columns,
-            primary_key,
-        });
+        out.push(TableDdl { name, columns, primary_key });
         rest = close;
     }
     Ok(out)
@@ -218,10 +191,7 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert_eq!(t[0].primary_key, ["c_w_id", "c_d_id"]);
         assert_eq!(t[0].columns[2].data_type, DataType::Decimal128(12, 2));
-        assert_eq!(
-            t[0].columns[3].data_type,
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
-        );
+        assert_eq!(t[0].columns[3].data_type, DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())));
         assert_eq!(t[1].name, "public.hist");
         assert_eq!(t[1].primary_key, ["hid"]);
         assert!(!t[1].columns[0].nullable);

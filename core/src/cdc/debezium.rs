@@ -15,10 +15,7 @@ use arrow::datatypes::{DataType, TimeUnit};
 use base64::Engine as _;
 use serde_json::Value as Json;
 
-use super::{
-    ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error,
-    object_columns,
-};
+use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error, object_columns};
 use crate::error::Result;
 
 /// Debezium's marker for an unchanged out-of-line (TOAST) value.
@@ -48,19 +45,13 @@ fn micros(source: Option<&Json>, payload: &Json) -> Option<i64> {
     let src = |k: &str| source.and_then(|s| s.get(k)).and_then(Json::as_i64);
     src("ts_us")
         .or_else(|| src("ts_ms").map(|ms| ms * 1000))
-        .or_else(|| {
-            payload
-                .get("ts_ms")
-                .and_then(Json::as_i64)
-                .map(|ms| ms * 1000)
-        })
+        .or_else(|| payload.get("ts_ms").and_then(Json::as_i64).map(|ms| ms * 1000))
 }
 
 /// Decodes one Debezium record.
 pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
-    let is_kafka = json.as_object().is_some_and(|m| {
-        m.contains_key("value") && (m.contains_key("topic") || m.contains_key("key"))
-    });
+    let is_kafka =
+        json.as_object().is_some_and(|m| m.contains_key("value") && (m.contains_key("topic") || m.contains_key("key")));
     let (key, value) = if is_kafka {
         let mut m = match json {
             Json::Object(m) => m,
@@ -75,26 +66,14 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         return Ok(ChangeRecord::Skip);
     }
     if !payload.is_object() {
-        return Err(input_error(
-            position,
-            None,
-            None,
-            "a Debezium record must be a JSON object",
-        ));
+        return Err(input_error(position, None, None, "a Debezium record must be a JSON object"));
     }
     if let Some(status) = payload.get("status").and_then(Json::as_str) {
-        let txid = payload.get("id").and_then(xid).ok_or_else(|| {
-            input_error(
-                position,
-                None,
-                None,
-                format!("{status} record without a transaction id"),
-            )
-        })?;
-        let commit_us = payload
-            .get("ts_ms")
-            .and_then(Json::as_i64)
-            .map(|ms| ms * 1000);
+        let txid = payload
+            .get("id")
+            .and_then(xid)
+            .ok_or_else(|| input_error(position, None, None, format!("{status} record without a transaction id")))?;
+        let commit_us = payload.get("ts_ms").and_then(Json::as_i64).map(|ms| ms * 1000);
         return match status {
             "BEGIN" => Ok(ChangeRecord::Begin { txid, commit_us }),
             "END" => {
@@ -105,57 +84,29 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
                     .map(|a| {
                         a.iter()
                             .filter_map(|d| {
-                                Some((
-                                    d.get("data_collection")?.as_str()?.to_owned(),
-                                    d.get("event_count")?.as_u64()?,
-                                ))
+                                Some((d.get("data_collection")?.as_str()?.to_owned(), d.get("event_count")?.as_u64()?))
                             })
                             .collect()
                     })
                     .unwrap_or_default();
-                Ok(ChangeRecord::End {
-                    txid,
-                    event_count,
-                    per_table,
-                    commit_us,
-                })
+                Ok(ChangeRecord::End { txid, event_count, per_table, commit_us })
             }
-            other => Err(input_error(
-                position,
-                None,
-                Some(&txid),
-                format!("unknown transaction status {other:?}"),
-            )),
+            other => Err(input_error(position, None, Some(&txid), format!("unknown transaction status {other:?}"))),
         };
     }
     let source = payload.get("source");
     let table = source
         .and_then(|s| {
             let t = s.get("table")?.as_str()?;
-            let ns = s
-                .get("schema")
-                .and_then(Json::as_str)
-                .or_else(|| s.get("db").and_then(Json::as_str))?;
+            let ns = s.get("schema").and_then(Json::as_str).or_else(|| s.get("db").and_then(Json::as_str))?;
             Some(format!("{ns}.{t}"))
         })
-        .ok_or_else(|| {
-            input_error(
-                position,
-                None,
-                None,
-                "row record without source.schema/source.table",
-            )
-        })?;
+        .ok_or_else(|| input_error(position, None, None, "row record without source.schema/source.table"))?;
     let txid = source
         .and_then(|s| s.get("txId"))
         .filter(|v| !v.is_null())
         .and_then(xid)
-        .or_else(|| {
-            payload
-                .get("transaction")
-                .and_then(|t| t.get("id"))
-                .and_then(xid)
-        });
+        .or_else(|| payload.get("transaction").and_then(|t| t.get("id")).and_then(xid));
     let op = match payload.get("op").and_then(Json::as_str) {
         Some("c") => RowOp::Insert,
         Some("r") => RowOp::SnapshotRead,
@@ -171,20 +122,10 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
             ));
         }
         Some(other) => {
-            return Err(input_error(
-                position,
-                Some(&table),
-                txid.as_deref(),
-                format!("unknown op {other:?}"),
-            ));
+            return Err(input_error(position, Some(&table), txid.as_deref(), format!("unknown op {other:?}")));
         }
         None => {
-            return Err(input_error(
-                position,
-                Some(&table),
-                txid.as_deref(),
-                "row record without \"op\"",
-            ));
+            return Err(input_error(position, Some(&table), txid.as_deref(), "row record without \"op\""));
         }
     };
     let declared = schema.as_ref().and_then(declared_columns);
@@ -193,8 +134,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
     if let Some(decl) = &schema {
         for (image, field) in [(&mut before, "before"), (&mut after, "after")] {
             if let (Some(cols), Some(fields)) = (image.as_mut(), struct_fields(decl, field)) {
-                canonicalize(cols, fields)
-                    .map_err(|m| input_error(position, Some(&table), txid.as_deref(), m))?;
+                canonicalize(cols, fields).map_err(|m| input_error(position, Some(&table), txid.as_deref(), m))?;
             }
         }
     }
@@ -206,22 +146,14 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         None => (None, None),
     };
     let key_cols = key_payload.as_ref().and_then(object_columns);
-    let key_names = key_cols
-        .as_ref()
-        .map(|k| k.iter().map(|(n, _)| n.clone()).collect())
-        .or_else(|| {
-            key_schema.as_ref().and_then(|s| {
-                s.get("fields")?.as_array().map(|f| {
-                    f.iter()
-                        .filter_map(|x| x.get("field")?.as_str().map(str::to_owned))
-                        .collect()
-                })
-            })
-        });
-    let snapshot = source
-        .and_then(|s| s.get("snapshot"))
-        .and_then(Json::as_str)
-        .map(str::to_owned);
+    let key_names = key_cols.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect()).or_else(|| {
+        key_schema.as_ref().and_then(|s| {
+            s.get("fields")?
+                .as_array()
+                .map(|f| f.iter().filter_map(|x| x.get("field")?.as_str().map(str::to_owned)).collect())
+        })
+    });
+    let snapshot = source.and_then(|s| s.get("snapshot")).and_then(Json::as_str).map(str::to_owned);
     Ok(ChangeRecord::Row(Box::new(RowChange {
         table,
         op,
@@ -264,12 +196,8 @@ fn declared_columns(schema: &Json) -> Option<Vec<DeclaredColumn>> {
 }
 
 fn decimal_params(f: &Json) -> (u8, i8) {
-    let p = |k: &str| {
-        f.get("parameters")
-            .and_then(|p| p.get(k))
-            .and_then(Json::as_str)
-            .and_then(|s| s.parse::<i64>().ok())
-    };
+    let p =
+        |k: &str| f.get("parameters").and_then(|p| p.get(k)).and_then(Json::as_str).and_then(|s| s.parse::<i64>().ok());
     let scale = p("scale").unwrap_or(0).clamp(0, 38) as i8;
     let precision = p("connect.decimal.precision").unwrap_or(38).clamp(1, 38) as u8;
     (precision.max(scale as u8), scale)
@@ -281,9 +209,7 @@ pub fn connect_type(f: &Json) -> DataType {
     match (f.get("type").and_then(Json::as_str).unwrap_or(""), name) {
         ("int8", _) => DataType::Int8,
         ("int16", _) => DataType::Int16,
-        ("int32", "io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
-            DataType::Date32
-        }
+        ("int32", "io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => DataType::Date32,
         ("int32", _) => DataType::Int32,
         (
             "int64",
@@ -296,9 +222,7 @@ pub fn connect_type(f: &Json) -> DataType {
         ("float32", _) => DataType::Float32,
         ("float64", _) => DataType::Float64,
         ("boolean", _) => DataType::Boolean,
-        ("string", "io.debezium.time.ZonedTimestamp") => {
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
-        }
+        ("string", "io.debezium.time.ZonedTimestamp") => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         ("bytes", "org.apache.kafka.connect.data.Decimal") => {
             let (p, s) = decimal_params(f);
             DataType::Decimal128(p, s)
@@ -314,10 +238,7 @@ fn canonicalize(cols: &mut Columns, fields: &[Json]) -> Result<(), String> {
         if value.is_null() || value.as_str() == Some(UNAVAILABLE) {
             continue;
         }
-        let Some(f) = fields
-            .iter()
-            .find(|f| f.get("field").and_then(Json::as_str) == Some(name.as_str()))
-        else {
+        let Some(f) = fields.iter().find(|f| f.get("field").and_then(Json::as_str) == Some(name.as_str())) else {
             continue;
         };
         let logical = f.get("name").and_then(Json::as_str).unwrap_or("");
@@ -325,10 +246,7 @@ fn canonicalize(cols: &mut Columns, fields: &[Json]) -> Result<(), String> {
             "org.apache.kafka.connect.data.Decimal" => {
                 if let Some(b64) = value.as_str() {
                     let (_, scale) = decimal_params(f);
-                    *value = Json::String(
-                        decimal_from_base64(b64, scale)
-                            .map_err(|e| format!("column {name}: {e}"))?,
-                    );
+                    *value = Json::String(decimal_from_base64(b64, scale).map_err(|e| format!("column {name}: {e}"))?);
                 }
             }
             "io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp" => {
@@ -344,10 +262,7 @@ fn canonicalize(cols: &mut Columns, fields: &[Json]) -> Result<(), String> {
             "io.debezium.data.VariableScaleDecimal" => {
                 let scale = value.get("scale").and_then(Json::as_i64).unwrap_or(0) as i8;
                 if let Some(b64) = value.get("value").and_then(Json::as_str) {
-                    *value = Json::String(
-                        decimal_from_base64(b64, scale)
-                            .map_err(|e| format!("column {name}: {e}"))?,
-                    );
+                    *value = Json::String(decimal_from_base64(b64, scale).map_err(|e| format!("column {name}: {e}"))?);
                 }
             }
             _ => {}
@@ -362,16 +277,10 @@ pub fn decimal_from_base64(b64: &str, scale: i8) -> Result<String, String> {
         .decode(b64)
         .map_err(|e| format!("bad base64 decimal {b64:?}: {e}"))?;
     if bytes.len() > 16 {
-        return Err(format!(
-            "decimal of {} bytes does not fit 128 bits",
-            bytes.len()
-        ));
+        return Err(format!("decimal of {} bytes does not fit 128 bits", bytes.len()));
     }
     let negative = bytes.first().is_some_and(|b| b & 0x80 != 0);
     let mut buf = if negative { [0xFFu8; 16] } else { [0u8; 16] };
     buf[16 - bytes.len()..].copy_from_slice(&bytes);
-    Ok(super::types::format_decimal(
-        i128::from_be_bytes(buf),
-        scale,
-    ))
+    Ok(super::types::format_decimal(i128::from_be_bytes(buf), scale))
 }

@@ -13,41 +13,26 @@ use crate::error::Result;
 
 /// Decodes one DMS record.
 pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
-    let meta = json
-        .get("metadata")
-        .ok_or_else(|| input_error(position, None, None, "DMS record without metadata"))?;
+    let meta = json.get("metadata").ok_or_else(|| input_error(position, None, None, "DMS record without metadata"))?;
     let s = |k: &str| meta.get(k).and_then(Json::as_str);
     match s("record-type") {
         Some("data") => {}
         // Control records (schema changes, table loads starting) carry no rows.
         Some("control") => return Ok(ChangeRecord::Skip),
         other => {
-            return Err(input_error(
-                position,
-                None,
-                None,
-                format!("unknown DMS record-type {other:?}"),
-            ));
+            return Err(input_error(position, None, None, format!("unknown DMS record-type {other:?}")));
         }
     }
     let table = match (s("schema-name"), s("table-name")) {
         (Some(ns), Some(t)) => format!("{ns}.{t}"),
         _ => {
-            return Err(input_error(
-                position,
-                None,
-                None,
-                "DMS record without schema-name/table-name",
-            ));
+            return Err(input_error(position, None, None, "DMS record without schema-name/table-name"));
         }
     };
-    let txid = meta
-        .get("transaction-id")
-        .filter(|v| !v.is_null())
-        .map(|v| match v {
-            Json::String(s) => s.clone(),
-            other => other.to_string(),
-        });
+    let txid = meta.get("transaction-id").filter(|v| !v.is_null()).map(|v| match v {
+        Json::String(s) => s.clone(),
+        other => other.to_string(),
+    });
     let op = match s("operation") {
         Some("insert") => RowOp::Insert,
         Some("load") => RowOp::SnapshotRead,
@@ -62,9 +47,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
             ));
         }
     };
-    let commit_us = s("commit-timestamp")
-        .or_else(|| s("timestamp"))
-        .and_then(super::types::parse_timestamp);
+    let commit_us = s("commit-timestamp").or_else(|| s("timestamp")).and_then(super::types::parse_timestamp);
     let data = json.get("data").and_then(object_columns);
     let before_image = json.get("before-image").and_then(object_columns);
     let (before, after) = match op {

@@ -139,29 +139,21 @@ impl std::str::FromStr for InputFormat {
             "auto" => Ok(Self::Auto),
             "debezium" => Ok(Self::Debezium),
             "dms" => Ok(Self::Dms),
-            other => Err(format!(
-                "unknown format {other:?}: expected auto, debezium or dms"
-            )),
+            other => Err(format!("unknown format {other:?}: expected auto, debezium or dms")),
         }
     }
 }
 
 /// Decodes one input line. Blank lines decode to [`ChangeRecord::Skip`].
-pub fn decode_line(
-    line: &str,
-    position: SourcePosition,
-    format: InputFormat,
-) -> Result<ChangeRecord> {
+pub fn decode_line(line: &str, position: SourcePosition, format: InputFormat) -> Result<ChangeRecord> {
     let trimmed = line.trim();
     if trimmed.is_empty() {
         return Ok(ChangeRecord::Skip);
     }
-    let json: Json = serde_json::from_str(trimmed)
-        .map_err(|e| input_error(position, None, None, format!("malformed JSON: {e}")))?;
+    let json: Json =
+        serde_json::from_str(trimmed).map_err(|e| input_error(position, None, None, format!("malformed JSON: {e}")))?;
     let format = match format {
-        InputFormat::Auto if json.get("metadata").is_some() && json.get("data").is_some() => {
-            InputFormat::Dms
-        }
+        InputFormat::Auto if json.get("metadata").is_some() && json.get("data").is_some() => InputFormat::Dms,
         InputFormat::Auto => InputFormat::Debezium,
         f => f,
     };
@@ -178,16 +170,10 @@ pub fn input_error(
     txid: Option<&str>,
     message: impl Into<String>,
 ) -> Error {
-    Error::Input {
-        position,
-        table: table.map(str::to_owned),
-        txid: txid.map(str::to_owned),
-        message: message.into(),
-    }
+    Error::Input { position, table: table.map(str::to_owned), txid: txid.map(str::to_owned), message: message.into() }
 }
 
 /// The columns of a JSON object, in order.
 pub(crate) fn object_columns(v: &Json) -> Option<Columns> {
-    v.as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    v.as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }

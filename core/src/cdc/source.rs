@@ -28,26 +28,16 @@ impl LineSource {
                     message: "standard input cannot resume from a checkpoint; replay from a file to resume".into(),
                 });
             }
-            return Ok(Self {
-                reader: Box::new(BufReader::new(std::io::stdin())),
-                next: start,
-                name: "stdin".into(),
-            });
+            return Ok(Self { reader: Box::new(BufReader::new(std::io::stdin())), next: start, name: "stdin".into() });
         }
         let mut file = File::open(path).map_err(|e| {
-            Error::Io(std::io::Error::new(
-                e.kind(),
-                format!("cannot open input {}: {e}", path.display()),
-            ))
+            Error::Io(std::io::Error::new(e.kind(), format!("cannot open input {}: {e}", path.display())))
         })?;
         let mut magic = [0u8; 2];
         let n = file.read(&mut magic)?;
         let file = File::open(path)?;
         let mut reader: Box<dyn BufRead + Send> = if n == 2 && magic == [0x1f, 0x8b] {
-            Box::new(BufReader::with_capacity(
-                1 << 20,
-                flate2::read::MultiGzDecoder::new(file),
-            ))
+            Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(file)))
         } else {
             Box::new(BufReader::with_capacity(1 << 20, file))
         };
@@ -64,11 +54,7 @@ impl LineSource {
                 ),
             });
         }
-        Ok(Self {
-            reader,
-            next: start,
-            name: PathBuf::from(path).display().to_string(),
-        })
+        Ok(Self { reader, next: start, name: PathBuf::from(path).display().to_string() })
     }
 
     /// Name for messages.
@@ -94,16 +80,10 @@ impl LineSource {
         if n == 0 {
             return Ok(None);
         }
-        self.next = SourcePosition {
-            line: pos.line + 1,
-            offset: pos.offset + n as u64,
-        };
+        self.next = SourcePosition { line: pos.line + 1, offset: pos.offset + n as u64 };
         while buf.ends_with('\n') || buf.ends_with('\r') {
             buf.pop();
         }
-        Ok(Some(SourcePosition {
-            line: pos.line + 1,
-            offset: pos.offset,
-        }))
+        Ok(Some(SourcePosition { line: pos.line + 1, offset: pos.offset }))
     }
 }

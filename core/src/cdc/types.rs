@@ -73,10 +73,7 @@ pub fn to_value(v: &Json, t: &DataType) -> Result<Value, String> {
         DataType::Binary => match v {
             Json::String(s) => {
                 use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD
-                    .decode(s)
-                    .map(Value::Binary)
-                    .map_err(|_| bad())
+                base64::engine::general_purpose::STANDARD.decode(s).map(Value::Binary).map_err(|_| bad())
             }
             _ => Err(bad()),
         },
@@ -94,10 +91,7 @@ pub fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
     let s = s.trim();
     let bad = |why: &str| format!("decimal {s:?}: {why}");
     let (mantissa, exp) = match s.find(['e', 'E']) {
-        Some(i) => (
-            &s[..i],
-            s[i + 1..].parse::<i32>().map_err(|_| bad("bad exponent"))?,
-        ),
+        Some(i) => (&s[..i], s[i + 1..].parse::<i32>().map_err(|_| bad("bad exponent"))?),
         None => (s, 0),
     };
     let (neg, digits) = match mantissa.strip_prefix('-') {
@@ -106,10 +100,7 @@ pub fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
     };
     let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
     if int_part.is_empty() && frac_part.is_empty()
-        || !int_part
-            .chars()
-            .chain(frac_part.chars())
-            .all(|c| c.is_ascii_digit())
+        || !int_part.chars().chain(frac_part.chars()).all(|c| c.is_ascii_digit())
     {
         return Err(bad("not a number"));
     }
@@ -121,18 +112,12 @@ pub fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
     } else {
         let cut = all.len().saturating_sub((-shift) as usize);
         if all[cut..].chars().any(|c| c != '0') {
-            return Err(bad(&format!(
-                "more fractional digits than the column's scale {scale}"
-            )));
+            return Err(bad(&format!("more fractional digits than the column's scale {scale}")));
         }
         all.truncate(cut);
     }
     let all = all.trim_start_matches('0');
-    let v: i128 = if all.is_empty() {
-        0
-    } else {
-        all.parse().map_err(|_| bad("out of range"))?
-    };
+    let v: i128 = if all.is_empty() { 0 } else { all.parse().map_err(|_| bad("out of range"))? };
     Ok(if neg { -v } else { v })
 }
 
@@ -147,11 +132,8 @@ pub fn format_decimal(v: i128, scale: i8) -> String {
     }
     let digits = v.unsigned_abs().to_string();
     let scale = scale as usize;
-    let padded = if digits.len() <= scale {
-        format!("{}{digits}", "0".repeat(scale - digits.len() + 1))
-    } else {
-        digits
-    };
+    let padded =
+        if digits.len() <= scale { format!("{}{digits}", "0".repeat(scale - digits.len() + 1)) } else { digits };
     let (i, f) = padded.split_at(padded.len() - scale);
     format!("{}{i}.{f}", if v < 0 { "-" } else { "" })
 }
@@ -209,9 +191,7 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
                     let body = &off[1..];
                     let (h, m) = match body.split_once(':') {
                         Some((h, m)) => (h.parse::<i64>().ok()?, m.parse::<i64>().ok()?),
-                        None if body.len() == 4 => {
-                            (body[..2].parse().ok()?, body[2..].parse().ok()?)
-                        }
+                        None if body.len() == 4 => (body[..2].parse().ok()?, body[2..].parse().ok()?),
                         None => (body.parse().ok()?, 0),
                     };
                     sign * (h * 3600 + m * 60)
@@ -241,12 +221,7 @@ pub fn format_timestamp(us: i64) -> String {
     let frac = us.rem_euclid(1_000_000);
     let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
-    let mut s = format!(
-        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    );
+    let mut s = format!("{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}", sod / 3600, sod % 3600 / 60, sod % 60);
     if frac != 0 {
         let f = format!("{frac:06}");
         s.push('.');
@@ -277,20 +252,13 @@ pub fn format_value(v: &Value, t: &DataType) -> Option<String> {
             if f.is_nan() {
                 "NaN".into()
             } else if f.is_infinite() {
-                if *f > 0.0 {
-                    "Infinity".into()
-                } else {
-                    "-Infinity".into()
-                }
+                if *f > 0.0 { "Infinity".into() } else { "-Infinity".into() }
             } else {
                 format!("{f}")
             }
         }
         (Value::Utf8(s), _) => s.clone(),
-        (Value::Binary(b), _) => format!(
-            "\\x{}",
-            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-        ),
+        (Value::Binary(b), _) => format!("\\x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
     })
 }
 
@@ -316,16 +284,10 @@ mod tests {
     fn timestamps_round_trip() {
         let us = parse_timestamp("2024-01-01T00:37:12.345678Z").unwrap();
         assert_eq!(format_timestamp(us), "2024-01-01 00:37:12.345678");
-        assert_eq!(
-            parse_timestamp("2024-01-01 02:37:12.345678+02:00"),
-            Some(us)
-        );
+        assert_eq!(parse_timestamp("2024-01-01 02:37:12.345678+02:00"), Some(us));
         assert_eq!(format_timestamp(0), "1970-01-01 00:00:00");
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
-        assert_eq!(
-            format_date(i64::from(parse_date("2026-11-30").unwrap())),
-            "2026-11-30"
-        );
+        assert_eq!(format_date(i64::from(parse_date("2026-11-30").unwrap())), "2026-11-30");
         for d in [-800_000i64, -1, 0, 59, 19_000, 2_000_000] {
             let (y, m, dd) = civil_from_days(d);
             assert_eq!(days_from_civil(y, m, dd), d);

@@ -82,17 +82,10 @@ impl Clock {
             reservation: reservation.max(1),
             store,
             reserve_lock: Mutex::new(()),
-            commits: Mutex::new(CommitState {
-                hwm: start,
-                ahead: BTreeSet::new(),
-            }),
+            commits: Mutex::new(CommitState { hwm: start, ahead: BTreeSet::new() }),
             hwm: AtomicU64::new(start),
             registry: Arc::new(Registry {
-                inner: Mutex::new(RegistryInner {
-                    live: BTreeMap::new(),
-                    next_seq: 1,
-                    published_lwm: start - 1,
-                }),
+                inner: Mutex::new(RegistryInner { live: BTreeMap::new(), next_seq: 1, published_lwm: start - 1 }),
                 lwm: AtomicU64::new(start - 1),
             }),
         }))
@@ -141,17 +134,11 @@ impl Clock {
         let t = ts.get();
         // Relaxed: a ts that `begin` returned is below `next` in any order.
         if t >= self.next.load(Ordering::Relaxed) {
-            return Err(Error::BadCommit {
-                ts,
-                reason: "not begun",
-            });
+            return Err(Error::BadCommit { ts, reason: "not begun" });
         }
         let mut c = lock(&self.commits);
         if t < c.hwm || !c.ahead.insert(t) {
-            return Err(Error::BadCommit {
-                ts,
-                reason: "already committed",
-            });
+            return Err(Error::BadCommit { ts, reason: "already committed" });
         }
         if t == c.hwm {
             let mut h = c.hwm;
@@ -170,6 +157,12 @@ impl Clock {
     /// HWM may pass it.
     pub fn abort(&self, ts: Ts) -> Result<()> {
         self.commit(ts)
+    }
+
+    /// The timestamp the next [`Clock::begin`] will hand out (or a later one).
+    pub fn peek_next(&self) -> Ts {
+        // Relaxed: a hint; callers order through their own synchronisation.
+        Ts(self.next.load(Ordering::Relaxed))
     }
 
     /// High watermark: every ts below it is fully replayed.
@@ -264,23 +257,14 @@ impl RegistryInner {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.live.insert(seq, qts);
-        Snapshot(Arc::new(SnapshotInner {
-            qts,
-            seq,
-            registry: Arc::clone(registry),
-        }))
+        Snapshot(Arc::new(SnapshotInner { qts, seq, registry: Arc::clone(registry) }))
     }
 }
 
 impl Registry {
     fn compute_lwm(&self, hwm: Ts) -> Ts {
         let mut reg = lock(&self.inner);
-        let oldest = reg
-            .live
-            .values()
-            .min()
-            .copied()
-            .unwrap_or(Ts(hwm.get() - 1));
+        let oldest = reg.live.values().min().copied().unwrap_or(Ts(hwm.get() - 1));
         let lwm = oldest.get().max(reg.published_lwm);
         reg.published_lwm = lwm;
         // Release: pairs with Acquire in `Registry::published`.
@@ -322,10 +306,7 @@ impl Snapshot {
 
 impl std::fmt::Debug for Snapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot")
-            .field("qts", &self.0.qts)
-            .field("seq", &self.0.seq)
-            .finish()
+        f.debug_struct("Snapshot").field("qts", &self.0.qts).field("seq", &self.0.seq).finish()
     }
 }
 

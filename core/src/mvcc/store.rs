@@ -44,11 +44,7 @@ pub trait TxnStore: Send + Sync {
 
 fn check_monotonic(what: &'static str, current: Ts, proposed: Ts) -> Result<()> {
     if proposed < current {
-        return Err(Error::Regression {
-            what,
-            current: current.get(),
-            proposed: proposed.get(),
-        });
+        return Err(Error::Regression { what, current: current.get(), proposed: proposed.get() });
     }
     Ok(())
 }
@@ -105,9 +101,7 @@ impl SqliteTxnStore {
              );
              INSERT OR IGNORE INTO clock (id, reserved, hwm, lwm) VALUES (0, 0, 0, 0);",
         )?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        Ok(Self { conn: Mutex::new(conn) })
     }
 }
 
@@ -115,38 +109,23 @@ impl TxnStore for SqliteTxnStore {
     fn load(&self) -> Result<PersistedClock> {
         let conn = lock(&self.conn);
         let row = conn
-            .query_row(
-                "SELECT reserved, hwm, lwm FROM clock WHERE id = 0",
-                [],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                },
-            )
+            .query_row("SELECT reserved, hwm, lwm FROM clock WHERE id = 0", [], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+            })
             .optional()?;
         let (reserved, hwm, lwm) = row.ok_or_else(|| Error::Corrupt {
             what: "timestamp store".into(),
             reason: "the clock row is missing".into(),
         })?;
-        Ok(PersistedClock {
-            reserved: Ts(reserved as u64),
-            hwm: Ts(hwm as u64),
-            lwm: Ts(lwm as u64),
-        })
+        Ok(PersistedClock { reserved: Ts(reserved as u64), hwm: Ts(hwm as u64), lwm: Ts(lwm as u64) })
     }
 
     fn reserve(&self, upto: Ts) -> Result<()> {
         let conn = lock(&self.conn);
-        let n = conn.execute(
-            "UPDATE clock SET reserved = ?1 WHERE id = 0 AND reserved <= ?1",
-            params![upto.get() as i64],
-        )?;
+        let n =
+            conn.execute("UPDATE clock SET reserved = ?1 WHERE id = 0 AND reserved <= ?1", params![upto.get() as i64])?;
         if n != 1 {
-            let current: i64 =
-                conn.query_row("SELECT reserved FROM clock WHERE id = 0", [], |r| r.get(0))?;
+            let current: i64 = conn.query_row("SELECT reserved FROM clock WHERE id = 0", [], |r| r.get(0))?;
             return Err(Error::Regression {
                 what: "timestamp reservation",
                 current: current as u64,
@@ -164,19 +143,10 @@ impl TxnStore for SqliteTxnStore {
         )?;
         if n != 1 {
             let (h, l): (i64, i64) =
-                conn.query_row("SELECT hwm, lwm FROM clock WHERE id = 0", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?;
-            let (what, current, proposed) = if (h as u64) > hwm.get() {
-                ("HWM", h, hwm.get())
-            } else {
-                ("LWM", l, lwm.get())
-            };
-            return Err(Error::Regression {
-                what,
-                current: current as u64,
-                proposed,
-            });
+                conn.query_row("SELECT hwm, lwm FROM clock WHERE id = 0", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let (what, current, proposed) =
+                if (h as u64) > hwm.get() { ("HWM", h, hwm.get()) } else { ("LWM", l, lwm.get()) };
+            return Err(Error::Regression { what, current: current as u64, proposed });
         }
         Ok(())
     }
@@ -190,26 +160,10 @@ mod tests {
         assert_eq!(store.load().unwrap(), PersistedClock::default());
         store.reserve(Ts(10)).unwrap();
         store.save_watermarks(Ts(5), Ts(3)).unwrap();
-        assert!(matches!(
-            store.reserve(Ts(9)),
-            Err(Error::Regression { .. })
-        ));
-        assert!(matches!(
-            store.save_watermarks(Ts(4), Ts(3)),
-            Err(Error::Regression { what: "HWM", .. })
-        ));
-        assert!(matches!(
-            store.save_watermarks(Ts(6), Ts(2)),
-            Err(Error::Regression { what: "LWM", .. })
-        ));
-        assert_eq!(
-            store.load().unwrap(),
-            PersistedClock {
-                reserved: Ts(10),
-                hwm: Ts(5),
-                lwm: Ts(3)
-            }
-        );
+        assert!(matches!(store.reserve(Ts(9)), Err(Error::Regression { .. })));
+        assert!(matches!(store.save_watermarks(Ts(4), Ts(3)), Err(Error::Regression { what: "HWM", .. })));
+        assert!(matches!(store.save_watermarks(Ts(6), Ts(2)), Err(Error::Regression { what: "LWM", .. })));
+        assert_eq!(store.load().unwrap(), PersistedClock { reserved: Ts(10), hwm: Ts(5), lwm: Ts(3) });
     }
 
     #[test]

@@ -21,23 +21,14 @@ fn workload(seed: u64) -> Vec<Vec<Op>> {
     let mut balance = vec![1000i64; ACCOUNTS_N as usize];
     let mut txns = vec![
         (0..ACCOUNTS_N)
-            .map(|k| Op::Insert {
-                table: TableId(0),
-                row: account(k, 1000),
-            })
-            .chain((0..30).map(|k| Op::Insert {
-                table: TableId(1),
-                row: item(k, 0),
-            }))
+            .map(|k| Op::Insert { table: TableId(0), row: account(k, 1000) })
+            .chain((0..30).map(|k| Op::Insert { table: TableId(1), row: item(k, 0) }))
             .collect(),
     ];
     let mut item_keys: Vec<i64> = (0..30).collect();
     let mut next_item = 30;
     for i in 0..TXNS {
-        let (a, b) = (
-            rng.random_range(0..ACCOUNTS_N),
-            rng.random_range(0..ACCOUNTS_N),
-        );
+        let (a, b) = (rng.random_range(0..ACCOUNTS_N), rng.random_range(0..ACCOUNTS_N));
         let x = rng.random_range(1..50);
         let mut ops = Vec::new();
         if a != b {
@@ -55,11 +46,7 @@ fn workload(seed: u64) -> Vec<Vec<Op>> {
             // Re-key an item (delete + insert, possibly on another shard).
             let pos = rng.random_range(0..item_keys.len());
             let old = item_keys[pos];
-            ops.push(Op::Update {
-                table: TableId(1),
-                key: item_key(old),
-                row: item(next_item, i as i64),
-            });
+            ops.push(Op::Update { table: TableId(1), key: item_key(old), row: item(next_item, i as i64) });
             item_keys[pos] = next_item;
             next_item += 1;
         }
@@ -71,11 +58,7 @@ fn workload(seed: u64) -> Vec<Vec<Op>> {
 }
 
 fn account(k: i64, balance: i64) -> Vec<Value> {
-    vec![
-        Value::Int(k),
-        Value::Utf8(format!("acct{k}")),
-        Value::Decimal(i128::from(balance) * 100),
-    ]
+    vec![Value::Int(k), Value::Utf8(format!("acct{k}")), Value::Decimal(i128::from(balance) * 100)]
 }
 
 fn item_key(k: i64) -> Vec<Value> {
@@ -90,8 +73,7 @@ fn item(k: i64, qty: i64) -> Vec<Value> {
 
 #[test]
 fn readers_and_gc_see_exact_snapshots_while_replay_runs() {
-    let engine =
-        Engine::in_memory(EngineConfig::default().with_shards(3).with_blocks(64, 3)).unwrap();
+    let engine = Engine::in_memory(EngineConfig::default().with_shards(3).with_blocks(64, 3)).unwrap();
     let mut oracle = create_tables(&engine);
     let txns = workload(7);
     // Timestamps are handed out in order from 1 on a fresh engine.
@@ -133,18 +115,11 @@ fn readers_and_gc_see_exact_snapshots_while_replay_runs() {
                                 _ => 0,
                             })
                             .sum();
-                        assert_eq!(
-                            total,
-                            i128::from(ACCOUNTS_N) * 1000 * 100,
-                            "total at qts {qts}"
-                        );
+                        assert_eq!(total, i128::from(ACCOUNTS_N) * 1000 * 100, "total at qts {qts}");
                     }
                     assert_eq!(accounts, oracle.visible(0, qts), "accounts at qts {qts}");
                     if rng.random_bool(0.3) {
-                        assert_eq!(
-                            scan_rows(engine, &snap, ITEMS, ScanOptions::default()),
-                            oracle.visible(1, qts)
-                        );
+                        assert_eq!(scan_rows(engine, &snap, ITEMS, ScanOptions::default()), oracle.visible(1, qts));
                     }
                     scans.fetch_add(1, Ordering::Relaxed);
                     if finished {
@@ -168,10 +143,7 @@ fn readers_and_gc_see_exact_snapshots_while_replay_runs() {
     });
     let last = engine.snapshot();
     assert_eq!(last.qts().get(), txns.len() as u64);
-    assert_eq!(
-        scan_rows(&engine, &last, ACCOUNTS, ScanOptions::default()),
-        oracle.visible(0, last.qts().get())
-    );
+    assert_eq!(scan_rows(&engine, &last, ACCOUNTS, ScanOptions::default()), oracle.visible(0, last.qts().get()));
     assert!(scans.load(Ordering::Relaxed) >= 3, "readers ran");
     let _ = Oracle::default();
 }

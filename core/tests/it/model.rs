@@ -20,21 +20,9 @@ use crate::oracle::{ACCOUNTS, ITEMS, Oracle, canonical, create_tables, key, row,
 
 #[derive(Clone, Debug)]
 enum RawOp {
-    Insert {
-        t: usize,
-        k: i64,
-        p: i64,
-    },
-    Update {
-        t: usize,
-        k: i64,
-        new_k: Option<i64>,
-        p: i64,
-    },
-    Delete {
-        t: usize,
-        k: i64,
-    },
+    Insert { t: usize, k: i64, p: i64 },
+    Update { t: usize, k: i64, new_k: Option<i64>, p: i64 },
+    Delete { t: usize, k: i64 },
 }
 
 #[derive(Clone, Debug)]
@@ -78,19 +66,11 @@ fn step() -> impl Strategy<Value = Step> {
 
 fn to_op(op: &RawOp) -> Op {
     match *op {
-        RawOp::Insert { t, k, p } => Op::Insert {
-            table: TableId(t as u32),
-            row: row(t, k, p),
-        },
-        RawOp::Update { t, k, new_k, p } => Op::Update {
-            table: TableId(t as u32),
-            key: key(t, k),
-            row: row(t, new_k.unwrap_or(k), p),
-        },
-        RawOp::Delete { t, k } => Op::Delete {
-            table: TableId(t as u32),
-            key: key(t, k),
-        },
+        RawOp::Insert { t, k, p } => Op::Insert { table: TableId(t as u32), row: row(t, k, p) },
+        RawOp::Update { t, k, new_k, p } => {
+            Op::Update { table: TableId(t as u32), key: key(t, k), row: row(t, new_k.unwrap_or(k), p) }
+        }
+        RawOp::Delete { t, k } => Op::Delete { table: TableId(t as u32), key: key(t, k) },
     }
 }
 
@@ -103,11 +83,7 @@ fn check(engine: &Engine, oracle: &Oracle, snapshot: &Snapshot) -> Result<(), Te
     // Projection in a new order plus a pushed-down filter.
     let options = ScanOptions {
         projection: Some(vec![2, 0]),
-        filter: Some(Predicate::Compare {
-            column: 0,
-            op: CmpOp::GtEq,
-            value: Value::Int(5),
-        }),
+        filter: Some(Predicate::Compare { column: 0, op: CmpOp::GtEq, value: Value::Int(5) }),
         ..ScanOptions::default()
     };
     let got = scan_rows(engine, snapshot, ACCOUNTS, options);
@@ -122,20 +98,13 @@ fn check(engine: &Engine, oracle: &Oracle, snapshot: &Snapshot) -> Result<(), Te
     Ok(())
 }
 
-fn run(
-    shards: usize,
-    block_rows: usize,
-    blocks_per_file: usize,
-    steps: Vec<Step>,
-) -> Result<(), TestCaseError> {
+fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step>) -> Result<(), TestCaseError> {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
     let mut engine = Engine::open(
         Arc::clone(&store),
         Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap(),
-        EngineConfig::default()
-            .with_shards(shards)
-            .with_blocks(block_rows, blocks_per_file),
+        EngineConfig::default().with_shards(shards).with_blocks(block_rows, blocks_per_file),
     )
     .unwrap();
     let mut oracle = create_tables(&engine);
@@ -153,12 +122,7 @@ fn run(
                             prop_assert!(valid, "engine accepted an invalid transaction {:?}", txn)
                         }
                         Err(e) => {
-                            prop_assert!(
-                                !valid,
-                                "engine rejected a valid transaction {:?}: {}",
-                                txn,
-                                e
-                            );
+                            prop_assert!(!valid, "engine rejected a valid transaction {:?}: {}", txn, e);
                             prop_assert!(matches!(e, Error::KeyConflict { .. }), "{}", e);
                         }
                     }
@@ -188,10 +152,7 @@ fn run(
             }
             Step::Gc => {
                 let report = engine.gc().unwrap();
-                prop_assert!(
-                    live.iter().all(|s| s.qts() >= report.lwm),
-                    "GC passed a live snapshot"
-                );
+                prop_assert!(live.iter().all(|s| s.qts() >= report.lwm), "GC passed a live snapshot");
             }
             Step::Flush => engine.flush().unwrap(),
             Step::Restart(in_flight) => {
@@ -208,6 +169,7 @@ fn run(
                     Arc::clone(&store),
                     Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap(),
                     &manifest,
+                    true,
                 )
                 .unwrap();
             }
@@ -253,39 +215,23 @@ proptest! {
 /// unaligned blocks: the bitmap shifting path.
 #[test]
 fn large_unaligned_blocks_match_oracle() {
-    let engine =
-        Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(5000, 2)).unwrap();
+    let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(5000, 2)).unwrap();
     let mut oracle = create_tables(&engine);
     let mut ts_list = Vec::new();
     for chunk in (0..30_000i64).collect::<Vec<_>>().chunks(3000) {
-        let ops: Vec<Op> = chunk
-            .iter()
-            .map(|&k| Op::Insert {
-                table: TableId(0),
-                row: row(0, k, k),
-            })
-            .collect();
+        let ops: Vec<Op> = chunk.iter().map(|&k| Op::Insert { table: TableId(0), row: row(0, k, k) }).collect();
         let ts = engine.apply(ops.clone()).unwrap();
         assert!(oracle.apply(ts.get(), &ops));
         ts_list.push(ts);
     }
     let before = engine.snapshot();
-    let ops: Vec<Op> = (0..30_000i64)
-        .step_by(7)
-        .map(|k| Op::Delete {
-            table: TableId(0),
-            key: key(0, k),
-        })
-        .collect();
+    let ops: Vec<Op> = (0..30_000i64).step_by(7).map(|k| Op::Delete { table: TableId(0), key: key(0, k) }).collect();
     let ts = engine.apply(ops.clone()).unwrap();
     assert!(oracle.apply(ts.get(), &ops));
     engine.flush().unwrap();
     assert!(engine.combine().unwrap() > 0);
     engine.gc().unwrap();
     for s in [&before, &engine.snapshot()] {
-        assert_eq!(
-            scan_rows(&engine, s, ACCOUNTS, ScanOptions::default()),
-            oracle.visible(0, s.qts().get())
-        );
+        assert_eq!(scan_rows(&engine, s, ACCOUNTS, ScanOptions::default()), oracle.visible(0, s.qts().get()));
     }
 }

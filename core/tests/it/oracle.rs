@@ -34,25 +34,11 @@ pub fn render(key: &[Value]) -> String {
 
 impl Oracle {
     pub fn new(pks: &[Vec<usize>]) -> Self {
-        Oracle {
-            tables: pks
-                .iter()
-                .map(|pk| TableModel {
-                    pk: pk.clone(),
-                    ..Default::default()
-                })
-                .collect(),
-        }
+        Oracle { tables: pks.iter().map(|pk| TableModel { pk: pk.clone(), ..Default::default() }).collect() }
     }
 
     fn key_of(&self, t: usize, row: &Row) -> String {
-        render(
-            &self.tables[t]
-                .pk
-                .iter()
-                .map(|&i| row[i].clone())
-                .collect::<Vec<_>>(),
-        )
+        render(&self.tables[t].pk.iter().map(|&i| row[i].clone()).collect::<Vec<_>>())
     }
 
     /// Applies a transaction at `ts`; all or nothing. Returns whether it was valid.
@@ -60,9 +46,7 @@ impl Oracle {
         // Validate against live keys plus the transaction's own changes.
         let mut overlay: HashMap<(usize, String), bool> = HashMap::new();
         let live = |o: &HashMap<(usize, String), bool>, t: usize, k: &String, me: &Oracle| {
-            o.get(&(t, k.clone()))
-                .copied()
-                .unwrap_or_else(|| me.tables[t].live.contains_key(k))
+            o.get(&(t, k.clone())).copied().unwrap_or_else(|| me.tables[t].live.contains_key(k))
         };
         for op in ops {
             match op {
@@ -110,11 +94,7 @@ impl Oracle {
     fn insert(&mut self, t: usize, ts: u64, row: Row) {
         let k = self.key_of(t, &row);
         let m = &mut self.tables[t];
-        m.versions.push(Version {
-            create: ts,
-            delete: None,
-            row,
-        });
+        m.versions.push(Version { create: ts, delete: None, row });
         m.live.insert(k, m.versions.len() - 1);
     }
 
@@ -142,21 +122,9 @@ pub fn canonical(rows: &mut [Row]) {
 }
 
 /// Scans `table` at `snapshot` and returns its rows in canonical order.
-pub fn scan_rows(
-    engine: &Engine,
-    snapshot: &Snapshot,
-    table: &str,
-    options: ScanOptions,
-) -> Vec<Row> {
-    let batches = engine
-        .scan(snapshot, table, options)
-        .expect("plan")
-        .collect_batches()
-        .expect("scan");
-    let mut rows: Vec<Row> = batches
-        .iter()
-        .flat_map(|b| rows_from_batch(b).expect("convert"))
-        .collect();
+pub fn scan_rows(engine: &Engine, snapshot: &Snapshot, table: &str, options: ScanOptions) -> Vec<Row> {
+    let batches = engine.scan(snapshot, table, options).expect("plan").collect_batches().expect("scan");
+    let mut rows: Vec<Row> = batches.iter().flat_map(|b| rows_from_batch(b).expect("convert")).collect();
     canonical(&mut rows);
     rows
 }
@@ -177,12 +145,8 @@ pub fn create_tables(engine: &Engine) -> Oracle {
         Field::new("qty", DataType::Int64, true),
         Field::new("flag", DataType::Boolean, true),
     ]);
-    let a = engine
-        .create_table(ACCOUNTS, Arc::new(accounts), vec![0])
-        .unwrap();
-    let i = engine
-        .create_table(ITEMS, Arc::new(items), vec![0, 1])
-        .unwrap();
+    let a = engine.create_table(ACCOUNTS, Arc::new(accounts), vec![0]).unwrap();
+    let i = engine.create_table(ITEMS, Arc::new(items), vec![0, 1]).unwrap();
     assert_eq!((a.id, i.id), (TableId(0), TableId(1)));
     Oracle::new(&[vec![0], vec![0, 1]])
 }
@@ -200,25 +164,13 @@ pub fn row(t: usize, k: i64, p: i64) -> Row {
     match t {
         0 => vec![
             Value::Int(k),
-            if p % 5 == 0 {
-                Value::Null
-            } else {
-                Value::Utf8(format!("n{p}"))
-            },
+            if p % 5 == 0 { Value::Null } else { Value::Utf8(format!("n{p}")) },
             Value::Decimal(i128::from(p) * 7),
         ],
         _ => {
             let mut r = key(1, k);
-            r.push(if p % 4 == 0 {
-                Value::Null
-            } else {
-                Value::Int(p)
-            });
-            r.push(if p % 3 == 0 {
-                Value::Null
-            } else {
-                Value::Bool(p % 2 == 0)
-            });
+            r.push(if p % 4 == 0 { Value::Null } else { Value::Int(p) });
+            r.push(if p % 3 == 0 { Value::Null } else { Value::Bool(p % 2 == 0) });
             r
         }
     }

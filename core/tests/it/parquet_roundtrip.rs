@@ -15,30 +15,18 @@ use crate::oracle::{create_tables, row};
 #[test]
 fn regular_files_read_back_with_the_parquet_reader() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open_dir(
-        dir.path(),
-        EngineConfig::default().with_shards(1).with_blocks(100, 3),
-    )
-    .unwrap();
+    let engine = Engine::open_dir(dir.path(), EngineConfig::default().with_shards(1).with_blocks(100, 3)).unwrap();
     create_tables(&engine);
     let mut expected = Vec::new();
     for chunk in (0..300i64).collect::<Vec<_>>().chunks(25) {
-        let ops: Vec<Op> = chunk
-            .iter()
-            .map(|&k| Op::Insert {
-                table: TableId(0),
-                row: row(0, k, k + 1),
-            })
-            .collect();
+        let ops: Vec<Op> = chunk.iter().map(|&k| Op::Insert { table: TableId(0), row: row(0, k, k + 1) }).collect();
         expected.extend(chunk.iter().map(|&k| row(0, k, k + 1)));
         engine.apply(ops).unwrap();
     }
     engine.flush().unwrap();
     assert_eq!(engine.combine().unwrap(), 1);
-    let files: Vec<_> = std::fs::read_dir(dir.path().join("tables/0/files"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let files: Vec<_> =
+        std::fs::read_dir(dir.path().join("tables/0/files")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 1);
     let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&files[0]).unwrap()).unwrap();
     let meta = builder.metadata().clone();
@@ -56,10 +44,7 @@ fn regular_files_read_back_with_the_parquet_reader() {
         create_ts.extend(c.values().iter().copied());
     }
     assert_eq!(rows, expected, "same rows, same order");
-    assert!(
-        create_ts.windows(2).all(|w| w[0] <= w[1]),
-        "create_ts ascending"
-    );
+    assert!(create_ts.windows(2).all(|w| w[0] <= w[1]), "create_ts ascending");
     assert_eq!(create_ts.first(), Some(&1));
     assert_eq!(create_ts.last(), Some(&12));
     for (i, rg) in meta.row_groups().iter().enumerate() {
@@ -74,10 +59,5 @@ fn regular_files_read_back_with_the_parquet_reader() {
     // The flushed blocks are retired once no snapshot can read them.
     let report = engine.gc().unwrap();
     assert_eq!(report.objects_deleted, 3);
-    assert!(
-        std::fs::read_dir(dir.path().join("tables/0/blocks"))
-            .unwrap()
-            .next()
-            .is_none()
-    );
+    assert!(std::fs::read_dir(dir.path().join("tables/0/blocks")).unwrap().next().is_none());
 }

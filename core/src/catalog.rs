@@ -1,0 +1,263 @@
+//! The embedded catalog: a SQLite file in the lake's metadata folder.
+//!
+//! It holds what makes a lake durable and explainable:
+//!
+//! | table | what |
+//! |---|---|
+//! | `checkpoints` | the newest checkpoint manifest with the input and position it covers |
+//! | `history` | every replayed source transaction: source id, commit time, mirror ts, tables, rows |
+//! | `operations` | the commit log of catalog operations (create table, combine, …), DESIGN §6 |
+//!
+//! A checkpoint commits in one SQLite transaction together with the history
+//! and operations since the previous one: after a crash, the lake is exactly
+//! the last checkpoint, and the input is replayed from its position.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::cdc::SourcePosition;
+use crate::checkpoint::Manifest;
+use crate::engine::{Engine, EngineConfig, METADATA_DIR};
+use crate::error::{Error, Result};
+use crate::ids::Ts;
+use crate::mvcc::{Clock, SqliteTxnStore, lock};
+
+/// A replayed source transaction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistoryEntry {
+    /// Mirror timestamp.
+    pub ts: Ts,
+    /// Source transaction identity.
+    pub source_txid: String,
+    /// Source commit time, µs.
+    pub commit_us: Option<i64>,
+    /// Rows per table.
+    pub tables: Vec<(String, u64)>,
+    /// Rows in all.
+    pub rows: u64,
+    /// When it became visible, µs.
+    pub replayed_us: i64,
+}
+
+/// A catalog operation of the commit log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CatalogOperation {
+    /// What it did, for humans.
+    pub description: String,
+    /// Its actions, as JSON.
+    pub actions: serde_json::Value,
+    /// Mirror ts at which it happened.
+    pub ts: Ts,
+}
+
+/// The newest checkpoint.
+#[derive(Clone, Debug)]
+pub struct CheckpointRecord {
+    /// The engine image.
+    pub manifest: Manifest,
+    /// Input it covers.
+    pub input: String,
+    /// Where to resume that input.
+    pub position: SourcePosition,
+}
+
+/// The catalog of one lake.
+pub struct Catalog {
+    conn: Mutex<Connection>,
+}
+
+impl Catalog {
+    /// Opens (creating) the catalog at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS checkpoints (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, ts INTEGER NOT NULL, manifest TEXT NOT NULL,
+                 input TEXT NOT NULL, input_line INTEGER NOT NULL, input_offset INTEGER NOT NULL,
+                 created_us INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS history (
+                 ts INTEGER PRIMARY KEY, source_txid TEXT NOT NULL, commit_us INTEGER,
+                 tables TEXT NOT NULL, rows INTEGER NOT NULL, replayed_us INTEGER NOT NULL);
+             CREATE UNIQUE INDEX IF NOT EXISTS history_source ON history (source_txid);
+             CREATE TABLE IF NOT EXISTS operations (
+                 version INTEGER PRIMARY KEY AUTOINCREMENT, description TEXT NOT NULL,
+                 actions TEXT NOT NULL, ts INTEGER NOT NULL, created_us INTEGER NOT NULL);",
+        )?;
+        Ok(Self { conn: Mutex::new(conn) })
+    }
+
+    /// The newest checkpoint, if any.
+    pub fn latest_checkpoint(&self) -> Result<Option<CheckpointRecord>> {
+        let conn = lock(&self.conn);
+        let row = conn
+            .query_row(
+                "SELECT manifest, input, input_line, input_offset FROM checkpoints ORDER BY id DESC LIMIT 1",
+                [],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?)),
+            )
+            .optional()?;
+        row.map(|(m, input, line, offset)| {
+            let manifest = serde_json::from_str(&m)
+                .map_err(|e| Error::Corrupt { what: "checkpoint manifest".into(), reason: e.to_string() })?;
+            Ok(CheckpointRecord {
+                manifest,
+                input,
+                position: SourcePosition { line: line as u64, offset: offset as u64 },
+            })
+        })
+        .transpose()
+    }
+
+    /// Commits a checkpoint with the history and operations since the last
+    /// one, atomically; older checkpoints are dropped.
+    pub fn commit_checkpoint(
+        &self,
+        manifest: &Manifest,
+        input: &str,
+        position: SourcePosition,
+        history: &[HistoryEntry],
+        operations: &[CatalogOperation],
+    ) -> Result<()> {
+        let mut conn = lock(&self.conn);
+        let tx = conn.transaction()?;
+        let now = now_us();
+        for h in history {
+            let tables = serde_json::to_string(&h.tables.iter().map(|(t, n)| (t.as_str(), *n)).collect::<Vec<_>>())
+                .map_err(|e| Error::invariant(e.to_string()))?;
+            tx.execute(
+                "INSERT INTO history (ts, source_txid, commit_us, tables, rows, replayed_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![h.ts.get() as i64, h.source_txid, h.commit_us, tables, h.rows as i64, h.replayed_us],
+            )?;
+        }
+        for op in operations {
+            tx.execute(
+                "INSERT INTO operations (description, actions, ts, created_us) VALUES (?1, ?2, ?3, ?4)",
+                params![op.description, op.actions.to_string(), op.ts.get() as i64, now],
+            )?;
+        }
+        let m = serde_json::to_string(manifest).map_err(|e| Error::invariant(e.to_string()))?;
+        tx.execute(
+            "INSERT INTO checkpoints (ts, manifest, input, input_line, input_offset, created_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![manifest.checkpoint_ts as i64, m, input, position.line as i64, position.offset as i64, now],
+        )?;
+        tx.execute("DELETE FROM checkpoints WHERE id < (SELECT max(id) FROM checkpoints)", [])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Identities of every source transaction replayed so far.
+    pub fn applied(&self) -> Result<HashSet<String>> {
+        let conn = lock(&self.conn);
+        let mut stmt = conn.prepare("SELECT source_txid FROM history")?;
+        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<_, _>>()?;
+        Ok(ids)
+    }
+
+    /// Replayed source transactions, newest first.
+    pub fn history(&self, table: Option<&str>, limit: usize) -> Result<Vec<HistoryEntry>> {
+        let conn = lock(&self.conn);
+        let mut stmt =
+            conn.prepare("SELECT ts, source_txid, commit_us, tables, rows, replayed_us FROM history ORDER BY ts DESC")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (ts, source_txid, commit_us, tables, n, replayed_us) = row?;
+            let tables: Vec<(String, u64)> = serde_json::from_str(&tables).unwrap_or_default();
+            if table.is_some_and(|t| !tables.iter().any(|(name, _)| name == t)) {
+                continue;
+            }
+            out.push(HistoryEntry { ts: Ts(ts as u64), source_txid, commit_us, tables, rows: n as u64, replayed_us });
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Catalog operations, newest first.
+    pub fn operations(&self, limit: usize) -> Result<Vec<(i64, CatalogOperation)>> {
+        let conn = lock(&self.conn);
+        let mut stmt =
+            conn.prepare("SELECT version, description, actions, ts FROM operations ORDER BY version DESC LIMIT ?1")?;
+        let rows = stmt.query_map(params![limit as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, i64>(3)?))
+        })?;
+        rows.map(|r| {
+            let (v, description, actions, ts) = r?;
+            Ok((
+                v,
+                CatalogOperation {
+                    description,
+                    actions: serde_json::from_str(&actions).unwrap_or_default(),
+                    ts: Ts(ts as u64),
+                },
+            ))
+        })
+        .collect()
+    }
+}
+
+/// µs since the epoch, now.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+/// A lake directory opened: the engine (restored from the newest checkpoint
+/// when there is one), its catalog, and that checkpoint.
+pub struct OpenLake {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The catalog.
+    pub catalog: Arc<Catalog>,
+    /// The checkpoint it was restored from.
+    pub checkpoint: Option<CheckpointRecord>,
+}
+
+/// How a lake is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The one writer: unreferenced objects are deleted.
+    Write,
+    /// A reader beside a possibly running writer: nothing is deleted.
+    Read,
+}
+
+/// Opens the lake in `dir` (creating it), restoring its newest checkpoint.
+pub fn open_lake(dir: &Path, config: EngineConfig, mode: OpenMode) -> Result<OpenLake> {
+    std::fs::create_dir_all(dir)?;
+    let meta = dir.join(METADATA_DIR);
+    let catalog = Arc::new(Catalog::open(&meta.join("catalog.sqlite"))?);
+    let checkpoint = catalog.latest_checkpoint()?;
+    let store: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?);
+    let clock = Clock::open(Arc::new(SqliteTxnStore::open(&meta.join("txn.sqlite"))?))?;
+    let engine = match &checkpoint {
+        Some(c) => Engine::restore(store, clock, &c.manifest, mode == OpenMode::Write)?,
+        None if mode == OpenMode::Read => Engine::open(store, clock, config)?,
+        None => {
+            // Objects without a checkpoint were written by a run that died
+            // before its first one: nothing references them.
+            let engine = Engine::open(store, clock, config)?;
+            engine.vacuum(&HashSet::new())?;
+            engine
+        }
+    };
+    Ok(OpenLake { engine, catalog, checkpoint })
+}

@@ -1,0 +1,633 @@
+//! The sink: change records → mirror transactions.
+//!
+//! ```text
+//!  line ─decode─▶ ChangeRecord ─▶ reconstruct source transaction ─▶ typed ops ─▶ engine.apply_at(ts)
+//!                                  BEGIN … END (counts checked)          │ chunks of a big
+//!                                  or consecutive records of one txId    │ transaction stream
+//!                                  or a run of snapshot records          ▼ through at one ts
+//!                                                                 commit(ts) ─▶ visible at once
+//!  every N transactions / T seconds / end of input: checkpoint + input position (atomically)
+//! ```
+//!
+//! Atomicity by input kind: with BEGIN/END records (Debezium
+//! `provide.transaction.metadata=true`) a source transaction is applied
+//! exactly, and its event counts are checked. Without them, consecutive
+//! records with the same source transaction id form one transaction (exact
+//! for Debezium's PostgreSQL and MySQL connectors, whose records carry it;
+//! DMS: `transaction-id`), and a run of snapshot records (`op: "r"`, DMS
+//! `load`) forms one initial-load transaction.
+//!
+//! Exactly-once effect: a source transaction whose identity is already in
+//! the catalog's history is skipped, whether it reappears after a restart
+//! or twice in one stream.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::{DataType, Field, Schema};
+
+use crate::catalog::{Catalog, CatalogOperation, HistoryEntry, now_us};
+use crate::cdc::ddl::TableDdl;
+use crate::cdc::debezium::UNAVAILABLE;
+use crate::cdc::types::{infer_type, to_value};
+use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::ids::Ts;
+use crate::replay::Op;
+use crate::schema::{Row, TableDef, Value, render_key};
+
+/// How the sink checkpoints and batches.
+#[derive(Clone, Debug)]
+pub struct SinkConfig {
+    /// Checkpoint after this many transactions.
+    pub checkpoint_txns: u64,
+    /// Checkpoint after this much time.
+    pub checkpoint_interval: Duration,
+    /// A transaction with more rows than this is applied in chunks of this
+    /// size while it streams in (it stays invisible until its commit).
+    pub chunk_rows: usize,
+    /// Table definitions overriding inferred types.
+    pub ddl: Vec<TableDdl>,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            checkpoint_txns: 50_000,
+            checkpoint_interval: Duration::from_secs(10),
+            chunk_rows: 65_536,
+            ddl: Vec::new(),
+        }
+    }
+}
+
+/// Counters of a replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SinkStats {
+    /// Source transactions applied.
+    pub applied: u64,
+    /// Source transactions skipped as already applied.
+    pub skipped: u64,
+    /// Rows changed.
+    pub rows: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TxnKind {
+    /// Delimited by BEGIN / END.
+    Metadata,
+    /// Consecutive records of one source transaction id.
+    Grouped,
+    /// A run of snapshot records.
+    Snapshot,
+}
+
+struct End {
+    position: SourcePosition,
+    event_count: Option<u64>,
+    per_table: Vec<(String, u64)>,
+}
+
+struct OpenTxn {
+    identity: String,
+    txid: String,
+    kind: TxnKind,
+    first: SourcePosition,
+    skip: bool,
+    ts: Option<Ts>,
+    ops: Vec<Op>,
+    op_positions: Vec<SourcePosition>,
+    received: u64,
+    per_table: HashMap<String, u64>,
+    rows_per_table: BTreeMap<String, u64>,
+    commit_us: Option<i64>,
+    end: Option<End>,
+}
+
+struct SinkTable {
+    def: Arc<TableDef>,
+    index_of: HashMap<String, usize>,
+}
+
+/// Turns change records into mirror transactions on an engine.
+pub struct Sink {
+    engine: Arc<Engine>,
+    catalog: Arc<Catalog>,
+    input: String,
+    config: SinkConfig,
+    ddl: HashMap<String, TableDdl>,
+    tables: HashMap<String, SinkTable>,
+    applied: HashSet<String>,
+    seen_begin: bool,
+    open: Option<OpenTxn>,
+    held: HashMap<String, Vec<(SourcePosition, Box<RowChange>)>>,
+    history: Vec<HistoryEntry>,
+    operations: Vec<CatalogOperation>,
+    stats: SinkStats,
+    since_checkpoint: u64,
+    last_checkpoint: Instant,
+}
+
+impl Sink {
+    /// A sink replaying `input` into `engine`, recording in `catalog`.
+    pub fn new(engine: Arc<Engine>, catalog: Arc<Catalog>, input: &str, config: SinkConfig) -> Result<Self> {
+        let applied = catalog.applied()?;
+        let tables = engine
+            .tables()
+            .into_iter()
+            .map(|def| {
+                let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
+                (def.name.clone(), SinkTable { def, index_of })
+            })
+            .collect();
+        let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        Ok(Sink {
+            engine,
+            catalog,
+            input: input.to_owned(),
+            config,
+            ddl,
+            tables,
+            applied,
+            seen_begin: false,
+            open: None,
+            held: HashMap::new(),
+            history: Vec::new(),
+            operations: Vec::new(),
+            stats: SinkStats::default(),
+            since_checkpoint: 0,
+            last_checkpoint: Instant::now(),
+        })
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SinkStats {
+        self.stats
+    }
+
+    /// Feeds one record read at `position`; `next` is the position of the
+    /// line after it (where a checkpoint taken now would resume).
+    pub fn push(&mut self, record: ChangeRecord, position: SourcePosition, next: SourcePosition) -> Result<()> {
+        match record {
+            ChangeRecord::Skip => {}
+            ChangeRecord::Begin { txid, commit_us } => {
+                self.seen_begin = true;
+                if let Some(open) = self.open.take() {
+                    match open.kind {
+                        TxnKind::Metadata => return Err(self.unfinished(&open, position)),
+                        _ => self.finish(open)?,
+                    }
+                }
+                let identity = txid.clone();
+                self.open = Some(OpenTxn::new(
+                    identity.clone(),
+                    txid.clone(),
+                    TxnKind::Metadata,
+                    position,
+                    self.applied.contains(&identity),
+                    commit_us,
+                ));
+                for (pos, row) in self.held.remove(&txid).unwrap_or_default() {
+                    self.add_row(pos, row)?;
+                }
+            }
+            ChangeRecord::End { txid, event_count, per_table, commit_us } => {
+                let Some(open) = self.open.as_mut().filter(|o| o.kind == TxnKind::Metadata && o.txid == txid) else {
+                    return Err(input_error(
+                        position,
+                        None,
+                        Some(&txid),
+                        "END of a transaction whose BEGIN was not seen",
+                    ));
+                };
+                open.commit_us = commit_us.or(open.commit_us);
+                open.end = Some(End { position, event_count, per_table });
+                self.try_finish_ended()?;
+            }
+            ChangeRecord::Row(row) => {
+                let open_metadata = self.open.as_ref().filter(|o| o.kind == TxnKind::Metadata);
+                match open_metadata {
+                    Some(o) if row.txid.as_deref() == Some(o.txid.as_str()) || row.txid.is_none() => {
+                        self.add_row(position, row)?;
+                        self.try_finish_ended()?;
+                    }
+                    Some(o) if o.end.is_some() => {
+                        let open = self.open.take().unwrap_or_else(|| unreachable!("matched Some"));
+                        return Err(self.unfinished(&open, position));
+                    }
+                    _ if self.seen_begin => {
+                        // Arrived before its BEGIN (topics interleave): hold it.
+                        let txid = row.txid.clone().ok_or_else(|| {
+                            input_error(
+                                position,
+                                Some(&row.table),
+                                None,
+                                "a record outside any BEGIN/END has no transaction id",
+                            )
+                        })?;
+                        self.held.entry(txid).or_default().push((position, row));
+                    }
+                    _ => self.push_grouped(row, position)?,
+                }
+            }
+        }
+        self.maybe_checkpoint(next, false)
+    }
+
+    /// Records without transaction metadata: group by source transaction id,
+    /// and runs of snapshot records into one initial load.
+    fn push_grouped(&mut self, row: Box<RowChange>, position: SourcePosition) -> Result<()> {
+        let snapshot = row.op == RowOp::SnapshotRead;
+        let same = match &self.open {
+            Some(o) if snapshot => o.kind == TxnKind::Snapshot,
+            Some(o) => o.kind == TxnKind::Grouped && Some(o.txid.as_str()) == row.txid.as_deref(),
+            None => false,
+        };
+        if !same {
+            if let Some(open) = self.open.take() {
+                self.finish(open)?;
+            }
+            let txid = match (&row.txid, snapshot) {
+                (Some(t), _) => t.clone(),
+                (None, true) => format!("@{}", position.offset),
+                (None, false) => {
+                    return Err(input_error(
+                        position,
+                        Some(&row.table),
+                        None,
+                        "record without a transaction id in a stream without BEGIN/END records: it cannot be grouped into its transaction",
+                    ));
+                }
+            };
+            let (kind, identity) = if snapshot {
+                (TxnKind::Snapshot, format!("snapshot:{txid}"))
+            } else {
+                (TxnKind::Grouped, txid.clone())
+            };
+            let skip = self.applied.contains(&identity);
+            self.open = Some(OpenTxn::new(identity, txid, kind, position, skip, row.commit_us));
+        }
+        let last = snapshot && row.snapshot.as_deref() == Some("last");
+        self.add_row(position, row)?;
+        if last {
+            let open = self.open.take().unwrap_or_else(|| unreachable!("opened above"));
+            self.finish(open)?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the open BEGIN/END transaction if its END arrived and its
+    /// counts are complete; fails if they were exceeded.
+    fn try_finish_ended(&mut self) -> Result<()> {
+        let Some(open) = &self.open else { return Ok(()) };
+        let Some(end) = &open.end else { return Ok(()) };
+        let Some(expected) = end.event_count else {
+            let open = self.open.take().unwrap_or_else(|| unreachable!("checked"));
+            return self.finish(open);
+        };
+        if open.received > expected {
+            return Err(input_error(
+                end.position,
+                None,
+                Some(&open.txid),
+                format!("END reports {expected} events but {} arrived", open.received),
+            ));
+        }
+        let tables_match = end.per_table.is_empty()
+            || end.per_table.iter().all(|(t, n)| open.per_table.get(t).copied().unwrap_or(0) == *n);
+        if open.received == expected {
+            if !tables_match {
+                return Err(input_error(
+                    end.position,
+                    None,
+                    Some(&open.txid),
+                    format!(
+                        "END's per-table counts {:?} do not match the events received {:?}",
+                        end.per_table, open.per_table
+                    ),
+                ));
+            }
+            let open = self.open.take().unwrap_or_else(|| unreachable!("checked"));
+            self.finish(open)?;
+        }
+        Ok(())
+    }
+
+    fn unfinished(&self, open: &OpenTxn, at: SourcePosition) -> Error {
+        match &open.end {
+            Some(end) => input_error(
+                end.position,
+                None,
+                Some(&open.txid),
+                format!(
+                    "END reports {} events but only {} arrived before {at} moved on",
+                    end.event_count.unwrap_or(0),
+                    open.received
+                ),
+            ),
+            None => input_error(
+                at,
+                None,
+                Some(&open.txid),
+                format!("BEGIN at {} has no END before this record", open.first),
+            ),
+        }
+    }
+
+    /// End of input: finish what can be finished, fail on what cannot.
+    pub fn finish_input(&mut self, end: SourcePosition) -> Result<()> {
+        if let Some(open) = self.open.take() {
+            match open.kind {
+                TxnKind::Metadata => {
+                    let err = match &open.end {
+                        Some(_) => self.unfinished(&open, end),
+                        None => input_error(
+                            end,
+                            None,
+                            Some(&open.txid),
+                            format!("the input ends inside the transaction begun at {}", open.first),
+                        ),
+                    };
+                    return Err(err);
+                }
+                _ => self.finish(open)?,
+            }
+        }
+        if let Some((txid, rows)) = self.held.iter().next() {
+            return Err(input_error(
+                rows[0].0,
+                Some(&rows[0].1.table),
+                Some(txid),
+                "records of this transaction arrived but its BEGIN never did",
+            ));
+        }
+        self.maybe_checkpoint(end, true)
+    }
+
+    fn add_row(&mut self, position: SourcePosition, row: Box<RowChange>) -> Result<()> {
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
+        open.received += 1;
+        *open.per_table.entry(row.table.clone()).or_default() += 1;
+        if open.skip {
+            return Ok(());
+        }
+        let txid = open.txid.clone();
+        let op = self.op_of(&row, position, &txid)?;
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        *open.rows_per_table.entry(row.table.clone()).or_default() += 1;
+        open.ops.push(op);
+        open.op_positions.push(position);
+        if open.ops.len() >= self.config.chunk_rows {
+            self.apply_chunk()?;
+        }
+        Ok(())
+    }
+
+    /// Applies the open transaction's pending operations at its timestamp.
+    fn apply_chunk(&mut self) -> Result<()> {
+        let Some(open) = self.open.as_mut() else { return Ok(()) };
+        if open.ops.is_empty() {
+            return Ok(());
+        }
+        let ts = match open.ts {
+            Some(ts) => ts,
+            None => {
+                let ts = self.engine.begin()?;
+                open.ts = Some(ts);
+                ts
+            }
+        };
+        let ops = std::mem::take(&mut open.ops);
+        let positions = std::mem::take(&mut open.op_positions);
+        self.stats.rows += ops.len() as u64;
+        let (first, txid) = (open.first, open.txid.clone());
+        self.engine.apply_at(ts, ops).map_err(|e| match e {
+            Error::KeyConflict { table, key, message, op } => {
+                let at = op.and_then(|i| positions.get(i).copied()).unwrap_or(first);
+                input_error(at, Some(&table), Some(&txid), format!("{message} (key {key})"))
+            }
+            Error::Schema { table, column, message } => {
+                input_error(first, Some(&table), Some(&txid), format!("column {column}: {message}"))
+            }
+            other => other,
+        })
+    }
+
+    fn finish(&mut self, mut open: OpenTxn) -> Result<()> {
+        if open.skip {
+            self.stats.skipped += 1;
+            return Ok(());
+        }
+        self.open = Some(open);
+        self.apply_chunk()?;
+        open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        if let Some(ts) = open.ts {
+            self.engine.commit(ts)?;
+            self.history.push(HistoryEntry {
+                ts,
+                source_txid: open.identity.clone(),
+                commit_us: open.commit_us,
+                tables: open.rows_per_table.iter().map(|(t, n)| (t.clone(), *n)).collect(),
+                rows: open.rows_per_table.values().sum(),
+                replayed_us: now_us(),
+            });
+        }
+        self.applied.insert(open.identity);
+        self.stats.applied += 1;
+        self.since_checkpoint += 1;
+        Ok(())
+    }
+
+    /// Writes a checkpoint when one is due (or `force`), resuming at `next`
+    /// or at the first record still pending, whichever is earlier.
+    pub fn maybe_checkpoint(&mut self, next: SourcePosition, force: bool) -> Result<()> {
+        let due = self.since_checkpoint >= self.config.checkpoint_txns
+            || (self.since_checkpoint > 0 && self.last_checkpoint.elapsed() >= self.config.checkpoint_interval);
+        if !force && !due {
+            return Ok(());
+        }
+        let mut resume = next;
+        if let Some(o) = &self.open {
+            resume = resume.min(o.first);
+        }
+        for rows in self.held.values() {
+            if let Some((p, _)) = rows.first() {
+                resume = resume.min(*p);
+            }
+        }
+        let manifest = self.engine.write_checkpoint()?;
+        self.catalog.commit_checkpoint(&manifest, &self.input, resume, &self.history, &self.operations)?;
+        self.history.clear();
+        self.operations.clear();
+        self.engine.drop_old_checkpoints(&manifest)?;
+        self.engine.gc()?;
+        self.engine.combine()?;
+        self.since_checkpoint = 0;
+        self.last_checkpoint = Instant::now();
+        self.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    /// The table of a record, created on first sight from the DDL, the
+    /// record's schema, or its values.
+    fn table(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<&SinkTable> {
+        if !self.tables.contains_key(&r.table) {
+            let err = |m: String| input_error(position, Some(&r.table), Some(txid), m);
+            let (fields, pk): (Vec<Field>, Vec<String>) = if let Some(d) = self.ddl.get(&r.table) {
+                (
+                    d.columns.iter().map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable)).collect(),
+                    d.primary_key.clone(),
+                )
+            } else {
+                let pk = r.key_names.clone().unwrap_or_default();
+                let fields = match &r.declared {
+                    Some(cols) => cols
+                        .iter()
+                        .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable || !pk.contains(&c.name)))
+                        .collect(),
+                    None => {
+                        let image = r
+                            .after
+                            .as_ref()
+                            .or(r.before.as_ref())
+                            .ok_or_else(|| err("first record has no row image".into()))?;
+                        image
+                            .iter()
+                            .map(|(name, v)| {
+                                let t = if v.as_str() == Some(UNAVAILABLE) { None } else { infer_type(v) };
+                                Field::new(name, t.unwrap_or(DataType::Utf8), !pk.contains(name))
+                            })
+                            .collect()
+                    }
+                };
+                (fields, pk)
+            };
+            if pk.is_empty() {
+                return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with a CREATE TABLE … PRIMARY KEY".into()));
+            }
+            let pk_idx = pk
+                .iter()
+                .map(|k| {
+                    fields
+                        .iter()
+                        .position(|f| f.name() == k)
+                        .ok_or_else(|| err(format!("key column {k} is not a column")))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let schema = Arc::new(Schema::new(fields));
+            let def = self.engine.create_table_in_next_txn(&r.table, schema, pk_idx)?;
+            self.operations.push(CatalogOperation {
+                description: format!("create table {}", r.table),
+                actions: serde_json::json!([{ "add_table": r.table, "columns": def.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>() }]),
+                ts: self.engine.clock().hwm(),
+            });
+            let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
+            self.tables.insert(r.table.clone(), SinkTable { def, index_of });
+        }
+        Ok(&self.tables[&r.table])
+    }
+
+    /// A full row in table order; `None` entries are TOAST placeholders.
+    fn image(t: &SinkTable, cols: &Columns, err: &dyn Fn(String) -> Error) -> Result<Vec<Option<Value>>> {
+        let mut row = vec![Some(Value::Null); t.def.schema.fields().len()];
+        for (name, v) in cols {
+            let i = *t.index_of.get(name).ok_or_else(|| {
+                err(format!("column {name} is not in the table (schema changes are not supported yet). Help: start a new lake, or add the column to --schema-file"))
+            })?;
+            if v.as_str() == Some(UNAVAILABLE) {
+                row[i] = None;
+                continue;
+            }
+            row[i] =
+                Some(to_value(v, t.def.schema.field(i).data_type()).map_err(|m| err(format!("column {name}: {m}")))?);
+        }
+        Ok(row)
+    }
+
+    fn key_values(t: &SinkTable, r: &RowChange, err: &dyn Fn(String) -> Error) -> Result<Row> {
+        let sources = [r.key.as_ref(), r.before.as_ref(), r.after.as_ref()];
+        t.def
+            .primary_key
+            .iter()
+            .map(|&i| {
+                let f = t.def.schema.field(i);
+                let v = sources
+                    .iter()
+                    .flatten()
+                    .find_map(|cols| cols.iter().find(|(n, v)| n == f.name() && !v.is_null()).map(|(_, v)| v))
+                    .ok_or_else(|| err(format!("no value for key column {}", f.name())))?;
+                to_value(v, f.data_type()).map_err(|m| err(format!("key column {}: {m}", f.name())))
+            })
+            .collect()
+    }
+
+    fn op_of(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<Op> {
+        let table = r.table.clone();
+        let err = |m: String| input_error(position, Some(&table), Some(txid), m);
+        let t = self.table(r, position, txid)?;
+        let id = t.def.id;
+        Ok(match r.op {
+            RowOp::Insert | RowOp::SnapshotRead => {
+                let after = r.after.as_ref().ok_or_else(|| err("insert without an after image".into()))?;
+                let row = Self::image(t, after, &err)?;
+                if row.iter().any(Option::is_none) {
+                    return Err(err(format!("insert with {UNAVAILABLE:?}: there is no previous value to keep")));
+                }
+                Op::Insert { table: id, row: row.into_iter().flatten().collect() }
+            }
+            RowOp::Delete => Op::Delete { table: id, key: Self::key_values(t, r, &err)? },
+            RowOp::Update => {
+                let after = r.after.as_ref().ok_or_else(|| err("update without an after image".into()))?;
+                let key = Self::key_values(t, r, &err)?;
+                let image = Self::image(t, after, &err)?;
+                let row = if image.iter().any(Option::is_none) {
+                    // Unchanged out-of-line values: keep the previous ones. The
+                    // previous version may be in this transaction's pending chunk.
+                    let def = Arc::clone(&t.def);
+                    self.apply_chunk()?;
+                    let prev = self.engine.latest_row(&def, &key)?.ok_or_else(|| {
+                        err(format!(
+                            "update of key {} keeps unchanged values, but the key has no row",
+                            render_key(&key)
+                        ))
+                    })?;
+                    image.into_iter().zip(prev).map(|(new, old)| new.unwrap_or(old)).collect()
+                } else {
+                    image.into_iter().flatten().collect()
+                };
+                Op::Update { table: id, key, row }
+            }
+        })
+    }
+}
+
+impl OpenTxn {
+    fn new(
+        identity: String,
+        txid: String,
+        kind: TxnKind,
+        first: SourcePosition,
+        skip: bool,
+        commit_us: Option<i64>,
+    ) -> Self {
+        OpenTxn {
+            identity,
+            txid,
+            kind,
+            first,
+            skip,
+            ts: None,
+            ops: Vec::new(),
+            op_positions: Vec::new(),
+            received: 0,
+            per_table: HashMap::new(),
+            rows_per_table: BTreeMap::new(),
+            commit_us,
+            end: None,
+        }
+    }
+}
