@@ -123,6 +123,8 @@ pub struct Sink {
     tables: HashMap<String, SinkTable>,
     applied: HashSet<String>,
     seen_begin: bool,
+    /// Records are grouped by transaction id (no BEGIN/END in this stream).
+    grouping: bool,
     open: Option<OpenTxn>,
     held: HashMap<String, Vec<(SourcePosition, Box<RowChange>)>>,
     history: Vec<HistoryEntry>,
@@ -154,6 +156,7 @@ impl Sink {
             tables,
             applied,
             seen_begin: false,
+            grouping: false,
             open: None,
             held: HashMap::new(),
             history: Vec::new(),
@@ -219,6 +222,16 @@ impl Sink {
                         let open = self.open.take().unwrap_or_else(|| unreachable!("matched Some"));
                         return Err(self.unfinished(&open, position));
                     }
+                    _ if !self.seen_begin
+                        && !self.grouping
+                        && row.in_transaction_block
+                        && self.held.keys().all(|t| Some(t) == row.txid.as_ref()) =>
+                    {
+                        // Maybe a BEGIN follows (topics interleave), maybe the
+                        // stream has none: hold until one or the other shows.
+                        let txid = row.txid.clone().unwrap_or_default();
+                        self.held.entry(txid).or_default().push((position, row));
+                    }
                     _ if self.seen_begin => {
                         // Arrived before its BEGIN (topics interleave): hold it.
                         let txid = row.txid.clone().ok_or_else(|| {
@@ -231,11 +244,25 @@ impl Sink {
                         })?;
                         self.held.entry(txid).or_default().push((position, row));
                     }
-                    _ => self.push_grouped(row, position)?,
+                    _ => {
+                        self.release_held()?;
+                        self.push_grouped(row, position)?;
+                    }
                 }
             }
         }
         self.maybe_checkpoint(next, false)
+    }
+
+    /// No BEGIN came for the records held so far: the stream has no
+    /// transaction records; group them by transaction id from now on.
+    fn release_held(&mut self) -> Result<()> {
+        self.grouping = true;
+        let held: Vec<_> = self.held.drain().flat_map(|(_, rows)| rows).collect();
+        for (pos, row) in held {
+            self.push_grouped(row, pos)?;
+        }
+        Ok(())
     }
 
     /// Records without transaction metadata: group by source transaction id,
@@ -340,6 +367,9 @@ impl Sink {
 
     /// End of input: finish what can be finished, fail on what cannot.
     pub fn finish_input(&mut self, end: SourcePosition) -> Result<()> {
+        if !self.seen_begin {
+            self.release_held()?;
+        }
         if let Some(open) = self.open.take() {
             match open.kind {
                 TxnKind::Metadata => {

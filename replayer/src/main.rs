@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod replay;
+mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +73,21 @@ enum Command {
         #[arg(long, default_value = "csv")]
         format: String,
     },
+    /// Write a synthetic Debezium stream (Kafka-style lines with BEGIN/END).
+    Gen {
+        /// Workload shape.
+        #[arg(value_enum)]
+        workload: workload::Workload,
+        /// Transactions after the initial load.
+        #[arg(long, default_value_t = 10_000)]
+        txns: u64,
+        /// Random seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output file (default: standard output).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
     /// Benchmarks, measured in one run on this machine.
     Bench {
         #[command(subcommand)]
@@ -89,6 +105,19 @@ enum BenchCommand {
         /// Small sizes (a smoke run, seconds even in debug builds).
         #[arg(long)]
         quick: bool,
+    },
+    /// End-to-end replay throughput: generate a stream to a file, replay it
+    /// into a fresh lake, report rows/s (and the decode share).
+    Replay {
+        /// Workload shape.
+        #[arg(long, value_enum, default_value = "hybench")]
+        workload: workload::Workload,
+        /// Transactions.
+        #[arg(long, default_value_t = 200_000)]
+        txns: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -134,6 +163,23 @@ fn main() -> ExitCode {
                 })
             }
         }
+        Command::Gen { workload, txns, seed, output } => {
+            let result = match output {
+                Some(p) => std::fs::File::create(&p)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("cannot create {}: {e}", p.display())))
+                    .and_then(|f| {
+                        let mut w = std::io::BufWriter::new(f);
+                        workload::generate(workload, txns, seed, &mut w)?;
+                        std::io::Write::flush(&mut w)
+                    }),
+                None => {
+                    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+                    workload::generate(workload, txns, seed, &mut w).and_then(|()| std::io::Write::flush(&mut w))
+                }
+            };
+            result.map_err(Into::into)
+        }
+        Command::Bench { which: BenchCommand::Replay { workload, txns, json } } => bench::replay(workload, txns, json),
         Command::Bench { which: BenchCommand::Components { json, quick } } => {
             bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);
             Ok(())

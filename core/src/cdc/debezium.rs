@@ -154,6 +154,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         })
     });
     let snapshot = source.and_then(|s| s.get("snapshot")).and_then(Json::as_str).map(str::to_owned);
+    let in_transaction_block = payload.get("transaction").is_some_and(|t| !t.is_null());
     Ok(ChangeRecord::Row(Box::new(RowChange {
         table,
         op,
@@ -165,6 +166,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         snapshot,
         declared,
         key_names,
+        in_transaction_block,
     })))
 }
 
@@ -219,8 +221,8 @@ pub fn connect_type(f: &Json) -> DataType {
             | "org.apache.kafka.connect.data.Timestamp",
         ) => DataType::Timestamp(TimeUnit::Microsecond, None),
         ("int64", _) => DataType::Int64,
-        ("float32", _) => DataType::Float32,
-        ("float64", _) => DataType::Float64,
+        ("float" | "float32", _) => DataType::Float32,
+        ("double" | "float64", _) => DataType::Float64,
         ("boolean", _) => DataType::Boolean,
         ("string", "io.debezium.time.ZonedTimestamp") => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         ("bytes", "org.apache.kafka.connect.data.Decimal") => {

@@ -66,5 +66,6 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         snapshot: (op == RowOp::SnapshotRead).then(|| "true".to_owned()),
         declared: None,
         key_names: None,
+        in_transaction_block: false,
     })))
 }

@@ -91,6 +91,9 @@ pub struct RowChange {
     pub declared: Option<Vec<DeclaredColumn>>,
     /// Primary-key column names from a key schema or metadata.
     pub key_names: Option<Vec<String>>,
+    /// The record names its transaction (Debezium's `transaction` block):
+    /// the stream has BEGIN/END records, even if none was seen yet.
+    pub in_transaction_block: bool,
 }
 
 /// One decoded input record.
@@ -153,7 +156,7 @@ pub fn decode_line(line: &str, position: SourcePosition, format: InputFormat) ->
     let json: Json =
         serde_json::from_str(trimmed).map_err(|e| input_error(position, None, None, format!("malformed JSON: {e}")))?;
     let format = match format {
-        InputFormat::Auto if json.get("metadata").is_some() && json.get("data").is_some() => InputFormat::Dms,
+        InputFormat::Auto if json.get("metadata").is_some_and(|m| m.get("record-type").is_some()) => InputFormat::Dms,
         InputFormat::Auto => InputFormat::Debezium,
         f => f,
     };

@@ -4,3 +4,4 @@ mod concurrency;
 mod model;
 mod oracle;
 mod parquet_roundtrip;
+mod sink;
