@@ -276,6 +276,46 @@ impl Engine {
         Ok(def)
     }
 
+    /// Changes the columns of `name` (columns added or removed in the
+    /// source). Stored files keep their columns; readers match columns by
+    /// name, so old rows read an added column as NULL. Key columns cannot
+    /// be removed. Each shard's open file is sealed, so new rows are
+    /// written to files of the new schema.
+    pub fn evolve_table(&self, name: &str, schema: SchemaRef) -> Result<Arc<TableDef>> {
+        let _order = lock(&self.sequencer_apply);
+        let old = self.table(name)?;
+        if let Some(f) =
+            schema.fields().iter().find(|f| old.schema.field_with_name(f.name()).is_err() && !f.is_nullable())
+        {
+            return Err(Error::Schema {
+                table: name.into(),
+                column: f.name().clone(),
+                message: "a column added to an existing table must be nullable (its old rows read NULL)".into(),
+            });
+        }
+        let key = old
+            .primary_key
+            .iter()
+            .map(|&k| {
+                let n = old.schema.field(k).name();
+                schema.index_of(n).map_err(|_| Error::Schema {
+                    table: name.into(),
+                    column: n.clone(),
+                    message: "a primary-key column cannot be removed".into(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let def = TableDef::new(old.id, name, schema, key)?;
+        let tx = lock(&self.flush_tx).clone();
+        let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
+        let ctx = ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() };
+        for shard in &self.shards {
+            lock(shard).close_file(old.id, &ctx)?;
+        }
+        self.tables.write().unwrap_or_else(|p| p.into_inner()).by_id[old.id.0 as usize].def = Arc::clone(&def);
+        Ok(def)
+    }
+
     /// The table named `name`.
     pub fn table(&self, name: &str) -> Result<Arc<TableDef>> {
         let tables = self.read_tables();
@@ -448,7 +488,12 @@ impl Engine {
             return Err(Error::invariant(format!("row at {} offset {offset} of {} not found", loc.file, table.name)));
         };
         let user: Vec<usize> = (0..table.schema.fields().len()).collect();
-        Ok(crate::schema::rows_from_batch(&batch.project(&user)?)?.into_iter().next())
+        let mut row = crate::schema::rows_from_batch(&crate::scan::project_by_name(table, &user, &batch)?)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invariant("a one-row batch without a row"))?;
+        row.pop(); // the hidden column
+        Ok(Some(row))
     }
 
     /// Marks `ts` fully applied; HWM advances over the committed prefix.

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::collections::HashMap;
 
-use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, TablePart};
+use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, PartState, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, ShardId, TableId, Ts};
 use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key};
@@ -357,36 +357,7 @@ impl Shard {
             let mut state = lock(&pw.part.state);
             let active = state.active.as_mut().ok_or_else(|| Error::invariant("open block without active builder"))?;
             active.builder.append(row, ts);
-            if active.builder.is_full() {
-                let batch = active.builder.finish()?;
-                state.active = None;
-                let (min_ts, max_ts) = ts_range(crate::lake::create_ts_column(&batch)?);
-                let block = Arc::new(Block {
-                    index: open.index,
-                    rows: batch.num_rows(),
-                    min_ts,
-                    max_ts,
-                    data: BlockData::Memory(batch),
-                });
-                let sealed_now = open.index as usize + 1 == cfg.blocks_per_file;
-                let file = state
-                    .files
-                    .iter_mut()
-                    .find(|f| f.id == open.file)
-                    .ok_or_else(|| Error::invariant(format!("{} missing from its part", open.file)))?;
-                match &mut file.kind {
-                    FileKind::Virtual { blocks, sealed } => {
-                        blocks.push(Arc::clone(&block));
-                        *sealed = sealed_now;
-                    }
-                    FileKind::Regular(_) => {
-                        return Err(Error::invariant("appending to a regular file"));
-                    }
-                }
-                Some(block)
-            } else {
-                None
-            }
+            if active.builder.is_full() { close_active(&mut state, open, cfg)? } else { None }
         };
         let row_id = RowId(open.row_id_start + open.rows as u64);
         open.rows += 1;
@@ -394,6 +365,26 @@ impl Shard {
             (ctx.flush)(FlushJob { part: Arc::clone(&pw.part), file: open.file, block });
         }
         Ok(row_id)
+    }
+
+    /// Ends the active block and file of `table` early (its schema
+    /// changes): the rows so far become an immutable block, the file is
+    /// sealed (a file has one schema), the next row opens a new file.
+    pub fn close_file(&mut self, table: TableId, ctx: &ShardContext<'_>) -> Result<()> {
+        let Some(pw) = self.parts.get_mut(&table) else { return Ok(()) };
+        let Some(open) = pw.open.take() else { return Ok(()) };
+        let mut state = lock(&pw.part.state);
+        let block = close_active(&mut state, &open, ctx.config)?;
+        if let Some(FileKind::Virtual { sealed, .. }) =
+            state.files.iter_mut().find(|f| f.id == open.file).map(|f| &mut f.kind)
+        {
+            *sealed = true;
+        }
+        drop(state);
+        if let Some(block) = block {
+            (ctx.flush)(FlushJob { part: Arc::clone(&pw.part), file: open.file, block });
+        }
+        Ok(())
     }
 
     /// Drops index versions no snapshot `≥ lwm` can see.
@@ -408,6 +399,33 @@ impl Shard {
             self.writers.iter().map(VisibilityWriter::memory_bytes).sum(),
         )
     }
+}
+
+/// Makes the active block of a part immutable (it joins its file's blocks)
+/// and returns it for flushing; `None` when it holds no rows.
+fn close_active(state: &mut PartState, open: &OpenBlock, cfg: BufferConfig) -> Result<Option<Arc<Block>>> {
+    let Some(mut active) = state.active.take() else { return Ok(None) };
+    if active.builder.rows() == 0 {
+        return Ok(None);
+    }
+    let batch = active.builder.finish()?;
+    let (min_ts, max_ts) = ts_range(crate::lake::create_ts_column(&batch)?);
+    let block =
+        Arc::new(Block { index: open.index, rows: batch.num_rows(), min_ts, max_ts, data: BlockData::Memory(batch) });
+    let sealed_now = open.index as usize + 1 == cfg.blocks_per_file;
+    let file = state
+        .files
+        .iter_mut()
+        .find(|f| f.id == open.file)
+        .ok_or_else(|| Error::invariant(format!("{} missing from its part", open.file)))?;
+    match &mut file.kind {
+        FileKind::Virtual { blocks, sealed } => {
+            blocks.push(Arc::clone(&block));
+            *sealed = sealed_now;
+        }
+        FileKind::Regular(_) => return Err(Error::invariant("appending to a regular file")),
+    }
+    Ok(Some(block))
 }
 
 fn op_table(op: &ShardOp) -> &Arc<TableDef> {

@@ -561,6 +561,49 @@ impl Sink {
         Ok(&self.tables[&r.table])
     }
 
+    /// Columns added to or gone from the source table show in the after
+    /// image: evolve the table's schema to match.
+    fn evolve_if_needed(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<()> {
+        let Some(after) = r.after.as_ref().filter(|_| r.op != RowOp::Delete) else { return Ok(()) };
+        let t = &self.tables[&r.table];
+        let added: Vec<&(String, serde_json::Value)> =
+            after.iter().filter(|(n, _)| !t.index_of.contains_key(n)).collect();
+        let gone: Vec<String> = t
+            .def
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| !after.iter().any(|(a, _)| a == n))
+            .collect();
+        if added.is_empty() && gone.is_empty() {
+            return Ok(());
+        }
+        // Operations built with the old schema go in first.
+        self.apply_chunk()?;
+        let t = &self.tables[&r.table];
+        let mut fields: Vec<Field> =
+            t.def.schema.fields().iter().filter(|f| !gone.contains(f.name())).map(|f| f.as_ref().clone()).collect();
+        for (name, v) in &added {
+            let declared =
+                r.declared.as_ref().and_then(|d| d.iter().find(|c| &c.name == name)).map(|c| c.data_type.clone());
+            let t = declared.or_else(|| infer_type(v)).unwrap_or(DataType::Utf8);
+            fields.push(Field::new(name.as_str(), t, true));
+        }
+        let def = self
+            .engine
+            .evolve_table(&r.table, Arc::new(Schema::new(fields)))
+            .map_err(|e| input_error(position, Some(&r.table), Some(txid), format!("schema change: {e}")))?;
+        self.operations.push(CatalogOperation {
+            description: format!("evolve schema of {}", r.table),
+            actions: serde_json::json!([{ "evolve_schema": r.table, "added": added.iter().map(|(n, _)| n).collect::<Vec<_>>(), "removed": gone }]),
+            ts: self.engine.clock().hwm(),
+        });
+        let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
+        self.tables.insert(r.table.clone(), SinkTable { def, index_of });
+        Ok(())
+    }
+
     /// A full row in table order; `None` entries are TOAST placeholders.
     fn image(t: &SinkTable, cols: &Columns, err: &dyn Fn(String) -> Error) -> Result<Vec<Option<Value>>> {
         let mut row = vec![Some(Value::Null); t.def.schema.fields().len()];
@@ -598,7 +641,9 @@ impl Sink {
     fn op_of(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<Op> {
         let table = r.table.clone();
         let err = |m: String| input_error(position, Some(&table), Some(txid), m);
-        let t = self.table(r, position, txid)?;
+        self.table(r, position, txid)?;
+        self.evolve_if_needed(r, position, txid)?;
+        let t = &self.tables[&r.table];
         let id = t.def.id;
         Ok(match r.op {
             RowOp::Insert | RowOp::SnapshotRead => {

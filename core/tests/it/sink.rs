@@ -205,3 +205,50 @@ fn dms_records_replay_with_transaction_boundaries() {
     // (timestamps start at 1 in a new lake).
     assert_eq!(engine.clock().latest().get(), 4);
 }
+
+#[test]
+fn schema_changes_evolve_the_table_and_old_rows_read_null() {
+    let rec = |txid: u64, op: &str, after: &str| {
+        format!(
+            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":null,"after":{after},"source":{{"schema":"public","table":"t","txId":{txid}}},"op":"{op}"}}}}"#,
+            id = serde_json::from_str::<serde_json::Value>(after).unwrap()["id"]
+        )
+    };
+    let lines = vec![
+        rec(1, "c", r#"{"id":1,"a":"x"}"#),
+        rec(1, "c", r#"{"id":2,"a":"y"}"#),
+        // Column b appears.
+        rec(2, "c", r#"{"id":3,"a":"z","b":30}"#),
+        rec(2, "u", r#"{"id":1,"a":"x2","b":10}"#),
+        // Column a disappears.
+        rec(3, "c", r#"{"id":4,"b":40}"#),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let lake = open_lake(dir.path(), EngineConfig::default().with_blocks(4096, 1), OpenMode::Write).unwrap();
+        let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "t", SinkConfig::default()).unwrap();
+        for (i, l) in lines.iter().enumerate() {
+            let pos = SourcePosition { line: i as u64 + 1, offset: i as u64 };
+            sink.push(decode_line(l, pos, InputFormat::Auto).unwrap(), pos, pos).unwrap();
+        }
+        sink.finish_input(SourcePosition { line: 9, offset: 9 }).unwrap();
+        lake.engine.flush().unwrap();
+        lake.engine.combine().unwrap();
+        let expect = vec![
+            vec![Value::Int(1), Value::Int(10)],
+            vec![Value::Int(2), Value::Null],
+            vec![Value::Int(3), Value::Int(30)],
+            vec![Value::Int(4), Value::Int(40)],
+        ];
+        assert_eq!(visible(&lake.engine)["public.t"], expect);
+        let ops = lake.catalog.operations(10).unwrap();
+        assert!(ops.iter().any(|(_, o)| o.description == "evolve schema of public.t"), "{ops:?}");
+    }
+    // And after a restart from the checkpoint.
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    let names: Vec<_> =
+        lake.engine.table("public.t").unwrap().schema.fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(names, ["id", "b"]);
+    assert_eq!(visible(&lake.engine)["public.t"].len(), 4);
+    assert_eq!(visible(&lake.engine)["public.t"][1], vec![Value::Int(2), Value::Null]);
+}
