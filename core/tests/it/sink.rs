@@ -214,7 +214,7 @@ fn schema_changes_evolve_the_table_and_old_rows_read_null() {
             id = serde_json::from_str::<serde_json::Value>(after).unwrap()["id"]
         )
     };
-    let lines = vec![
+    let lines = [
         rec(1, "c", r#"{"id":1,"a":"x"}"#),
         rec(1, "c", r#"{"id":2,"a":"y"}"#),
         // Column b appears.
