@@ -13,7 +13,10 @@
 
 use arrow::datatypes::{DataType, TimeUnit};
 use base64::Engine as _;
+use std::borrow::Cow;
+
 use serde_json::Value as Json;
+use serde_json::value::RawValue;
 
 use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error, object_columns};
 use crate::error::Result;
@@ -46,6 +49,145 @@ fn micros(source: Option<&Json>, payload: &Json) -> Option<i64> {
     src("ts_us")
         .or_else(|| src("ts_ms").map(|ms| ms * 1000))
         .or_else(|| payload.get("ts_ms").and_then(Json::as_i64).map(|ms| ms * 1000))
+}
+
+/// Every field fovea reads from a Debezium record, at either level (Kafka
+/// record or value); everything else is skipped without being built.
+#[derive(serde::Deserialize)]
+struct Fields<'a> {
+    #[serde(borrow)]
+    key: Option<&'a RawValue>,
+    #[serde(borrow)]
+    value: Option<&'a RawValue>,
+    #[serde(borrow)]
+    schema: Option<&'a RawValue>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow)]
+    before: Option<&'a RawValue>,
+    #[serde(borrow)]
+    after: Option<&'a RawValue>,
+    #[serde(borrow)]
+    source: Option<FastSource<'a>>,
+    #[serde(borrow)]
+    op: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    status: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    transaction: Option<&'a RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct FastSource<'a> {
+    #[serde(borrow)]
+    schema: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    db: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    table: Option<Cow<'a, str>>,
+    #[serde(rename = "txId")]
+    tx_id: Option<Json>,
+    ts_us: Option<i64>,
+    ts_ms: Option<i64>,
+    #[serde(borrow)]
+    snapshot: Option<Cow<'a, str>>,
+}
+
+/// Columns of a JSON object, in order, without an intermediate map.
+struct OrderedColumns(Columns);
+
+impl<'de> serde::Deserialize<'de> for OrderedColumns {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = OrderedColumns;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of columns")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<OrderedColumns, A::Error> {
+                let mut cols = Vec::with_capacity(m.size_hint().unwrap_or(8));
+                while let Some((k, v)) = m.next_entry::<String, Json>()? {
+                    cols.push((k, v));
+                }
+                Ok(OrderedColumns(cols))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn columns(raw: Option<&RawValue>) -> std::result::Result<Option<Columns>, serde_json::Error> {
+    match raw {
+        None => Ok(None),
+        Some(r) if r.get() == "null" => Ok(None),
+        Some(r) => serde_json::from_str::<OrderedColumns>(r.get()).map(|c| Some(c.0)),
+    }
+}
+
+/// Decodes one Debezium line: the typed fast path for records without a
+/// schema envelope, the general path otherwise.
+pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> {
+    let malformed = |e: serde_json::Error| input_error(position, None, None, format!("malformed JSON: {e}"));
+    let top: Fields<'_> = serde_json::from_str(line).map_err(malformed)?;
+    let general = || -> Result<ChangeRecord> {
+        let json: Json = serde_json::from_str(line).map_err(malformed)?;
+        decode(json, position)
+    };
+    let (key, payload) = match top.value {
+        Some(v) if top.source.is_none() && top.op.is_none() => {
+            if v.get() == "null" {
+                return Ok(ChangeRecord::Skip);
+            }
+            let inner: Fields<'_> = serde_json::from_str(v.get()).map_err(malformed)?;
+            (top.key, inner)
+        }
+        _ => (None, top),
+    };
+    if payload.schema.is_some() || payload.payload.is_some() || payload.status.is_some() {
+        return general();
+    }
+    if let Some(k) = key
+        && k.get().contains("\"schema\"")
+    {
+        return general();
+    }
+    let Some(source) = payload.source else { return general() };
+    let table = match (source.schema.as_deref().or(source.db.as_deref()), source.table.as_deref()) {
+        (Some(ns), Some(t)) => format!("{ns}.{t}"),
+        _ => return Err(input_error(position, None, None, "row record without source.schema/source.table")),
+    };
+    let txid = source.tx_id.as_ref().filter(|v| !v.is_null()).and_then(xid).or_else(|| {
+        let t: Option<Json> = payload.transaction.and_then(|t| serde_json::from_str(t.get()).ok());
+        t.as_ref().and_then(|t| t.get("id")).and_then(xid)
+    });
+    let op = match payload.op.as_deref() {
+        Some("c") => RowOp::Insert,
+        Some("r") => RowOp::SnapshotRead,
+        Some("u") => RowOp::Update,
+        Some("d") => RowOp::Delete,
+        _ => return general(),
+    };
+    let bad = |e: serde_json::Error| {
+        input_error(position, Some(&table), txid.as_deref(), format!("malformed row image: {e}"))
+    };
+    let key = columns(key).map_err(bad)?;
+    let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect());
+    Ok(ChangeRecord::Row(Box::new(RowChange {
+        op,
+        key,
+        before: columns(payload.before).map_err(bad)?,
+        after: columns(payload.after).map_err(bad)?,
+        commit_us: source.ts_us.or(source.ts_ms.map(|ms| ms * 1000)),
+        snapshot: source.snapshot.map(Cow::into_owned),
+        declared: None,
+        key_names,
+        in_transaction_block: payload.transaction.is_some_and(|t| t.get() != "null"),
+        txid,
+        table,
+    })))
 }
 
 /// Decodes one Debezium record.

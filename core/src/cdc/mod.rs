@@ -153,6 +153,9 @@ pub fn decode_line(line: &str, position: SourcePosition, format: InputFormat) ->
     if trimmed.is_empty() {
         return Ok(ChangeRecord::Skip);
     }
+    if format == InputFormat::Debezium || (format == InputFormat::Auto && !trimmed.contains("\"metadata\"")) {
+        return debezium::decode_str(trimmed, position);
+    }
     let json: Json =
         serde_json::from_str(trimmed).map_err(|e| input_error(position, None, None, format!("malformed JSON: {e}")))?;
     let format = match format {
