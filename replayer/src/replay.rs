@@ -70,44 +70,99 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         Some(c) if c.input == input_name => c.position,
         _ => SourcePosition::default(),
     };
-    let mut source = LineSource::open(&args.input, start)?;
+    let source = LineSource::open(&args.input, start)?;
     let sink_config = SinkConfig { checkpoint_txns: args.checkpoint_txns, ddl, ..SinkConfig::default() };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;
     let began = Instant::now();
     let mut last_progress = Instant::now();
-    let mut line = String::new();
+    // A reader thread decodes batches of lines while this thread applies
+    // them: on two cores the two halves of the work overlap.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<DecodedBatch>(16);
+    let format = args.format;
+    let reader =
+        std::thread::Builder::new().name("fovea-decode".into()).spawn(move || decode_loop(source, format, tx))?;
+    let mut resume = start;
     let result = (|| -> fovea_core::Result<()> {
-        while let Some(pos) = source.next_line(&mut line)? {
-            let record = decode_line(&line, pos, args.format)?;
-            sink.push(record, pos, source.position())?;
+        for batch in rx {
+            for (pos, next, record) in batch.records {
+                resume = next;
+                sink.push(record?, pos, next)?;
+            }
+            if let Some(end) = batch.end {
+                resume = end;
+                return sink.finish_input(end);
+            }
             if args.progress && last_progress.elapsed() >= Duration::from_millis(500) {
                 last_progress = Instant::now();
                 let s = sink.stats();
                 eprint!(
                     "\r[{:>6.1} s] line {:>10}  {:>9} txns  {:>11} rows  {:>10.0} rows/s",
                     began.elapsed().as_secs_f64(),
-                    pos.line,
+                    resume.line,
                     s.applied,
                     s.rows,
                     s.rows as f64 / began.elapsed().as_secs_f64()
                 );
             }
         }
-        sink.finish_input(source.position())
+        Err(fovea_core::Error::Invariant("the decode thread stopped without an end".into()))
     })();
+    // Dropping the receiver (on error) stops the reader at its next send.
+    let _ = reader.join();
     if args.progress {
         eprintln!();
     }
     if let Err(e) = result {
         // Keep everything committed before the failure durable; the failing
         // transaction is not part of the image (its ts is not below HWM).
-        if let Err(c) = sink.maybe_checkpoint(source.position(), true) {
+        if let Err(c) = sink.maybe_checkpoint(resume, true) {
             eprintln!("error: the final checkpoint failed too: {c}");
         }
         return Err(e.into());
     }
     lake.engine.flush()?;
     Ok(ReplaySummary { stats: sink.stats(), elapsed: began.elapsed() })
+}
+
+/// Decoded records with their position and the position after them;
+/// `end` is set on the last batch (the position at the end of input).
+struct DecodedBatch {
+    records: Vec<(SourcePosition, SourcePosition, fovea_core::Result<fovea_core::cdc::ChangeRecord>)>,
+    end: Option<SourcePosition>,
+}
+
+fn decode_loop(mut source: LineSource, format: InputFormat, tx: std::sync::mpsc::SyncSender<DecodedBatch>) {
+    const BATCH: usize = 512;
+    let mut line = String::new();
+    loop {
+        let mut records = Vec::with_capacity(BATCH);
+        while records.len() < BATCH {
+            match source.next_line(&mut line) {
+                Ok(Some(pos)) => {
+                    let record = decode_line(&line, pos, format);
+                    let failed = record.is_err();
+                    records.push((pos, source.position(), record));
+                    if failed {
+                        let _ = tx.send(DecodedBatch { records, end: None });
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    let _ = tx.send(DecodedBatch { records, end: Some(source.position()) });
+                    return;
+                }
+                Err(e) => {
+                    let pos = source.position();
+                    records.push((pos, pos, Err(e)));
+                    let _ = tx.send(DecodedBatch { records, end: None });
+                    return;
+                }
+            }
+        }
+        if tx.send(DecodedBatch { records, end: None }).is_err() {
+            return;
+        }
+    }
 }
 
 /// Writes the visible rows of `table` as CSV (header, source columns in
