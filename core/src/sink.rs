@@ -38,6 +38,41 @@ use crate::ids::Ts;
 use crate::replay::Op;
 use crate::schema::{Row, TableDef, Value, render_key};
 
+/// Maps keyed by table and column names, hashed with foldhash (SipHash
+/// showed in replay profiles).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Adds one to `map[key]` without allocating when the key is there.
+fn bump<M: CounterMap>(map: &mut M, key: &str) {
+    map.bump(key);
+}
+
+trait CounterMap {
+    fn bump(&mut self, key: &str);
+}
+
+impl CounterMap for FastMap<String, u64> {
+    fn bump(&mut self, key: &str) {
+        match self.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                self.insert(key.to_owned(), 1);
+            }
+        }
+    }
+}
+
+impl CounterMap for BTreeMap<String, u64> {
+    fn bump(&mut self, key: &str) {
+        match self.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                self.insert(key.to_owned(), 1);
+            }
+        }
+    }
+}
+
 /// How the sink checkpoints and batches.
 #[derive(Clone, Debug)]
 pub struct SinkConfig {
@@ -102,7 +137,7 @@ struct OpenTxn {
     ops: Vec<Op>,
     op_positions: Vec<SourcePosition>,
     received: u64,
-    per_table: HashMap<String, u64>,
+    per_table: FastMap<String, u64>,
     rows_per_table: BTreeMap<String, u64>,
     commit_us: Option<i64>,
     end: Option<End>,
@@ -110,7 +145,25 @@ struct OpenTxn {
 
 struct SinkTable {
     def: Arc<TableDef>,
-    index_of: HashMap<String, usize>,
+    index_of: FastMap<String, usize>,
+}
+
+impl SinkTable {
+    fn new(def: Arc<TableDef>) -> Self {
+        let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
+        SinkTable { def, index_of }
+    }
+
+    /// Index of column `name`, the `hint`-th of its image: images usually
+    /// list columns in table order, which needs no hashing.
+    #[inline]
+    fn column(&self, hint: usize, name: &str) -> Option<usize> {
+        let fields = self.def.schema.fields();
+        if fields.get(hint).is_some_and(|f| f.name() == name) {
+            return Some(hint);
+        }
+        self.index_of.get(name).copied()
+    }
 }
 
 /// Turns change records into mirror transactions on an engine.
@@ -120,7 +173,7 @@ pub struct Sink {
     input: String,
     config: SinkConfig,
     ddl: HashMap<String, TableDdl>,
-    tables: HashMap<String, SinkTable>,
+    tables: FastMap<String, SinkTable>,
     applied: HashSet<String>,
     seen_begin: bool,
     /// Records are grouped by transaction id (no BEGIN/END in this stream).
@@ -138,14 +191,7 @@ impl Sink {
     /// A sink replaying `input` into `engine`, recording in `catalog`.
     pub fn new(engine: Arc<Engine>, catalog: Arc<Catalog>, input: &str, config: SinkConfig) -> Result<Self> {
         let applied = catalog.applied()?;
-        let tables = engine
-            .tables()
-            .into_iter()
-            .map(|def| {
-                let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
-                (def.name.clone(), SinkTable { def, index_of })
-            })
-            .collect();
+        let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
         Ok(Sink {
             engine,
@@ -401,14 +447,14 @@ impl Sink {
     fn add_row(&mut self, position: SourcePosition, row: Box<RowChange>) -> Result<()> {
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
         open.received += 1;
-        *open.per_table.entry(row.table.clone()).or_default() += 1;
+        bump(&mut open.per_table, &row.table);
         if open.skip {
             return Ok(());
         }
         let txid = open.txid.clone();
         let op = self.op_of(&row, position, &txid)?;
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
-        *open.rows_per_table.entry(row.table.clone()).or_default() += 1;
+        bump(&mut open.rows_per_table, &row.table);
         open.ops.push(op);
         open.op_positions.push(position);
         if open.ops.len() >= self.config.chunk_rows {
@@ -555,8 +601,7 @@ impl Sink {
                 actions: serde_json::json!([{ "add_table": r.table, "columns": def.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>() }]),
                 ts: self.engine.clock().hwm(),
             });
-            let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
-            self.tables.insert(r.table.clone(), SinkTable { def, index_of });
+            self.tables.insert(r.table.clone(), SinkTable::new(def));
         }
         Ok(&self.tables[&r.table])
     }
@@ -599,16 +644,15 @@ impl Sink {
             actions: serde_json::json!([{ "evolve_schema": r.table, "added": added.iter().map(|(n, _)| n).collect::<Vec<_>>(), "removed": gone }]),
             ts: self.engine.clock().hwm(),
         });
-        let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
-        self.tables.insert(r.table.clone(), SinkTable { def, index_of });
+        self.tables.insert(r.table.clone(), SinkTable::new(def));
         Ok(())
     }
 
     /// A full row in table order; `None` entries are TOAST placeholders.
     fn image(t: &SinkTable, cols: &Columns, err: &dyn Fn(String) -> Error) -> Result<Vec<Option<Value>>> {
         let mut row = vec![Some(Value::Null); t.def.schema.fields().len()];
-        for (name, v) in cols {
-            let i = *t.index_of.get(name).ok_or_else(|| {
+        for (hint, (name, v)) in cols.iter().enumerate() {
+            let i = t.column(hint, name).ok_or_else(|| {
                 err(format!("column {name} is not in the table (schema changes are not supported yet). Help: start a new lake, or add the column to --schema-file"))
             })?;
             if v.as_str() == Some(UNAVAILABLE) {
@@ -699,7 +743,7 @@ impl OpenTxn {
             ops: Vec::new(),
             op_positions: Vec::new(),
             received: 0,
-            per_table: HashMap::new(),
+            per_table: FastMap::default(),
             rows_per_table: BTreeMap::new(),
             commit_us,
             end: None,
