@@ -340,11 +340,6 @@ impl Engine {
         self.read_tables().by_id.iter().map(|t| Arc::clone(&t.def)).collect()
     }
 
-    fn table_by_id(&self, id: TableId) -> Result<Arc<TableDef>> {
-        let tables = self.read_tables();
-        tables.by_id.get(id.0 as usize).map(|t| Arc::clone(&t.def)).ok_or_else(|| Error::UnknownTable(id.to_string()))
-    }
-
     /// The shard a key belongs to.
     pub fn shard_of(&self, key: &[u8]) -> usize {
         use std::hash::BuildHasher;
@@ -386,15 +381,7 @@ impl Engine {
     /// transaction with [`Engine::abort`]. Any other error is a broken
     /// invariant; the transaction must then never be committed.
     pub fn apply_at(&self, ts: Ts, ops: Vec<Op>) -> Result<()> {
-        let mut routed: Vec<Vec<ShardOp>> = vec![Vec::new(); self.shards.len()];
-        let mut origins: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
-        for (i, op) in ops.into_iter().enumerate() {
-            for s in ShardOp::from_op(op, |t| self.table_by_id(t))? {
-                let shard = self.shard_of(s.key());
-                routed[shard].push(s);
-                origins[shard].push(i);
-            }
-        }
+        let (routed, origins) = self.route(ops)?;
         let _order = lock(&self.sequencer_apply);
         let mut shards: Vec<_> = routed
             .iter()
@@ -403,13 +390,7 @@ impl Engine {
             .map(|(i, ops)| (lock(&self.shards[i]), ops))
             .collect();
         for (shard, ops) in &shards {
-            shard.validate(ops).map_err(|e| match e {
-                // The index in the caller's list, not in the shard's.
-                Error::KeyConflict { table, key, message, op } => {
-                    Error::KeyConflict { table, key, message, op: op.map(|i| origins[shard.id().0 as usize][i]) }
-                }
-                other => other,
-            })?;
+            shard.validate(ops).map_err(|e| origin_of(e, &origins[shard.id().0 as usize]))?;
         }
         let tx = lock(&self.flush_tx).clone();
         let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
@@ -418,6 +399,40 @@ impl Engine {
             shard.apply(ts, ops, &ctx)?;
         }
         Ok(())
+    }
+
+    /// Splits operations by shard; `origins[s][i]` is the index in `ops` of
+    /// shard `s`'s `i`-th operation.
+    pub(crate) fn route(&self, ops: Vec<Op>) -> Result<(Vec<Vec<ShardOp>>, Vec<Vec<usize>>)> {
+        let mut routed: Vec<Vec<ShardOp>> = vec![Vec::new(); self.shards.len()];
+        let mut origins: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
+        let tables = self.tables();
+        for (i, op) in ops.into_iter().enumerate() {
+            let table_of =
+                |t: TableId| tables.get(t.0 as usize).cloned().ok_or_else(|| Error::UnknownTable(t.to_string()));
+            for s in ShardOp::from_op(op, table_of).map_err(|e| match e {
+                Error::Schema { table, column, message } => {
+                    Error::Schema { table, column, message: format!("{message} (operation {i})") }
+                }
+                other => other,
+            })? {
+                let shard = self.shard_of(s.key());
+                routed[shard].push(s);
+                origins[shard].push(i);
+            }
+        }
+        Ok((routed, origins))
+    }
+
+    /// Validates and applies one shard's part of a transaction (shard
+    /// worker threads). The shard is left untouched when validation fails.
+    pub(crate) fn apply_on_shard(&self, shard: usize, ts: Ts, ops: &[ShardOp], origins: &[usize]) -> Result<()> {
+        let mut shard = lock(&self.shards[shard]);
+        shard.validate(ops).map_err(|e| origin_of(e, origins))?;
+        let tx = lock(&self.flush_tx).clone();
+        let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
+        let ctx = ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() };
+        shard.apply(ts, ops, &ctx)
     }
 
     /// The newest version of `key` in `table`, committed or not (the
@@ -655,6 +670,16 @@ impl Engine {
             m.visibility_bytes += vis;
         }
         m
+    }
+}
+
+/// Maps a shard-local operation index in a key conflict to the caller's.
+fn origin_of(e: Error, origins: &[usize]) -> Error {
+    match e {
+        Error::KeyConflict { table, key, message, op } => {
+            Error::KeyConflict { table, key, message, op: op.and_then(|i| origins.get(i).copied()) }
+        }
+        other => other,
     }
 }
 

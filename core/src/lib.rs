@@ -11,6 +11,7 @@ pub mod index;
 pub mod mvcc;
 pub mod schema;
 pub mod visibility;
+pub mod workers;
 
 pub use error::{Error, Result};
 pub use ids::{FileId, RowId, ShardId, TableId, Ts};

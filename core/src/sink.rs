@@ -21,7 +21,7 @@
 //! the catalog's history is skipped, whether it reappears after a restart
 //! or twice in one stream.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::ids::Ts;
 use crate::replay::Op;
 use crate::schema::{Row, TableDef, Value, render_key};
+use crate::workers::{ShardPool, WorkerError};
 
 /// Maps keyed by table and column names, hashed with foldhash (SipHash
 /// showed in replay profiles).
@@ -143,6 +144,23 @@ struct OpenTxn {
     end: Option<End>,
 }
 
+/// A chunk handed to the shard workers, remembered until it is applied so
+/// an error can name its input line.
+struct Chunk {
+    chunk: u64,
+    ts: Ts,
+    txid: String,
+    first: SourcePosition,
+    positions: Vec<SourcePosition>,
+}
+
+/// Jobs gathered before they are handed to the shards as one group.
+const GROUP_JOBS: usize = 2048;
+/// Longest a finished transaction waits for its group (freshness bound).
+const GROUP_LATENCY: Duration = Duration::from_millis(1);
+/// Chunks in flight before the sink waits for the shards (memory bound).
+const MAX_CHUNKS_IN_FLIGHT: usize = 1 << 16;
+
 struct SinkTable {
     def: Arc<TableDef>,
     index_of: FastMap<String, usize>,
@@ -169,6 +187,11 @@ impl SinkTable {
 /// Turns change records into mirror transactions on an engine.
 pub struct Sink {
     engine: Arc<Engine>,
+    pool: ShardPool,
+    chunks: VecDeque<Chunk>,
+    /// The transaction a shard failed on, and its first input line.
+    failed_at: Option<(Ts, SourcePosition)>,
+    last_flush: Instant,
     catalog: Arc<Catalog>,
     input: String,
     config: SinkConfig,
@@ -194,6 +217,10 @@ impl Sink {
         let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
         Ok(Sink {
+            pool: ShardPool::start(Arc::clone(&engine))?,
+            chunks: VecDeque::new(),
+            failed_at: None,
+            last_flush: Instant::now(),
             engine,
             catalog,
             input: input.to_owned(),
@@ -211,6 +238,12 @@ impl Sink {
             since_checkpoint: 0,
             last_checkpoint: Instant::now(),
         })
+    }
+
+    /// Waits until the shards applied (and committed) everything the sink
+    /// handed them; a transaction still streaming in stays uncommitted.
+    pub fn sync(&mut self) -> Result<()> {
+        self.drain()
     }
 
     /// Counters so far.
@@ -413,6 +446,11 @@ impl Sink {
 
     /// End of input: finish what can be finished, fail on what cannot.
     pub fn finish_input(&mut self, end: SourcePosition) -> Result<()> {
+        let finished = self.finish_input_inner(end);
+        finished.and_then(|()| self.drain()).and_then(|()| self.maybe_checkpoint(end, true))
+    }
+
+    fn finish_input_inner(&mut self, end: SourcePosition) -> Result<()> {
         if !self.seen_begin {
             self.release_held()?;
         }
@@ -441,7 +479,7 @@ impl Sink {
                 "records of this transaction arrived but its BEGIN never did",
             ));
         }
-        self.maybe_checkpoint(end, true)
+        Ok(())
     }
 
     fn add_row(&mut self, position: SourcePosition, row: Box<RowChange>) -> Result<()> {
@@ -481,16 +519,53 @@ impl Sink {
         let positions = std::mem::take(&mut open.op_positions);
         self.stats.rows += ops.len() as u64;
         let (first, txid) = (open.first, open.txid.clone());
-        self.engine.apply_at(ts, ops).map_err(|e| match e {
-            Error::KeyConflict { table, key, message, op } => {
-                let at = op.and_then(|i| positions.get(i).copied()).unwrap_or(first);
-                input_error(at, Some(&table), Some(&txid), format!("{message} (key {key})"))
-            }
+        let chunk = self.pool.submit(ts, ops).map_err(|e| match e {
             Error::Schema { table, column, message } => {
                 input_error(first, Some(&table), Some(&txid), format!("column {column}: {message}"))
             }
             other => other,
-        })
+        })?;
+        self.chunks.push_back(Chunk { chunk, ts, txid, first, positions });
+        if self.chunks.len() > MAX_CHUNKS_IN_FLIGHT {
+            self.drain()?;
+        }
+        self.check_workers()
+    }
+
+    /// Fails with the workers' first error, if any, naming its input line.
+    fn check_workers(&mut self) -> Result<()> {
+        match self.pool.take_error() {
+            Some(e) => Err(self.worker_error(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the shard workers to apply and commit everything handed
+    /// to them (before reading rows back, changing schemas, checkpoints).
+    fn drain(&mut self) -> Result<()> {
+        match self.pool.drain() {
+            Ok(()) => {
+                self.chunks.clear();
+                Ok(())
+            }
+            Err(e) => Err(self.worker_error(e)),
+        }
+    }
+
+    fn worker_error(&mut self, e: WorkerError) -> Error {
+        let Some(c) = self.chunks.iter().find(|c| c.chunk == e.chunk) else { return e.error };
+        // Nothing from this transaction on is committed: a checkpoint taken
+        // now must resume at its first line and leave out later history.
+        self.failed_at = Some((c.ts, c.first));
+        let (ts, txid, first) = (c.ts, c.txid.clone(), c.first);
+        self.history.retain(|h| h.ts < ts);
+        match e.error {
+            Error::KeyConflict { table, key, message, op } => {
+                let at = op.and_then(|i| c.positions.get(i).copied()).unwrap_or(first);
+                input_error(at, Some(&table), Some(&txid), format!("{message} (key {key})"))
+            }
+            other => other,
+        }
     }
 
     fn finish(&mut self, mut open: OpenTxn) -> Result<()> {
@@ -502,7 +577,12 @@ impl Sink {
         self.apply_chunk()?;
         open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if let Some(ts) = open.ts {
-            self.engine.commit(ts)?;
+            self.pool.commit(ts)?;
+            // Group commit: hand work to the shards in groups, not per transaction.
+            if self.pool.pending_jobs() >= GROUP_JOBS || self.last_flush.elapsed() >= GROUP_LATENCY {
+                self.pool.flush();
+                self.last_flush = Instant::now();
+            }
             self.history.push(HistoryEntry {
                 ts,
                 source_txid: open.identity.clone(),
@@ -526,9 +606,15 @@ impl Sink {
         if !force && !due {
             return Ok(());
         }
+        // Everything handed to the shards is applied and committed first;
+        // after a failure the image stops before the failing transaction.
+        let drained = self.drain();
         let mut resume = next;
         if let Some(o) = &self.open {
             resume = resume.min(o.first);
+        }
+        if let Some((_, first)) = self.failed_at {
+            resume = resume.min(first);
         }
         for rows in self.held.values() {
             if let Some((p, _)) = rows.first() {
@@ -536,6 +622,9 @@ impl Sink {
             }
         }
         let manifest = self.engine.write_checkpoint()?;
+        if self.failed_at.is_none() {
+            drained?;
+        }
         self.catalog.commit_checkpoint(&manifest, &self.input, resume, &self.history, &self.operations)?;
         self.history.clear();
         self.operations.clear();
@@ -626,6 +715,7 @@ impl Sink {
         }
         // Operations built with the old schema go in first.
         self.apply_chunk()?;
+        self.drain()?;
         let t = &self.tables[&r.table];
         let mut fields: Vec<Field> =
             t.def.schema.fields().iter().filter(|f| !gone.contains(f.name())).map(|f| f.as_ref().clone()).collect();
@@ -708,6 +798,7 @@ impl Sink {
                     // previous version may be in this transaction's pending chunk.
                     let def = Arc::clone(&t.def);
                     self.apply_chunk()?;
+                    self.drain()?;
                     let prev = self.engine.latest_row(&def, &key)?.ok_or_else(|| {
                         err(format!(
                             "update of key {} keeps unchanged values, but the key has no row",

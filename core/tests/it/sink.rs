@@ -163,10 +163,12 @@ fn a_big_transaction_streams_in_chunks_and_stays_invisible_until_its_end() {
         let pos = SourcePosition { line: i as u64 + 1, offset: i as u64 };
         sink.push(decode_line(l, pos, InputFormat::Auto).unwrap(), pos, pos).unwrap();
     }
+    sink.sync().unwrap();
     assert!(sink.stats().rows > 150, "chunks were applied: {:?}", sink.stats());
     assert!(visible(&lake.engine).values().all(Vec::is_empty), "nothing of an unfinished transaction is visible");
     let pos = SourcePosition { line: end as u64 + 1, offset: end as u64 };
     sink.push(decode_line(&all[end], pos, InputFormat::Auto).unwrap(), pos, pos).unwrap();
+    sink.sync().unwrap();
     let after = visible(&lake.engine);
     assert_eq!(after["public.pgbench_accounts"].len(), 200);
     assert_eq!(after["public.pgbench_tellers"].len(), 10);
