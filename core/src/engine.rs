@@ -403,7 +403,7 @@ impl Engine {
 
     /// Splits operations by shard; `origins[s][i]` is the index in `ops` of
     /// shard `s`'s `i`-th operation.
-    pub(crate) fn route(&self, ops: Vec<Op>) -> Result<(Vec<Vec<ShardOp>>, Vec<Vec<usize>>)> {
+    pub(crate) fn route(&self, ops: Vec<Op>) -> Result<Routed> {
         let mut routed: Vec<Vec<ShardOp>> = vec![Vec::new(); self.shards.len()];
         let mut origins: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
         let tables = self.tables();
@@ -672,6 +672,9 @@ impl Engine {
         m
     }
 }
+
+/// Operations split by shard, with their indices in the caller's list.
+pub(crate) type Routed = (Vec<Vec<ShardOp>>, Vec<Vec<usize>>);
 
 /// Maps a shard-local operation index in a key conflict to the caller's.
 fn origin_of(e: Error, origins: &[usize]) -> Error {
