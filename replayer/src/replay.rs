@@ -75,15 +75,29 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;
     let began = Instant::now();
     let mut last_progress = Instant::now();
-    // A reader thread decodes batches of lines while this thread applies
-    // them: on two cores the two halves of the work overlap.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<DecodedBatch>(16);
+    // A reader thread hands batches of lines round-robin to decoder
+    // threads; this thread takes the decoded batches back in the same order
+    // and applies them, so reading, decoding and applying overlap.
     let format = args.format;
-    let reader =
-        std::thread::Builder::new().name("fovea-decode".into()).spawn(move || decode_loop(source, format, tx))?;
+    let mut workers = Vec::new();
+    let mut to_decoders = Vec::new();
+    let mut from_decoders = Vec::new();
+    for i in 0..DECODERS {
+        let (line_tx, line_rx) = std::sync::mpsc::sync_channel::<LineBatch>(8);
+        let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<DecodedBatch>(8);
+        to_decoders.push(line_tx);
+        from_decoders.push(done_rx);
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("fovea-decode-{i}"))
+                .spawn(move || decode_loop(line_rx, format, done_tx))?,
+        );
+    }
+    let reader = std::thread::Builder::new().name("fovea-read".into()).spawn(move || read_loop(source, to_decoders))?;
     let mut resume = start;
     let result = (|| -> fovea_core::Result<()> {
-        for batch in rx {
+        for i in 0.. {
+            let Ok(batch) = from_decoders[i % DECODERS].recv() else { break };
             for (pos, next, record) in batch.records {
                 resume = next;
                 sink.push(record?, pos, next)?;
@@ -107,8 +121,12 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         }
         Err(fovea_core::Error::Invariant("the decode thread stopped without an end".into()))
     })();
-    // Dropping the receiver (on error) stops the reader at its next send.
+    // Dropping the receivers (on error) stops the threads at their next send.
+    drop(from_decoders);
     let _ = reader.join();
+    for w in workers {
+        let _ = w.join();
+    }
     if args.progress {
         eprintln!();
     }
@@ -124,6 +142,19 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     Ok(ReplaySummary { stats: sink.stats(), elapsed: began.elapsed() })
 }
 
+/// Threads decoding lines (besides the reader and the applying thread).
+const DECODERS: usize = 2;
+/// Lines per batch handed between threads.
+const BATCH_LINES: usize = 512;
+
+/// Raw lines with their positions; `end` is set on the last batch, or
+/// `error` when reading failed.
+struct LineBatch {
+    lines: Vec<(SourcePosition, SourcePosition, String)>,
+    end: Option<SourcePosition>,
+    error: Option<fovea_core::Error>,
+}
+
 /// Decoded records with their position and the position after them;
 /// `end` is set on the last batch (the position at the end of input).
 struct DecodedBatch {
@@ -131,35 +162,44 @@ struct DecodedBatch {
     end: Option<SourcePosition>,
 }
 
-fn decode_loop(mut source: LineSource, format: InputFormat, tx: std::sync::mpsc::SyncSender<DecodedBatch>) {
-    const BATCH: usize = 512;
-    let mut line = String::new();
-    loop {
-        let mut records = Vec::with_capacity(BATCH);
-        while records.len() < BATCH {
-            match source.next_line(&mut line) {
-                Ok(Some(pos)) => {
-                    let record = decode_line(&line, pos, format);
-                    let failed = record.is_err();
-                    records.push((pos, source.position(), record));
-                    if failed {
-                        let _ = tx.send(DecodedBatch { records, end: None });
-                        return;
-                    }
-                }
-                Ok(None) => {
-                    let _ = tx.send(DecodedBatch { records, end: Some(source.position()) });
-                    return;
-                }
-                Err(e) => {
-                    let pos = source.position();
-                    records.push((pos, pos, Err(e)));
-                    let _ = tx.send(DecodedBatch { records, end: None });
-                    return;
-                }
+fn read_loop(mut source: LineSource, to: Vec<std::sync::mpsc::SyncSender<LineBatch>>) {
+    for i in 0.. {
+        let mut lines = Vec::with_capacity(BATCH_LINES);
+        let mut line = String::new();
+        let (end, error) = loop {
+            if lines.len() == BATCH_LINES {
+                break (None, None);
             }
+            match source.next_line(&mut line) {
+                Ok(Some(pos)) => lines.push((pos, source.position(), std::mem::take(&mut line))),
+                Ok(None) => break (Some(source.position()), None),
+                Err(e) => break (None, Some(e)),
+            }
+        };
+        let last = end.is_some() || error.is_some();
+        if to[i % to.len()].send(LineBatch { lines, end, error }).is_err() || last {
+            return;
         }
-        if tx.send(DecodedBatch { records, end: None }).is_err() {
+    }
+}
+
+fn decode_loop(
+    from: std::sync::mpsc::Receiver<LineBatch>,
+    format: InputFormat,
+    to: std::sync::mpsc::SyncSender<DecodedBatch>,
+) {
+    for batch in from {
+        let mut records: Vec<_> =
+            batch.lines.iter().map(|(pos, next, line)| (*pos, *next, decode_line(line, *pos, format))).collect();
+        // Nothing after a decoding error is applied: the sink stops there.
+        if let Some(i) = records.iter().position(|r| r.2.is_err()) {
+            records.truncate(i + 1);
+        }
+        if let Some(e) = batch.error {
+            let pos = records.last().map_or_else(SourcePosition::default, |r| r.1);
+            records.push((pos, pos, Err(e)));
+        }
+        if to.send(DecodedBatch { records, end: batch.end }).is_err() {
             return;
         }
     }
