@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod query;
 mod replay;
 mod workload;
 
@@ -78,6 +79,32 @@ enum Command {
         /// Output format (csv).
         #[arg(long, default_value = "csv")]
         format: String,
+    },
+    /// Run SQL against the lake's live tables (one snapshot for the whole query).
+    Sql {
+        /// Lake directory.
+        #[arg(long)]
+        lake: PathBuf,
+        /// Mirror timestamp to read at (time travel; default: the newest).
+        #[arg(long)]
+        as_of: Option<u64>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: query::OutputFormat,
+        /// The SQL statement.
+        sql: String,
+    },
+    /// Replayed source transactions and catalog operations, newest first.
+    History {
+        /// Lake directory.
+        #[arg(long)]
+        lake: PathBuf,
+        /// Only transactions touching this table.
+        #[arg(long)]
+        table: Option<String>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
     },
     /// Write a synthetic Debezium stream (Kafka-style lines with BEGIN/END).
     Gen {
@@ -168,6 +195,16 @@ fn main() -> ExitCode {
                     Ok(())
                 })
             }
+        }
+        Command::Sql { lake, as_of, format, sql } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            query::sql(&lake, as_of, format, &sql, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+        }
+        Command::History { lake, table, limit } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            query::history(&lake, table.as_deref(), limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
         Command::Gen { workload, txns, seed, output } => {
             let result = match output {

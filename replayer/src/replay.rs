@@ -237,7 +237,7 @@ pub fn export(lake: &Path, table: &str, as_of: Option<u64>, out: &mut dyn Write)
 }
 
 /// PostgreSQL CSV quoting: NULL is an empty field, an empty string is `""`.
-fn csv_field(v: Option<&str>) -> String {
+pub fn csv_field(v: Option<&str>) -> String {
     match v {
         None => String::new(),
         Some("") => "\"\"".into(),

@@ -284,3 +284,41 @@ fn export_of_an_unknown_table_or_lake_is_a_clear_error() {
     let out = fovea().args(["export", "--table", "public.nope", "--lake"]).arg(dir.path()).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown table public.nope"));
 }
+
+#[test]
+fn sql_and_history_on_the_replayed_lake() {
+    let dir = tempfile::tempdir().unwrap();
+    ok(replay(dir.path(), &data().join("debezium_events.precise_schemas.jsonl.gz"), &[]));
+    let counts = std::fs::read_to_string(data().join("final_tables/row_counts.txt")).unwrap();
+    for line in counts.lines() {
+        let (table, n) = line.split_once(' ').unwrap();
+        let out = ok(fovea()
+            .args(["sql", "--format", "csv", "--lake"])
+            .arg(dir.path())
+            .arg(format!("SELECT count(*) AS n FROM {table}"))
+            .output()
+            .unwrap());
+        assert_eq!(out, format!("n\n{n}\n"), "{table}");
+    }
+    // A join and an aggregate with decimals, against PostgreSQL's final numbers.
+    let out = ok(fovea()
+        .args(["sql", "--format", "csv", "--lake"])
+        .arg(dir.path())
+        .arg("SELECT w.w_id, sum(d.d_ytd) AS ytd FROM tpcc.warehouse w JOIN tpcc.district d ON d.d_w_id = w.w_id GROUP BY w.w_id")
+        .output()
+        .unwrap());
+    let districts = parse_csv(&expected("tpcc.district"));
+    let col = districts[0].iter().position(|c| c.as_deref() == Some("d_ytd")).unwrap();
+    let total: i128 = districts[1..].iter().map(|r| parse_decimal(r[col].as_deref().unwrap(), 2).unwrap()).sum();
+    let got = parse_csv(&out);
+    assert_eq!(parse_decimal(got[1][1].as_deref().unwrap(), 2).unwrap(), total, "{out}");
+    let err = fovea().args(["sql", "--as-of", "1", "--lake"]).arg(dir.path()).arg("SELECT 1").output().unwrap();
+    assert!(!err.status.success());
+    assert!(
+        String::from_utf8_lossy(&err.stderr).contains("oldest available ts"),
+        "{}",
+        String::from_utf8_lossy(&err.stderr)
+    );
+    let history = ok(fovea().args(["history", "--limit", "5", "--lake"]).arg(dir.path()).output().unwrap());
+    assert!(history.contains("31311") && history.contains("catalog operations"), "{history}");
+}

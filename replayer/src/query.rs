@@ -1,0 +1,135 @@
+//! `fovea sql` and `fovea history`.
+
+use std::io::Write;
+use std::path::Path;
+
+use arrow::record_batch::RecordBatch;
+use fovea_core::catalog::{OpenMode, open_lake};
+use fovea_core::cdc::types::format_value;
+use fovea_core::schema::rows_from_batch;
+use fovea_core::{EngineConfig, Ts, Value};
+
+use crate::replay::{CliResult, csv_field};
+
+/// Output format of `fovea sql`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned table.
+    Table,
+    /// CSV with a header (NULL as an empty field).
+    Csv,
+    /// One JSON object per row.
+    Json,
+}
+
+fn open_read(lake: &Path) -> CliResult<fovea_core::catalog::OpenLake> {
+    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
+        return Err(
+            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
+        );
+    }
+    Ok(open_lake(lake, EngineConfig::default(), OpenMode::Read)?)
+}
+
+/// Runs one SQL statement against the lake at its newest (or a past) snapshot.
+pub fn sql(lake: &Path, as_of: Option<u64>, format: OutputFormat, text: &str, out: &mut dyn Write) -> CliResult<()> {
+    let lake = open_read(lake)?;
+    let engine = lake.engine;
+    let snapshot = match as_of {
+        Some(ts) => engine.snapshot_at(Ts(ts))?,
+        None => engine.snapshot(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let batches = runtime.block_on(fovea_sql::query(&engine, &snapshot, text))?;
+    write_batches(&batches, format, out)
+}
+
+fn write_batches(batches: &[RecordBatch], format: OutputFormat, out: &mut dyn Write) -> CliResult<()> {
+    match format {
+        OutputFormat::Table => writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(batches)?)?,
+        OutputFormat::Csv | OutputFormat::Json => {
+            let Some(first) = batches.first() else { return Ok(()) };
+            let schema = first.schema();
+            let types: Vec<_> = schema.fields().iter().map(|f| f.data_type().clone()).collect();
+            if format == OutputFormat::Csv {
+                let names: Vec<String> = schema.fields().iter().map(|f| csv_field(Some(f.name()))).collect();
+                writeln!(out, "{}", names.join(","))?;
+            }
+            for b in batches {
+                for row in rows_from_batch(b)? {
+                    match format {
+                        OutputFormat::Csv => {
+                            let fields: Vec<String> =
+                                row.iter().zip(&types).map(|(v, t)| csv_field(format_value(v, t).as_deref())).collect();
+                            writeln!(out, "{}", fields.join(","))?;
+                        }
+                        _ => {
+                            let obj: serde_json::Map<String, serde_json::Value> = schema
+                                .fields()
+                                .iter()
+                                .zip(row.iter().zip(&types))
+                                .map(|(f, (v, t))| {
+                                    let j = match v {
+                                        Value::Null => serde_json::Value::Null,
+                                        Value::Bool(b) => (*b).into(),
+                                        Value::Int(i) if t.is_integer() => (*i).into(),
+                                        Value::Float(x) => {
+                                            serde_json::Number::from_f64(*x).map_or(serde_json::Value::Null, Into::into)
+                                        }
+                                        other => format_value(other, t).map_or(serde_json::Value::Null, Into::into),
+                                    };
+                                    (f.name().clone(), j)
+                                })
+                                .collect();
+                            writeln!(out, "{}", serde_json::Value::Object(obj))?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Replayed source transactions and catalog operations, newest first.
+pub fn history(lake: &Path, table: Option<&str>, limit: usize, out: &mut dyn Write) -> CliResult<()> {
+    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
+        return Err(
+            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
+        );
+    }
+    let catalog =
+        fovea_core::catalog::Catalog::open(&lake.join(fovea_core::engine::METADATA_DIR).join("catalog.sqlite"))?;
+    writeln!(
+        out,
+        "{:>10}  {:<22}  {:<26}  {:>8}  {:>10}  tables",
+        "mirror ts", "source txn", "source commit (UTC)", "rows", "latency"
+    )?;
+    for h in catalog.history(table, limit)? {
+        let commit = h.commit_us.map_or_else(|| "-".to_owned(), fovea_core::cdc::types::format_timestamp);
+        let latency =
+            h.commit_us.map_or_else(|| "-".to_owned(), |c| format!("{:.1} ms", (h.replayed_us - c) as f64 / 1e3));
+        let tables: Vec<String> = h.tables.iter().map(|(t, n)| format!("{t}:{n}")).collect();
+        writeln!(
+            out,
+            "{:>10}  {:<22}  {:<26}  {:>8}  {:>10}  {}",
+            h.ts.get(),
+            h.source_txid,
+            commit,
+            h.rows,
+            latency,
+            tables.join(" ")
+        )?;
+    }
+    let ops = catalog.operations(limit)?;
+    if !ops.is_empty() {
+        writeln!(out, "\ncatalog operations:")?;
+        for (version, op) in ops {
+            if table.is_some_and(|t| !op.description.ends_with(t)) {
+                continue;
+            }
+            writeln!(out, "  v{version:<6} ts {:<10} {}  {}", op.ts.get(), op.description, op.actions)?;
+        }
+    }
+    Ok(())
+}

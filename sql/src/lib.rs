@@ -1,0 +1,178 @@
+//! SQL over fovea tables with DataFusion.
+//!
+//! ```text
+//!  query ─▶ one Snapshot (qts = HWM − 1, or AS OF) ─▶ SessionContext with a
+//!           FoveaTable per table, all holding that snapshot
+//!        ─▶ DataFusion plans; FoveaTable::scan pushes projection and simple
+//!           comparisons into the VFoR scan (row groups pruned on user-column
+//!           and _fovea_create_ts statistics), DataFusion re-checks filters
+//! ```
+//!
+//! The snapshot lives as long as the session: LWM cannot pass it while the
+//! query runs, whatever replay and GC do meanwhile.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use datafusion::catalog::{MemorySchemaProvider, Session};
+use datafusion::common::{DataFusionError, ScalarValue, TableReference};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+use fovea_core::scan::{CmpOp, Predicate};
+use fovea_core::{Engine, ScanOptions, Snapshot, TableDef, Value};
+
+/// A fovea table as DataFusion sees it, at one snapshot.
+pub struct FoveaTable {
+    engine: Arc<Engine>,
+    def: Arc<TableDef>,
+    snapshot: Snapshot,
+}
+
+impl std::fmt::Debug for FoveaTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FoveaTable").field("table", &self.def.name).field("snapshot", &self.snapshot).finish()
+    }
+}
+
+impl FoveaTable {
+    /// `def` of `engine` at `snapshot`.
+    pub fn new(engine: Arc<Engine>, def: Arc<TableDef>, snapshot: Snapshot) -> Self {
+        FoveaTable { engine, def, snapshot }
+    }
+
+    /// A filter expression as a fovea predicate, when it has that shape.
+    fn predicate(&self, e: &Expr) -> Option<Predicate> {
+        match e {
+            Expr::BinaryExpr(BinaryExpr { left, op: Operator::And, right }) => {
+                Some(Predicate::And(vec![self.predicate(left)?, self.predicate(right)?]))
+            }
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                let (column, literal, op) = match (left.as_ref(), right.as_ref()) {
+                    (Expr::Column(c), Expr::Literal(v, _)) => (c, v, *op),
+                    (Expr::Literal(v, _), Expr::Column(c)) => (c, v, op.swap()?),
+                    _ => return None,
+                };
+                let op = match op {
+                    Operator::Eq => CmpOp::Eq,
+                    Operator::NotEq => CmpOp::NotEq,
+                    Operator::Lt => CmpOp::Lt,
+                    Operator::LtEq => CmpOp::LtEq,
+                    Operator::Gt => CmpOp::Gt,
+                    Operator::GtEq => CmpOp::GtEq,
+                    _ => return None,
+                };
+                let index = self.def.schema.index_of(&column.name).ok()?;
+                let value = literal_value(literal, self.def.schema.field(index).data_type())?;
+                Some(Predicate::Compare { column: index, op, value })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A literal as a fovea value of a column of type `t`, when exact.
+fn literal_value(v: &ScalarValue, t: &arrow::datatypes::DataType) -> Option<Value> {
+    use arrow::datatypes::DataType as T;
+    Some(match (v, t) {
+        (ScalarValue::Int8(Some(x)), _) => Value::Int((*x).into()),
+        (ScalarValue::Int16(Some(x)), _) => Value::Int((*x).into()),
+        (ScalarValue::Int32(Some(x)), _) => Value::Int((*x).into()),
+        (ScalarValue::Int64(Some(x)), _) => Value::Int(*x),
+        (ScalarValue::UInt8(Some(x)), _) => Value::Int((*x).into()),
+        (ScalarValue::UInt16(Some(x)), _) => Value::Int((*x).into()),
+        (ScalarValue::UInt32(Some(x)), _) => Value::Int((*x).into()),
+        (ScalarValue::Float64(Some(x)), T::Float64 | T::Float32) => Value::Float(*x),
+        (ScalarValue::Boolean(Some(x)), T::Boolean) => Value::Bool(*x),
+        (ScalarValue::Utf8(Some(x)) | ScalarValue::LargeUtf8(Some(x)), T::Utf8) => Value::Utf8(x.clone()),
+        (ScalarValue::Decimal128(Some(x), _, s), T::Decimal128(_, cs)) if s == cs => Value::Decimal(*x),
+        (ScalarValue::Date32(Some(x)), T::Date32) => Value::Int((*x).into()),
+        (ScalarValue::TimestampMicrosecond(Some(x), _), T::Timestamp(_, _)) => Value::Int(*x),
+        _ => return None,
+    })
+    .filter(|v| !matches!(v, Value::Int(_)) || t.is_integer() || matches!(t, T::Date32 | T::Timestamp(_, _)))
+}
+
+#[async_trait]
+impl TableProvider for FoveaTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.def.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> datafusion::common::Result<Vec<TableProviderFilterPushDown>> {
+        // Inexact: fovea prunes and filters, DataFusion checks again (NULL
+        // semantics and types stay DataFusion's).
+        Ok(filters
+            .iter()
+            .map(|f| match self.predicate(f) {
+                Some(_) => TableProviderFilterPushDown::Inexact,
+                None => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let predicates: Vec<Predicate> = filters.iter().filter_map(|f| self.predicate(f)).collect();
+        let filter = match predicates.len() {
+            0 => None,
+            1 => predicates.into_iter().next(),
+            _ => Some(Predicate::And(predicates)),
+        };
+        let options = ScanOptions { projection: projection.cloned(), filter, ..ScanOptions::default() };
+        let (engine, snapshot, name) = (Arc::clone(&self.engine), self.snapshot.clone(), self.def.name.clone());
+        // The scan reads files synchronously: keep it off the async workers.
+        let (schema, batches) =
+            tokio::task::spawn_blocking(move || -> fovea_core::Result<(SchemaRef, Vec<RecordBatch>)> {
+                let scan = engine.scan(&snapshot, &name, options)?;
+                let schema = scan.schema();
+                Ok((schema, scan.collect_batches()?))
+            })
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(MemorySourceConfig::try_new_exec(&[batches], schema, None)?)
+    }
+}
+
+/// A DataFusion session where every fovea table is registered under its
+/// qualified name (`schema.table`), all at `snapshot`.
+pub fn session(engine: &Arc<Engine>, snapshot: &Snapshot) -> datafusion::common::Result<SessionContext> {
+    let ctx = SessionContext::new();
+    let catalog = ctx.catalog("datafusion").ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
+    for def in engine.tables() {
+        let (schema, table) = def.name.split_once('.').unwrap_or(("public", def.name.as_str()));
+        if catalog.schema(schema).is_none() {
+            catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
+        }
+        let provider = FoveaTable::new(Arc::clone(engine), Arc::clone(&def), snapshot.clone());
+        ctx.register_table(TableReference::partial(schema, table), Arc::new(provider))?;
+    }
+    Ok(ctx)
+}
+
+/// Runs `sql` at `snapshot` and returns the result batches.
+pub async fn query(
+    engine: &Arc<Engine>,
+    snapshot: &Snapshot,
+    sql: &str,
+) -> datafusion::common::Result<Vec<RecordBatch>> {
+    let ctx = session(engine, snapshot)?;
+    ctx.sql(sql).await?.collect().await
+}
