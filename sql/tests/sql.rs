@@ -73,3 +73,80 @@ async fn pushed_down_filters_give_the_same_answers() {
         "{text}"
     );
 }
+
+/// Snapshot isolation under load: transfers between two tables replayed
+/// while reader threads query the total across both; every answer equals
+/// the invariant. `FOVEA_SI_QUERIES` sets how many answers to collect.
+#[test]
+fn snapshot_isolation_under_concurrent_replay() {
+    let target: usize = std::env::var("FOVEA_SI_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(256, 4)).unwrap();
+    bank(&engine);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let answers = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i: i64 = 0;
+            while answers.load(std::sync::atomic::Ordering::Relaxed) < target {
+                let (from, to) = (i % 100, (i * 7 + 3) % 100);
+                let (ta, tb) = if i % 2 == 0 { (TableId(0), TableId(1)) } else { (TableId(1), TableId(0)) };
+                let bal = |t: TableId, k: i64| {
+                    let snap = engine.snapshot();
+                    let name = if t == TableId(0) { "bank.a" } else { "bank.b" };
+                    let rows = engine
+                        .scan(
+                            &snap,
+                            name,
+                            fovea_core::ScanOptions {
+                                filter: Some(fovea_core::scan::Predicate::Compare {
+                                    column: 0,
+                                    op: fovea_core::scan::CmpOp::Eq,
+                                    value: Value::Int(k),
+                                }),
+                                ..Default::default()
+                            },
+                        )
+                        .unwrap()
+                        .collect_batches()
+                        .unwrap();
+                    rows[0].column(1).as_any().downcast_ref::<Int64Array>().unwrap().value(0)
+                };
+                let (a, b) = (bal(ta, from), bal(tb, to));
+                engine
+                    .apply(vec![
+                        Op::Update {
+                            table: ta,
+                            key: vec![Value::Int(from)],
+                            row: vec![Value::Int(from), Value::Int(a - 1)],
+                        },
+                        Op::Update {
+                            table: tb,
+                            key: vec![Value::Int(to)],
+                            row: vec![Value::Int(to), Value::Int(b + 1)],
+                        },
+                    ])
+                    .unwrap();
+                if i % 50 == 0 {
+                    engine.gc().unwrap();
+                    engine.flush().unwrap();
+                    engine.combine().unwrap();
+                }
+                i += 1;
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        for _ in 0..3 {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    let snap = engine.snapshot();
+                    let sql = "SELECT (SELECT sum(bal) FROM bank.a) + (SELECT sum(bal) FROM bank.b)";
+                    let got = rt.block_on(fovea_sql::query(&engine, &snap, sql)).unwrap();
+                    assert_eq!(scalar(&got), 20_000, "total at qts {:?}", snap.qts());
+                    answers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert!(answers.into_inner() >= target);
+}
