@@ -390,3 +390,33 @@ pub fn replay(workload: crate::workload::Workload, txns: u64, json_out: bool) ->
     }
     Ok(())
 }
+
+/// `fovea bench freshness`: the demo's replay and query loop, measured.
+pub fn freshness(rate: u64, seconds: u64, json_out: bool) -> crate::replay::CliResult<()> {
+    let dir = std::env::temp_dir().join(format!("fovea-bench-freshness-{}", std::process::id()));
+    let options = crate::demo::DemoOptions { lake: dir.clone(), seconds, rate, quiet: json_out };
+    let r = crate::demo::measure(&options)?;
+    std::fs::remove_dir_all(&dir)?;
+    let result = json!({
+        "rate": rate,
+        "seconds": (r.seconds * 100.0).round() / 100.0,
+        "rows_per_s": (r.rows as f64 / r.seconds).round(),
+        "freshness_p50_ms": (r.freshness_p50_ms * 1000.0).round() / 1000.0,
+        "freshness_p99_ms": (r.freshness_p99_ms * 1000.0).round() / 1000.0,
+        "queries": r.queries,
+        "query_p50_ms": (r.query_p50_ms * 1000.0).round() / 1000.0,
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+    });
+    if json_out {
+        println!("{result}");
+    } else {
+        println!(
+            "{:.0} rows/s replayed (target {rate}); freshness P50 {:.2} ms, P99 {:.2} ms over {} queries",
+            r.rows as f64 / r.seconds,
+            r.freshness_p50_ms,
+            r.freshness_p99_ms,
+            r.queries
+        );
+    }
+    Ok(())
+}

@@ -29,6 +29,36 @@ pub struct DemoOptions {
     pub seconds: u64,
     /// Target changed rows per second.
     pub rate: u64,
+    /// No progress line.
+    pub quiet: bool,
+}
+
+/// What a demo run measured.
+pub struct DemoReport {
+    /// Rows replayed.
+    pub rows: u64,
+    /// Wall time of the replay.
+    pub seconds: f64,
+    /// Consistent query answers.
+    pub queries: usize,
+    /// Freshness P50, ms.
+    pub freshness_p50_ms: f64,
+    /// Freshness P99, ms.
+    pub freshness_p99_ms: f64,
+    /// Query latency P50 with VFoR, ms.
+    pub query_p50_ms: f64,
+    /// The same query with visibility off, P50, ms.
+    pub query_off_p50_ms: f64,
+    /// Visibility memory per tuple.
+    pub visibility_bits_per_tuple: f64,
+    /// Tuples stored.
+    pub tuples: usize,
+    /// Index bytes.
+    pub index_bytes: usize,
+    /// Buffer bytes.
+    pub buffer_bytes: usize,
+    /// The plot.
+    pub plot: PathBuf,
 }
 
 const ACCOUNTS: i64 = 10_000;
@@ -69,6 +99,38 @@ struct QuerySample {
 
 /// Runs the demo and prints its report.
 pub fn run(o: &DemoOptions) -> DemoResult<()> {
+    let r = measure(o)?;
+    println!("\n== fovea demo report ==");
+    println!(
+        "replayed            {} rows in {:.1} s = {:.0} rows/s (target {})",
+        r.rows,
+        r.seconds,
+        r.rows as f64 / r.seconds,
+        o.rate
+    );
+    println!("queries             {} consistent snapshots (total balance checked on each)", r.queries);
+    println!("freshness           P50 {:.2} ms, P99 {:.2} ms", r.freshness_p50_ms, r.freshness_p99_ms);
+    println!(
+        "query latency       live (VFoR) P50 {:.2} ms vs visibility off P50 {:.2} ms",
+        r.query_p50_ms, r.query_off_p50_ms
+    );
+    println!(
+        "memory              visibility {:.3} bits/tuple ({} tuples), index {} KiB, buffers {} KiB",
+        r.visibility_bits_per_tuple,
+        r.tuples,
+        r.index_bytes / 1024,
+        r.buffer_bytes / 1024
+    );
+    println!("plot                {}", r.plot.display());
+    println!(
+        "query it            fovea sql --lake {} \"SELECT count(*), sum(balance) FROM hybench.account\"",
+        o.lake.display()
+    );
+    Ok(())
+}
+
+/// Runs the demo and returns what it measured.
+pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     prepare_lake(&o.lake)?;
     let engine = Engine::open_dir(&o.lake, EngineConfig::default())?;
     let account = engine.create_table(
@@ -97,13 +159,15 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
     engine.apply(
         (0..ACCOUNTS).map(|k| Op::Insert { table: account.id, row: account_row(k, INITIAL_BALANCE, t0) }).collect(),
     )?;
-    println!(
-        "fovea demo: lake {}, {} s at {} rows/s, {} shards; {ACCOUNTS} accounts loaded",
-        o.lake.display(),
-        o.seconds,
-        o.rate,
-        engine.config().shards
-    );
+    if !o.quiet {
+        println!(
+            "fovea demo: lake {}, {} s at {} rows/s, {} shards; {ACCOUNTS} accounts loaded",
+            o.lake.display(),
+            o.seconds,
+            o.rate,
+            engine.config().shards
+        );
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(Mutex::new(Vec::<QuerySample>::new()));
@@ -225,7 +289,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
                 {
                     std::thread::sleep(ahead);
                 }
-                if last_report.elapsed() >= Duration::from_secs(1) {
+                if !o.quiet && last_report.elapsed() >= Duration::from_secs(1) {
                     last_report = Instant::now();
                     let fresh =
                         samples.lock().unwrap_or_else(|p| p.into_inner()).last().map_or(0.0, |q| q.freshness_ms);
@@ -244,7 +308,9 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
         stop.store(true, Ordering::Release);
         result
     })?;
-    eprintln!();
+    if !o.quiet {
+        eprintln!();
+    }
     if let Some(f) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(f.into());
     }
@@ -259,34 +325,22 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
     let mut live: Vec<f64> = samples.iter().map(|q| q.latency_ms).collect();
     let mut off = off_latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mem = engine.memory();
-    println!("\n== fovea demo report ==");
-    println!(
-        "replayed            {rows} rows in {elapsed:.1} s = {:.0} rows/s (target {})",
-        rows as f64 / elapsed,
-        o.rate
-    );
-    println!("queries             {} consistent snapshots (total balance checked on each)", samples.len());
-    println!(
-        "freshness           P50 {:.2} ms, P99 {:.2} ms",
-        percentile(&mut fresh, 0.5),
-        percentile(&mut fresh, 0.99)
-    );
-    println!(
-        "query latency       live (VFoR) P50 {:.2} ms vs visibility off P50 {:.2} ms",
-        percentile(&mut live, 0.5),
-        percentile(&mut off, 0.5)
-    );
-    println!(
-        "memory              visibility {:.3} bits/tuple ({} tuples), index {} KiB, buffers {} KiB",
-        mem.visibility_bits_per_tuple(),
-        mem.tuples,
-        mem.index_bytes / 1024,
-        mem.buffer_bytes / 1024
-    );
     let plot = o.lake.join("demo.svg");
     std::fs::write(&plot, svg_plot(&samples, elapsed))?;
-    println!("plot                {}", plot.display());
-    Ok(())
+    Ok(DemoReport {
+        rows,
+        seconds: elapsed,
+        queries: samples.len(),
+        freshness_p50_ms: percentile(&mut fresh, 0.5),
+        freshness_p99_ms: percentile(&mut fresh, 0.99),
+        query_p50_ms: percentile(&mut live, 0.5),
+        query_off_p50_ms: percentile(&mut off, 0.5),
+        visibility_bits_per_tuple: mem.visibility_bits_per_tuple(),
+        tuples: mem.tuples,
+        index_bytes: mem.index_bytes,
+        buffer_bytes: mem.buffer_bytes,
+        plot,
+    })
 }
 
 fn account_row(k: i64, balance: i128, fresh: i64) -> Vec<Value> {

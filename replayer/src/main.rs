@@ -139,6 +139,19 @@ enum BenchCommand {
         #[arg(long)]
         quick: bool,
     },
+    /// Freshness (HyBench method: query start − newest visible fresh_ts)
+    /// with a query loop running, replaying at a fixed rate.
+    Freshness {
+        /// Target replay rate, rows per second.
+        #[arg(long, default_value_t = 100_000)]
+        rate: u64,
+        /// Duration.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// End-to-end replay throughput: generate a stream to a file, replay it
     /// into a fresh lake, report rows/s (and the decode share).
     Replay {
@@ -161,7 +174,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { lake, seconds, rate } => demo::run(&demo::DemoOptions { lake, seconds, rate }),
+        Command::Demo { lake, seconds, rate } => demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false }),
         Command::Replay { lake, input, format, schema_file, checkpoint_txns, shards } => {
             let args = replay::ReplayArgs {
                 lake,
@@ -223,6 +236,9 @@ fn main() -> ExitCode {
             result.map_err(Into::into)
         }
         Command::Bench { which: BenchCommand::Replay { workload, txns, json } } => bench::replay(workload, txns, json),
+        Command::Bench { which: BenchCommand::Freshness { rate, seconds, json } } => {
+            bench::freshness(rate, seconds, json)
+        }
         Command::Bench { which: BenchCommand::Components { json, quick } } => {
             bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);
             Ok(())
