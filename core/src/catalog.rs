@@ -72,12 +72,7 @@ pub struct Catalog {
 impl Catalog {
     /// Opens (creating) the catalog at `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        let conn = crate::mvcc::open_durable_sqlite(path)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS checkpoints (
                  id INTEGER PRIMARY KEY AUTOINCREMENT, ts INTEGER NOT NULL, manifest TEXT NOT NULL,

@@ -21,7 +21,7 @@
 //! the catalog's history is skipped, whether it reappears after a restart
 //! or twice in one stream.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,32 +44,11 @@ use crate::workers::{ShardPool, WorkerError};
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Adds one to `map[key]` without allocating when the key is there.
-fn bump<M: CounterMap>(map: &mut M, key: &str) {
-    map.bump(key);
-}
-
-trait CounterMap {
-    fn bump(&mut self, key: &str);
-}
-
-impl CounterMap for FastMap<String, u64> {
-    fn bump(&mut self, key: &str) {
-        match self.get_mut(key) {
-            Some(n) => *n += 1,
-            None => {
-                self.insert(key.to_owned(), 1);
-            }
-        }
-    }
-}
-
-impl CounterMap for BTreeMap<String, u64> {
-    fn bump(&mut self, key: &str) {
-        match self.get_mut(key) {
-            Some(n) => *n += 1,
-            None => {
-                self.insert(key.to_owned(), 1);
-            }
+fn bump(map: &mut FastMap<String, u64>, key: &str) {
+    match map.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            map.insert(key.to_owned(), 1);
         }
     }
 }
@@ -139,7 +118,7 @@ struct OpenTxn {
     op_positions: Vec<SourcePosition>,
     received: u64,
     per_table: FastMap<String, u64>,
-    rows_per_table: BTreeMap<String, u64>,
+    rows_per_table: FastMap<String, u64>,
     commit_us: Option<i64>,
     end: Option<End>,
 }
@@ -587,7 +566,12 @@ impl Sink {
                 ts,
                 source_txid: open.identity.clone(),
                 commit_us: open.commit_us,
-                tables: open.rows_per_table.iter().map(|(t, n)| (t.clone(), *n)).collect(),
+                tables: {
+                    let mut tables: Vec<(String, u64)> =
+                        open.rows_per_table.iter().map(|(t, n)| (t.clone(), *n)).collect();
+                    tables.sort();
+                    tables
+                },
                 rows: open.rows_per_table.values().sum(),
                 replayed_us: now_us(),
             });
@@ -835,7 +819,7 @@ impl OpenTxn {
             op_positions: Vec::new(),
             received: 0,
             per_table: FastMap::default(),
-            rows_per_table: BTreeMap::new(),
+            rows_per_table: FastMap::default(),
             commit_us,
             end: None,
         }

@@ -21,6 +21,7 @@
 
 mod store;
 
+pub(crate) use store::open_durable_sqlite;
 pub use store::{MemoryTxnStore, PersistedClock, SqliteTxnStore, TxnStore};
 
 use std::collections::{BTreeMap, BTreeSet};

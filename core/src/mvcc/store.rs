@@ -77,6 +77,18 @@ impl TxnStore for MemoryTxnStore {
     }
 }
 
+/// Opens (creating the folder) a SQLite file for metadata that must
+/// survive a crash: WAL journal, synchronous=FULL.
+pub(crate) fn open_durable_sqlite(path: &Path) -> Result<Connection> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
 /// The embedded [`TxnStore`]: one row in a SQLite file (WAL mode,
 /// synchronous=FULL), updated with conditions that refuse regressions.
 pub struct SqliteTxnStore {
@@ -86,12 +98,7 @@ pub struct SqliteTxnStore {
 impl SqliteTxnStore {
     /// Opens (creating if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        let conn = open_durable_sqlite(path)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS clock (
                 id INTEGER PRIMARY KEY CHECK (id = 0),
