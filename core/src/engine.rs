@@ -476,7 +476,6 @@ impl Engine {
                         hit
                     }
                     Some(FileKind::Regular(r)) => {
-                        let snapshot = self.clock.snapshot();
                         let mut found = None;
                         if let Some(rg) =
                             r.row_groups.iter().position(|g| offset >= g.offset && offset < g.offset + g.rows)
@@ -492,7 +491,6 @@ impl Engine {
                             let batch = crate::lake::one_batch(reader, r.path.as_ref())?;
                             found = Some(batch.slice(offset - r.row_groups[rg].offset, 1));
                         }
-                        drop(snapshot);
                         found
                     }
                     None => None,
