@@ -167,12 +167,15 @@ async fn time_travel_matches_the_state_at_each_ts() {
         let ops = if i % 5 == 4 {
             state.remove(&k);
             vec![Op::Delete { table: TableId(0), key: vec![Value::Int(k)] }]
-        } else if state.contains_key(&k) {
-            state.insert(k, i);
-            vec![Op::Update { table: TableId(0), key: vec![Value::Int(k)], row: vec![Value::Int(k), Value::Int(i)] }]
         } else {
-            state.insert(k, i);
-            vec![Op::Insert { table: TableId(0), row: vec![Value::Int(k), Value::Int(i)] }]
+            match state.insert(k, i) {
+                Some(_) => vec![Op::Update {
+                    table: TableId(0),
+                    key: vec![Value::Int(k)],
+                    row: vec![Value::Int(k), Value::Int(i)],
+                }],
+                None => vec![Op::Insert { table: TableId(0), row: vec![Value::Int(k), Value::Int(i)] }],
+            }
         };
         let ts = engine.apply(ops).unwrap();
         history.push((ts, state.clone()));
