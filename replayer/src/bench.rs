@@ -420,3 +420,140 @@ pub fn freshness(rate: u64, seconds: u64, json_out: bool) -> crate::replay::CliR
     }
     Ok(())
 }
+
+/// `fovea bench query`: the price of live data for queries, and of queries
+/// for replay.
+pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // A live table with 1% of its rows changed by replay, and a static copy
+    // of exactly its visible rows.
+    let engine = Engine::in_memory(EngineConfig::default())?;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("a", DataType::Int64, false),
+        Field::new("b", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, false),
+    ]));
+    let live = engine.create_table("bench.live", Arc::clone(&schema), vec![0])?;
+    let row = |k: i64, v: i64| vec![Value::Int(k), Value::Int(v), Value::Int(k % 100), Value::Utf8(format!("r{k:08}"))];
+    for chunk in (0..rows as i64).collect::<Vec<_>>().chunks(10_000) {
+        engine.apply(chunk.iter().map(|&k| Op::Insert { table: live.id, row: row(k, k) }).collect())?;
+    }
+    let mut rng = SmallRng::seed_from_u64(9);
+    for _ in 0..(rows / 100).div_ceil(1000) {
+        let ops = (0..1000)
+            .map(|_| {
+                let k = rng.random_range(0..rows as i64);
+                Op::Update { table: live.id, key: vec![Value::Int(k)], row: row(k, -k) }
+            })
+            .collect();
+        engine.apply(ops)?;
+    }
+    let stat = engine.create_table("bench.static", schema, vec![0])?;
+    let visible = engine.scan(&engine.snapshot(), "bench.live", ScanOptions::default())?.collect_batches()?;
+    for b in &visible {
+        let ops = fovea_core::schema::rows_from_batch(b)?
+            .into_iter()
+            .map(|r| Op::Insert { table: stat.id, row: r })
+            .collect();
+        engine.apply(ops)?;
+    }
+    engine.flush()?;
+    engine.combine()?;
+    engine.gc()?;
+    let time = |table: &str| -> crate::replay::CliResult<f64> {
+        let sql = format!("SELECT b, count(*), sum(a), max(name) FROM {table} WHERE b < 50 GROUP BY b");
+        let mut t = Vec::new();
+        for _ in 0..7 {
+            let snap = engine.snapshot();
+            let start = Instant::now();
+            runtime.block_on(fovea_sql::query(&engine, &snap, &sql))?;
+            t.push(start.elapsed().as_secs_f64());
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    };
+    time("bench.live")?;
+    let (live_s, static_s) = (time("bench.live")?, time("bench.static")?);
+
+    // Replay throughput with and without a query loop beside it.
+    let replay_rate = |with_queries: bool| -> crate::replay::CliResult<f64> {
+        let engine = Engine::in_memory(EngineConfig::default())?;
+        let t = engine.create_table(
+            "hy.account",
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("balance", DataType::Int64, false),
+            ])),
+            vec![0],
+        )?;
+        engine.apply(
+            (0..10_000).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(0)] }).collect(),
+        )?;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut rows = 0u64;
+        let mut elapsed = 0.0;
+        std::thread::scope(|s| -> crate::replay::CliResult<()> {
+            if with_queries {
+                s.spawn(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+                    let Ok(rt) = rt else { return };
+                    // Relaxed: a stop flag; nothing is published through it.
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let snap = engine.snapshot();
+                        let _ = rt.block_on(fovea_sql::query(&engine, &snap, "SELECT sum(balance) FROM hy.account"));
+                    }
+                });
+            }
+            let mut rng = SmallRng::seed_from_u64(1);
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(3) {
+                let ops: Vec<Op> = (0..10)
+                    .map(|_| {
+                        let k = rng.random_range(0..10_000i64);
+                        Op::Update {
+                            table: t.id,
+                            key: vec![Value::Int(k)],
+                            row: vec![Value::Int(k), Value::Int(rows as i64)],
+                        }
+                    })
+                    .collect();
+                rows += ops.len() as u64;
+                engine.apply(ops)?;
+                if rows % 100_000 == 0 {
+                    engine.gc()?;
+                }
+            }
+            elapsed = start.elapsed().as_secs_f64();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        })?;
+        Ok(rows as f64 / elapsed)
+    };
+    let without = replay_rate(false)?;
+    let with = replay_rate(true)?;
+    let result = json!({
+        "rows": rows,
+        "live_query_ms": (live_s * 1e4).round() / 10.0,
+        "static_query_ms": (static_s * 1e4).round() / 10.0,
+        "live_over_static_ratio": ((live_s / static_s) * 1000.0).round() / 1000.0,
+        "replay_rows_per_s_without_queries": without.round(),
+        "replay_rows_per_s_with_queries": with.round(),
+        "replay_with_queries_over_without": ((with / without) * 1000.0).round() / 1000.0,
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+    });
+    if json_out {
+        println!("{result}");
+    } else {
+        println!(
+            "query on live data / static copy: {:.3} ({:.1} / {:.1} ms); replay with / without a query loop: {:.3} ({:.0} / {:.0} rows/s)",
+            live_s / static_s,
+            live_s * 1e3,
+            static_s * 1e3,
+            with / without,
+            with,
+            without
+        );
+    }
+    Ok(())
+}

@@ -91,8 +91,8 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: query::OutputFormat,
-        /// The SQL statement.
-        sql: String,
+        /// The SQL statement (without it: an interactive prompt).
+        sql: Option<String>,
     },
     /// Replayed source transactions and catalog operations, newest first.
     History {
@@ -148,6 +148,15 @@ enum BenchCommand {
         /// Duration.
         #[arg(long, default_value_t = 20)]
         seconds: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Query cost of live data (vs a static copy) and replay cost of queries.
+    Query {
+        /// Rows of the queried table.
+        #[arg(long, default_value_t = 2_000_000)]
+        rows: usize,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -212,7 +221,12 @@ fn main() -> ExitCode {
         Command::Sql { lake, as_of, format, sql } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            query::sql(&lake, as_of, format, &sql, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+            match sql {
+                Some(sql) => {
+                    query::sql(&lake, as_of, format, &sql, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+                }
+                None => query::interactive(&lake, as_of, format),
+            }
         }
         Command::History { lake, table, limit } => {
             let stdout = std::io::stdout();
@@ -239,6 +253,7 @@ fn main() -> ExitCode {
         Command::Bench { which: BenchCommand::Freshness { rate, seconds, json } } => {
             bench::freshness(rate, seconds, json)
         }
+        Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
         Command::Bench { which: BenchCommand::Components { json, quick } } => {
             bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);
             Ok(())

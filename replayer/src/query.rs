@@ -34,14 +34,74 @@ fn open_read(lake: &Path) -> CliResult<fovea_core::catalog::OpenLake> {
 /// Runs one SQL statement against the lake at its newest (or a past) snapshot.
 pub fn sql(lake: &Path, as_of: Option<u64>, format: OutputFormat, text: &str, out: &mut dyn Write) -> CliResult<()> {
     let lake = open_read(lake)?;
-    let engine = lake.engine;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    run_one(&lake.engine, &runtime, as_of, format, text, out)
+}
+
+fn run_one(
+    engine: &std::sync::Arc<fovea_core::Engine>,
+    runtime: &tokio::runtime::Runtime,
+    as_of: Option<u64>,
+    format: OutputFormat,
+    text: &str,
+    out: &mut dyn Write,
+) -> CliResult<()> {
     let snapshot = match as_of {
         Some(ts) => engine.snapshot_at(Ts(ts))?,
         None => engine.snapshot(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let batches = runtime.block_on(fovea_sql::query(&engine, &snapshot, text))?;
+    let batches = runtime.block_on(fovea_sql::query(engine, &snapshot, text))?;
     write_batches(&batches, format, out)
+}
+
+/// An interactive prompt: statements end with `;`, each runs at a fresh
+/// snapshot (or at `--as-of`); `\q` or Ctrl-D quits. History is kept in
+/// `~/.fovea_history`.
+pub fn interactive(lake: &Path, as_of: Option<u64>, format: OutputFormat) -> CliResult<()> {
+    let opened = open_read(lake)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut editor = rustyline::DefaultEditor::new()?;
+    let history = std::env::var_os("HOME").map(|h| Path::new(&h).join(".fovea_history"));
+    if let Some(h) = &history {
+        // A missing history file is the normal first run.
+        let _ = editor.load_history(h);
+    }
+    println!("fovea sql on {} — statements end with ';', \\q quits", lake.display());
+    let mut statement = String::new();
+    loop {
+        let prompt = if statement.is_empty() { "fovea> " } else { "   ..> " };
+        let line = match editor.readline(prompt) {
+            Ok(l) => l,
+            Err(rustyline::error::ReadlineError::Interrupted) => {
+                statement.clear();
+                continue;
+            }
+            Err(rustyline::error::ReadlineError::Eof) => break,
+            Err(e) => return Err(e.into()),
+        };
+        if statement.is_empty() && line.trim() == "\\q" {
+            break;
+        }
+        statement.push_str(&line);
+        statement.push('\n');
+        if !line.trim_end().ends_with(';') {
+            continue;
+        }
+        editor.add_history_entry(statement.trim())?;
+        let started = std::time::Instant::now();
+        let stdout = std::io::stdout();
+        match run_one(&opened.engine, &runtime, as_of, format, &statement, &mut stdout.lock()) {
+            Ok(()) => eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3),
+            Err(e) => eprintln!("error: {e}"),
+        }
+        statement.clear();
+    }
+    if let Some(h) = &history
+        && let Err(e) = editor.save_history(h)
+    {
+        eprintln!("warning: could not save history to {}: {e}", h.display());
+    }
+    Ok(())
 }
 
 fn write_batches(batches: &[RecordBatch], format: OutputFormat, out: &mut dyn Write) -> CliResult<()> {

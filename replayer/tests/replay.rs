@@ -322,3 +322,31 @@ fn sql_and_history_on_the_replayed_lake() {
     let history = ok(fovea().args(["history", "--limit", "5", "--lake"]).arg(dir.path()).output().unwrap());
     assert!(history.contains("31311") && history.contains("catalog operations"), "{history}");
 }
+
+#[test]
+fn interactive_sql_prompt_reads_statements_until_quit() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    ok(replay(dir.path(), &data().join("debezium_events.precise_schemas.jsonl.gz"), &[]));
+    let mut child = fovea()
+        .args(["sql", "--format", "csv", "--lake"])
+        .arg(dir.path())
+        .env("HOME", dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"SELECT count(*) AS n\nFROM tpcc.item;\nSELECT nope FROM tpcc.item;\nSELECT 2 AS two;\n\\q\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("n\n20\n") && stdout.contains("two\n2\n"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No field named nope"));
+    assert!(dir.path().join(".fovea_history").is_file());
+}
