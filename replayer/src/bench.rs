@@ -520,7 +520,7 @@ pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
                     .collect();
                 rows += ops.len() as u64;
                 engine.apply(ops)?;
-                if rows % 100_000 == 0 {
+                if rows.is_multiple_of(100_000) {
                     engine.gc()?;
                 }
             }
