@@ -254,5 +254,13 @@ pub fn open_lake(dir: &Path, config: EngineConfig, mode: OpenMode) -> Result<Ope
             engine
         }
     };
+    // The newest replayed transaction of the checkpoint keeps freshness known.
+    if let Some(c) = &checkpoint
+        && let Some(h) = catalog.history(None, 1)?.into_iter().next()
+        && h.ts.get() <= c.manifest.checkpoint_ts
+        && let Some(us) = h.commit_us
+    {
+        engine.note_source_commit(h.ts, us);
+    }
     Ok(OpenLake { engine, catalog, checkpoint })
 }

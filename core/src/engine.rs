@@ -170,6 +170,9 @@ pub struct Engine {
     /// Set once the engine writes checkpoints: retired objects then wait
     /// for the next checkpoint as well as for old snapshots.
     pub(crate) checkpointing: std::sync::atomic::AtomicBool,
+    /// Source commit time (µs) of replayed transactions by mirror ts; below
+    /// LWM only the newest entry is kept.
+    source_commits: Mutex<std::collections::BTreeMap<u64, i64>>,
 }
 
 impl Engine {
@@ -200,6 +203,7 @@ impl Engine {
             flush_thread: Mutex::new(Some(thread)),
             retired: Mutex::new(Vec::new()),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
+            source_commits: Mutex::new(std::collections::BTreeMap::new()),
         }))
     }
 
@@ -555,6 +559,19 @@ impl Engine {
         lock(&self.flusher.state).failures
     }
 
+    /// Records that mirror transaction `ts` replays a source transaction
+    /// committed at `commit_us` (µs since the epoch).
+    pub fn note_source_commit(&self, ts: Ts, commit_us: i64) {
+        lock(&self.source_commits).insert(ts.get(), commit_us);
+    }
+
+    /// The newest replayed transaction visible at `qts` with a known source
+    /// commit time: `(mirror ts, source commit µs)`. Freshness of a query is
+    /// its start time minus that commit time.
+    pub fn source_commit_at(&self, qts: Ts) -> Option<(Ts, i64)> {
+        lock(&self.source_commits).range(..=qts.get()).next_back().map(|(t, c)| (Ts(*t), *c))
+    }
+
     /// Registers a query at the newest replayed state.
     pub fn snapshot(&self) -> Snapshot {
         self.clock.snapshot()
@@ -636,6 +653,13 @@ impl Engine {
         }
         for shard in &self.shards {
             report.index_versions_dropped += lock(shard).purge(lwm);
+        }
+        {
+            let mut commits = lock(&self.source_commits);
+            // Keep the newest entry at or below LWM: snapshots at LWM need it.
+            if let Some(keep) = commits.range(..=lwm.get()).next_back().map(|(t, _)| *t) {
+                commits.retain(|t, _| *t >= keep);
+            }
         }
         let oldest = self.clock.oldest_registration();
         let ready: Vec<Path> = {

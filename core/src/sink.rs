@@ -556,6 +556,9 @@ impl Sink {
         self.apply_chunk()?;
         open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if let Some(ts) = open.ts {
+            if let Some(us) = open.commit_us {
+                self.engine.note_source_commit(ts, us);
+            }
             self.pool.commit(ts)?;
             // Group commit: hand work to the shards in groups, not per transaction.
             if self.pool.pending_jobs() >= GROUP_JOBS || self.last_flush.elapsed() >= GROUP_LATENCY {

@@ -50,8 +50,26 @@ fn run_one(
         Some(ts) => engine.snapshot_at(Ts(ts))?,
         None => engine.snapshot(),
     };
+    let started_us = fovea_core::catalog::now_us();
     let batches = runtime.block_on(fovea_sql::query(engine, &snapshot, text))?;
-    write_batches(&batches, format, out)
+    write_batches(&batches, format, out)?;
+    if format == OutputFormat::Table {
+        eprintln!("{}", freshness_line(engine, snapshot.qts(), started_us));
+    }
+    Ok(())
+}
+
+/// `snapshot ts N reflects the source as of … (freshness … )`.
+fn freshness_line(engine: &fovea_core::Engine, qts: Ts, now_us: i64) -> String {
+    match engine.source_commit_at(qts) {
+        Some((ts, commit)) => format!(
+            "snapshot ts {}: newest replayed source commit {} UTC (mirror ts {ts}), freshness {:.1} ms",
+            qts.get(),
+            fovea_core::cdc::types::format_timestamp(commit),
+            (now_us - commit) as f64 / 1e3
+        ),
+        None => format!("snapshot ts {}: no source commit time known", qts.get()),
+    }
 }
 
 /// An interactive prompt: statements end with `;`, each runs at a fresh
@@ -153,13 +171,9 @@ fn write_batches(batches: &[RecordBatch], format: OutputFormat, out: &mut dyn Wr
 
 /// Replayed source transactions and catalog operations, newest first.
 pub fn history(lake: &Path, table: Option<&str>, limit: usize, out: &mut dyn Write) -> CliResult<()> {
-    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
-        return Err(
-            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
-        );
-    }
-    let catalog =
-        fovea_core::catalog::Catalog::open(&lake.join(fovea_core::engine::METADATA_DIR).join("catalog.sqlite"))?;
+    let opened = open_read(lake)?;
+    writeln!(out, "{}", freshness_line(&opened.engine, opened.engine.clock().latest(), fovea_core::catalog::now_us()))?;
+    let catalog = opened.catalog;
     writeln!(
         out,
         "{:>10}  {:<22}  {:<26}  {:>8}  {:>10}  tables",

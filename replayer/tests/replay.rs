@@ -321,6 +321,8 @@ fn sql_and_history_on_the_replayed_lake() {
     );
     let history = ok(fovea().args(["history", "--limit", "5", "--lake"]).arg(dir.path()).output().unwrap());
     assert!(history.contains("31311") && history.contains("catalog operations"), "{history}");
+    // Freshness from the source's own commit time of the newest transaction (its END record).
+    assert!(history.contains("newest replayed source commit 2026-11-30 08:40:10.156 UTC"), "{history}");
 }
 
 #[test]
