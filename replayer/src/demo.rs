@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arrow::array::{Array, Decimal128Array, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use fovea_core::engine::METADATA_DIR;
-use fovea_core::{Engine, EngineConfig, Op, ScanOptions, Value, VisibilityMode};
+use fovea_core::{Engine, EngineConfig, Op, Value, VisibilityMode};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 /// Options of `fovea demo`.
@@ -132,7 +132,8 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
 /// Runs the demo and returns what it measured.
 pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     prepare_lake(&o.lake)?;
-    let engine = Engine::open_dir(&o.lake, EngineConfig::default())?;
+    let lake = fovea_core::catalog::open_lake(&o.lake, EngineConfig::default(), fovea_core::catalog::OpenMode::Write)?;
+    let engine = Arc::clone(&lake.engine);
     let account = engine.create_table(
         "hybench.account",
         Arc::new(Schema::new(vec![
@@ -175,18 +176,26 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     let rows_done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    // Rows replayed in each second of the run.
+    let mut throughput: Vec<u64> = Vec::new();
 
     std::thread::scope(|s| -> DemoResult<()> {
         // Query loop: a consistent total and the freshest visible change.
         {
             let (engine, stop, samples, off_latency, failure) = (&engine, &stop, &samples, &off_latency, &failure);
-            let name = account.name.clone();
             s.spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("query runtime: {e}"));
+                        return;
+                    }
+                };
                 let mut n = 0u64;
                 while !stop.load(Ordering::Acquire) {
                     let at = now_micros();
                     let begun = Instant::now();
-                    match sum_and_freshest(engine, &name, VisibilityMode::Enforced) {
+                    match sum_and_freshest(engine, &runtime, VisibilityMode::Enforced) {
                         Ok((total, freshest)) => {
                             let latency_ms = begun.elapsed().as_secs_f64() * 1e3;
                             if total != INITIAL_BALANCE * i128::from(ACCOUNTS) {
@@ -208,7 +217,7 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
                     n += 1;
                     if n.is_multiple_of(10) {
                         let begun = Instant::now();
-                        if sum_and_freshest(engine, &name, VisibilityMode::Off).is_ok() {
+                        if sum_and_freshest(engine, &runtime, VisibilityMode::Off).is_ok() {
                             off_latency
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
@@ -238,6 +247,7 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
         let mut next_transfer = 0i64;
         let mut live_transfers: Vec<i64> = Vec::new();
         let mut last_report = Instant::now();
+        let throughput = &mut throughput;
         let deadline = Duration::from_secs(o.seconds);
         let result = (|| -> DemoResult<()> {
             while start.elapsed() < deadline {
@@ -282,6 +292,11 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
                 let n = ops.len() as u64;
                 engine.apply(ops)?;
                 let done = rows_done.fetch_add(n, Ordering::Relaxed) + n;
+                let second = start.elapsed().as_secs() as usize;
+                if throughput.len() <= second {
+                    throughput.resize(second + 1, 0);
+                }
+                throughput[second] += n;
                 // Pace: sleep while ahead of the target rate.
                 let due = Duration::from_secs_f64(done as f64 / o.rate.max(1) as f64);
                 if let Some(ahead) = due.checked_sub(start.elapsed())
@@ -318,6 +333,9 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     engine.flush()?;
     engine.combine()?;
     engine.gc()?;
+    // A checkpoint makes the lake durable: `fovea sql` can query it afterwards.
+    let manifest = engine.write_checkpoint()?;
+    lake.catalog.commit_checkpoint(&manifest, "fovea demo", Default::default(), &[], &[])?;
 
     let rows = rows_done.load(Ordering::Relaxed);
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
@@ -326,7 +344,7 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     let mut off = off_latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mem = engine.memory();
     let plot = o.lake.join("demo.svg");
-    std::fs::write(&plot, svg_plot(&samples, elapsed))?;
+    std::fs::write(&plot, svg_plot(&samples, &throughput, elapsed))?;
     Ok(DemoReport {
         rows,
         seconds: elapsed,
@@ -347,17 +365,20 @@ fn account_row(k: i64, balance: i128, fresh: i64) -> Vec<Value> {
     vec![Value::Int(k), Value::Utf8(format!("account-{k:05}")), Value::Decimal(balance), Value::Int(fresh)]
 }
 
-/// `SELECT sum(balance), max(fresh_ts) FROM hybench.account` at a fresh snapshot.
-fn sum_and_freshest(engine: &Engine, table: &str, mode: VisibilityMode) -> fovea_core::Result<(i128, i64)> {
+/// `SELECT sum(balance), max(fresh_ts) FROM hybench.account` at a fresh
+/// snapshot, through SQL.
+fn sum_and_freshest(
+    engine: &Arc<Engine>,
+    runtime: &tokio::runtime::Runtime,
+    mode: VisibilityMode,
+) -> DemoResult<(i128, i64)> {
     let snap = engine.snapshot();
-    let scan = engine.scan(
-        &snap,
-        table,
-        ScanOptions { projection: Some(vec![2, 3]), visibility: mode, ..Default::default() },
-    )?;
+    let ctx = fovea_sql::session_with(engine, &snap, mode)?;
+    let batches = runtime.block_on(async {
+        ctx.sql("SELECT sum(balance), max(fresh_ts) FROM hybench.account").await?.collect().await
+    })?;
     let (mut total, mut freshest) = (0i128, 0i64);
-    for batch in scan {
-        let batch = batch?;
+    for batch in batches {
         if let Some(b) = batch.column(0).as_any().downcast_ref::<Decimal128Array>() {
             total += b.iter().flatten().sum::<i128>();
         }
@@ -377,8 +398,20 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Freshness of every query and replay throughput over time, as SVG.
-fn svg_plot(samples: &[QuerySample], seconds: f64) -> String {
+fn svg_plot(samples: &[QuerySample], throughput: &[u64], seconds: f64) -> String {
     let (w, h) = (800.0, 300.0);
+    let max_t = throughput.iter().copied().max().unwrap_or(1).max(1) as f64;
+    let rate: String = throughput
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            format!(
+                "{:.1},{:.1} ",
+                50.0 + (i as f64 + 0.5) / seconds.max(1e-9) * (w - 70.0),
+                h - 30.0 - *r as f64 / max_t * (h - 60.0)
+            )
+        })
+        .collect();
     let max_f = samples.iter().map(|q| q.freshness_ms).fold(1.0, f64::max);
     let points: String = samples
         .iter()
@@ -404,10 +437,11 @@ fn svg_plot(samples: &[QuerySample], seconds: f64) -> String {
     format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
-<text x="50" y="18">fovea demo: freshness (blue, max {max_f:.1} ms) and query latency (orange, max {max_l:.1} ms) over {seconds:.0} s</text>
+<text x="50" y="18">fovea demo over {seconds:.0} s: freshness (blue, max {max_f:.1} ms), query latency (orange, max {max_l:.1} ms), replay rows/s (green, max {max_t:.0})</text>
 <line x1="50" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="50" y1="30" x2="50" y2="{y0}" stroke="black"/>
 <polyline fill="none" stroke="#1f77b4" stroke-width="1" points="{points}"/>
 <polyline fill="none" stroke="#ff7f0e" stroke-width="1" points="{lat}"/>
+<polyline fill="none" stroke="#2ca02c" stroke-width="1.5" points="{rate}"/>
 <text x="50" y="{yl}">0 s</text><text x="{x1}" y="{yl}" text-anchor="end">{seconds:.0} s</text>
 </svg>
 "##,

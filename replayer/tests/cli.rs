@@ -38,6 +38,15 @@ fn demo_replays_queries_and_reports() {
     }
     assert!(lake.join("demo.svg").is_file());
     assert!(lake.join("_fovea/txn.sqlite").is_file());
+    // The lake it leaves is queryable, and consistent.
+    let q = fovea()
+        .args(["sql", "--format", "csv", "--lake"])
+        .arg(&lake)
+        .arg("SELECT count(*) AS n, sum(balance) AS total FROM hybench.account")
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    assert_eq!(String::from_utf8_lossy(&q.stdout), "n,total\n10000,10000000.00\n");
     // A second run replaces the lake it made.
     let again = fovea().args(["demo", "--seconds", "1", "--rate", "1000", "--lake"]).arg(&lake).output().unwrap();
     assert!(again.status.success());

@@ -24,13 +24,14 @@ use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPu
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use fovea_core::scan::{CmpOp, Predicate};
-use fovea_core::{Engine, ScanOptions, Snapshot, TableDef, Value};
+use fovea_core::{Engine, ScanOptions, Snapshot, TableDef, Value, VisibilityMode};
 
 /// A fovea table as DataFusion sees it, at one snapshot.
 pub struct FoveaTable {
     engine: Arc<Engine>,
     def: Arc<TableDef>,
     snapshot: Snapshot,
+    visibility: VisibilityMode,
 }
 
 impl std::fmt::Debug for FoveaTable {
@@ -42,7 +43,14 @@ impl std::fmt::Debug for FoveaTable {
 impl FoveaTable {
     /// `def` of `engine` at `snapshot`.
     pub fn new(engine: Arc<Engine>, def: Arc<TableDef>, snapshot: Snapshot) -> Self {
-        FoveaTable { engine, def, snapshot }
+        FoveaTable { engine, def, snapshot, visibility: VisibilityMode::Enforced }
+    }
+
+    /// The same with visibility off: every stored version, for measuring
+    /// what VFoR costs. Never for answers.
+    pub fn without_visibility(mut self) -> Self {
+        self.visibility = VisibilityMode::Off;
+        self
     }
 
     /// A filter expression as a fovea predicate, when it has that shape.
@@ -135,7 +143,7 @@ impl TableProvider for FoveaTable {
             1 => predicates.into_iter().next(),
             _ => Some(Predicate::And(predicates)),
         };
-        let options = ScanOptions { projection: projection.cloned(), filter, ..ScanOptions::default() };
+        let options = ScanOptions { projection: projection.cloned(), filter, visibility: self.visibility };
         let (engine, snapshot, name) = (Arc::clone(&self.engine), self.snapshot.clone(), self.def.name.clone());
         // The scan reads files synchronously: keep it off the async workers.
         let (schema, batches) =
@@ -154,6 +162,15 @@ impl TableProvider for FoveaTable {
 /// A DataFusion session where every fovea table is registered under its
 /// qualified name (`schema.table`), all at `snapshot`.
 pub fn session(engine: &Arc<Engine>, snapshot: &Snapshot) -> datafusion::common::Result<SessionContext> {
+    session_with(engine, snapshot, VisibilityMode::Enforced)
+}
+
+/// [`session`] with a visibility mode (`Off` only to measure VFoR's cost).
+pub fn session_with(
+    engine: &Arc<Engine>,
+    snapshot: &Snapshot,
+    visibility: VisibilityMode,
+) -> datafusion::common::Result<SessionContext> {
     let ctx = SessionContext::new();
     let catalog = ctx.catalog("datafusion").ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
     for def in engine.tables() {
@@ -161,7 +178,8 @@ pub fn session(engine: &Arc<Engine>, snapshot: &Snapshot) -> datafusion::common:
         if catalog.schema(schema).is_none() {
             catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
         }
-        let provider = FoveaTable::new(Arc::clone(engine), Arc::clone(&def), snapshot.clone());
+        let mut provider = FoveaTable::new(Arc::clone(engine), Arc::clone(&def), snapshot.clone());
+        provider.visibility = visibility;
         ctx.register_table(TableReference::partial(schema, table), Arc::new(provider))?;
     }
     Ok(ctx)
