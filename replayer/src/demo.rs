@@ -178,6 +178,8 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     // Rows replayed in each second of the run.
     let mut throughput: Vec<u64> = Vec::new();
+    // The newest transaction: mirror ts, production time, rows per table.
+    let mut newest: Option<(fovea_core::Ts, i64, u64, u64)> = None;
 
     std::thread::scope(|s| -> DemoResult<()> {
         // Query loop: a consistent total and the freshest visible change.
@@ -245,6 +247,7 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
         // Generator + replay, paced to the target rate.
         let mut rng = SmallRng::seed_from_u64(42);
         let mut next_transfer = 0i64;
+        let newest = &mut newest;
         let mut live_transfers: Vec<i64> = Vec::new();
         let mut last_report = Instant::now();
         let throughput = &mut throughput;
@@ -290,7 +293,14 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
                     ops.push(Op::Delete { table: transfer.id, key: vec![Value::Int(id)] });
                 }
                 let n = ops.len() as u64;
-                engine.apply(ops)?;
+                let on_account = ops
+                    .iter()
+                    .filter(|op| matches!(op, Op::Insert { table, .. } | Op::Update { table, .. } | Op::Delete { table, .. } if *table == account.id))
+                    .count() as u64;
+                let ts = engine.apply(ops)?;
+                // The generator is the source: its transaction was produced at `fresh`.
+                engine.note_source_commit(ts, fresh);
+                *newest = Some((ts, fresh, on_account, n - on_account));
                 let done = rows_done.fetch_add(n, Ordering::Relaxed) + n;
                 let second = start.elapsed().as_secs() as usize;
                 if throughput.len() <= second {
@@ -335,7 +345,18 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     engine.gc()?;
     // A checkpoint makes the lake durable: `fovea sql` can query it afterwards.
     let manifest = engine.write_checkpoint()?;
-    lake.catalog.commit_checkpoint(&manifest, "fovea demo", Default::default(), &[], &[])?;
+    let history: Vec<_> = newest
+        .map(|(ts, fresh, accounts, transfers)| fovea_core::catalog::HistoryEntry {
+            ts,
+            source_txid: format!("demo@{}", ts.get()),
+            commit_us: Some(fresh),
+            tables: vec![(account.name.clone(), accounts), (transfer.name.clone(), transfers)],
+            rows: accounts + transfers,
+            replayed_us: now_micros(),
+        })
+        .into_iter()
+        .collect();
+    lake.catalog.commit_checkpoint(&manifest, "fovea demo", Default::default(), &history, &[])?;
 
     let rows = rows_done.load(Ordering::Relaxed);
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
