@@ -419,42 +419,24 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Freshness of every query and replay throughput over time, as SVG.
+/// SVG polyline points of `(seconds, value)` pairs, each series scaled to
+/// its own maximum (returned with the points).
+fn polyline(series: impl Iterator<Item = (f64, f64)> + Clone, seconds: f64, (w, h): (f64, f64)) -> (String, f64) {
+    let max = series.clone().map(|(_, v)| v).fold(1.0, f64::max);
+    let points = series
+        .map(|(t, v)| {
+            format!("{:.1},{:.1} ", 50.0 + t / seconds.max(1e-9) * (w - 70.0), h - 30.0 - v / max * (h - 60.0))
+        })
+        .collect();
+    (points, max)
+}
+
 fn svg_plot(samples: &[QuerySample], throughput: &[u64], seconds: f64) -> String {
     let (w, h) = (800.0, 300.0);
-    let max_t = throughput.iter().copied().max().unwrap_or(1).max(1) as f64;
-    let rate: String = throughput
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            format!(
-                "{:.1},{:.1} ",
-                50.0 + (i as f64 + 0.5) / seconds.max(1e-9) * (w - 70.0),
-                h - 30.0 - *r as f64 / max_t * (h - 60.0)
-            )
-        })
-        .collect();
-    let max_f = samples.iter().map(|q| q.freshness_ms).fold(1.0, f64::max);
-    let points: String = samples
-        .iter()
-        .map(|q| {
-            format!(
-                "{:.1},{:.1} ",
-                50.0 + q.at_s / seconds.max(1e-9) * (w - 70.0),
-                h - 30.0 - q.freshness_ms / max_f * (h - 60.0)
-            )
-        })
-        .collect();
-    let max_l = samples.iter().map(|q| q.latency_ms).fold(1.0, f64::max);
-    let lat: String = samples
-        .iter()
-        .map(|q| {
-            format!(
-                "{:.1},{:.1} ",
-                50.0 + q.at_s / seconds.max(1e-9) * (w - 70.0),
-                h - 30.0 - q.latency_ms / max_l * (h - 60.0)
-            )
-        })
-        .collect();
+    let (rate, max_t) =
+        polyline(throughput.iter().enumerate().map(|(i, r)| (i as f64 + 0.5, *r as f64)), seconds, (w, h));
+    let (points, max_f) = polyline(samples.iter().map(|q| (q.at_s, q.freshness_ms)), seconds, (w, h));
+    let (lat, max_l) = polyline(samples.iter().map(|q| (q.at_s, q.latency_ms)), seconds, (w, h));
     format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
