@@ -553,7 +553,6 @@ impl Engine {
             }
         }
         drop(lake);
-        engine.tables_restored();
         if vacuum {
             engine.vacuum(&named)?;
         }

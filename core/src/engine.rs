@@ -310,12 +310,7 @@ impl Engine {
             })
             .collect::<Result<Vec<_>>>()?;
         let def = TableDef::new(old.id, name, schema, key)?;
-        let tx = lock(&self.flush_tx).clone();
-        let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
-        let ctx = ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() };
-        for shard in &self.shards {
-            lock(shard).close_file(old.id, &ctx)?;
-        }
+        self.with_shard_context(|ctx| self.shards.iter().try_for_each(|shard| lock(shard).close_file(old.id, ctx)))?;
         self.tables.write().unwrap_or_else(|p| p.into_inner()).by_id[old.id.0 as usize].def = Arc::clone(&def);
         Ok(def)
     }
@@ -330,13 +325,6 @@ impl Engine {
     /// Tables created at or below `ts` (see `TableRuntime::created_at`).
     pub(crate) fn tables_at(&self, ts: Ts) -> Vec<Arc<TableDef>> {
         self.read_tables().by_id.iter().filter(|t| t.created_at <= ts).map(|t| Arc::clone(&t.def)).collect()
-    }
-
-    /// Marks every table as existing since ts 0 (after a restore).
-    pub(crate) fn tables_restored(&self) {
-        for t in &mut self.tables.write().unwrap_or_else(|p| p.into_inner()).by_id {
-            t.created_at = Ts::ZERO;
-        }
     }
 
     /// All tables, by id.
@@ -396,13 +384,7 @@ impl Engine {
         for (shard, ops) in &shards {
             shard.validate(ops).map_err(|e| origin_of(e, &origins[shard.id().0 as usize]))?;
         }
-        let tx = lock(&self.flush_tx).clone();
-        let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
-        let ctx = ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() };
-        for (shard, ops) in shards.iter_mut() {
-            shard.apply(ts, ops, &ctx)?;
-        }
-        Ok(())
+        self.with_shard_context(|ctx| shards.iter_mut().try_for_each(|(shard, ops)| shard.apply(ts, ops, ctx)))
     }
 
     /// Splits operations by shard; `origins[s][i]` is the index in `ops` of
@@ -433,10 +415,15 @@ impl Engine {
     pub(crate) fn apply_on_shard(&self, shard: usize, ts: Ts, ops: &[ShardOp], origins: &[usize]) -> Result<()> {
         let mut shard = lock(&self.shards[shard]);
         shard.validate(ops).map_err(|e| origin_of(e, origins))?;
+        self.with_shard_context(|ctx| shard.apply(ts, ops, ctx))
+    }
+
+    /// Runs `f` with what a shard needs while applying: the file-id
+    /// allocator, the flusher's queue and the buffer sizes.
+    fn with_shard_context<R>(&self, f: impl FnOnce(&ShardContext<'_>) -> R) -> R {
         let tx = lock(&self.flush_tx).clone();
         let flush = |job: FlushJob| self.enqueue_flush(tx.as_ref(), job);
-        let ctx = ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() };
-        shard.apply(ts, ops, &ctx)
+        f(&ShardContext { file_ids: &self.file_ids, flush: &flush, config: self.buffer_config() })
     }
 
     /// The newest version of `key` in `table`, committed or not (the
