@@ -41,6 +41,11 @@ use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
 use crate::visibility::FileVisibility;
 
+/// Where lake files live.
+const TABLES_PREFIX: &str = "tables";
+/// Where checkpoint objects live.
+const CHECKPOINTS_PREFIX: &str = "_fovea/checkpoints";
+
 /// Version of the manifest format.
 pub const MANIFEST_FORMAT: u32 = 1;
 
@@ -232,7 +237,7 @@ impl Engine {
         // Release: pairs with the Acquire in `gc`.
         self.checkpointing.store(true, Ordering::Release);
         let lake = &self.lake;
-        let dir = format!("_fovea/checkpoints/{}", c.get());
+        let dir = format!("{CHECKPOINTS_PREFIX}/{}", c.get());
         let tables = self.tables_at(c);
         let included: HashSet<TableId> = tables.iter().map(|t| t.id).collect();
         if tables.iter().enumerate().any(|(i, t)| t.id.0 as usize != i) {
@@ -562,19 +567,7 @@ impl Engine {
 
     /// Deletes objects under `tables/` and `_fovea/checkpoints/` not in `named`.
     pub(crate) fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
-        let mut deleted = 0;
-        for prefix in ["tables", "_fovea/checkpoints"] {
-            let prefix = Path::from(prefix);
-            let listed: Vec<_> = futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
-            for meta in listed {
-                let meta = meta?;
-                if !named.contains(meta.location.as_ref()) {
-                    self.lake.delete(&meta.location)?;
-                    deleted += 1;
-                }
-            }
-        }
-        Ok(deleted)
+        Ok(self.delete_unnamed(TABLES_PREFIX, named)? + self.delete_unnamed(CHECKPOINTS_PREFIX, named)?)
     }
 
     /// Deletes checkpoint objects that `current` does not name.
@@ -584,7 +577,12 @@ impl Engine {
             named.insert(s.index.clone());
             named.extend(s.slots.iter().filter_map(|x| x.deleted.clone()));
         }
-        let prefix = Path::from("_fovea/checkpoints");
+        self.delete_unnamed(CHECKPOINTS_PREFIX, &named)
+    }
+
+    /// Deletes the objects under `prefix` whose paths are not in `named`.
+    fn delete_unnamed(&self, prefix: &str, named: &HashSet<String>) -> Result<usize> {
+        let prefix = Path::from(prefix);
         let listed: Vec<_> = futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
         let mut deleted = 0;
         for meta in listed {

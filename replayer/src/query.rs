@@ -4,12 +4,11 @@ use std::io::Write;
 use std::path::Path;
 
 use arrow::record_batch::RecordBatch;
-use fovea_core::catalog::{OpenMode, open_lake};
 use fovea_core::cdc::types::format_value;
 use fovea_core::schema::rows_from_batch;
-use fovea_core::{EngineConfig, Ts, Value};
+use fovea_core::{Ts, Value};
 
-use crate::replay::{CliResult, csv_field};
+use crate::replay::{CliResult, csv_field, open_read};
 
 /// Output format of `fovea sql`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -20,15 +19,6 @@ pub enum OutputFormat {
     Csv,
     /// One JSON object per row.
     Json,
-}
-
-fn open_read(lake: &Path) -> CliResult<fovea_core::catalog::OpenLake> {
-    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
-        return Err(
-            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
-        );
-    }
-    Ok(open_lake(lake, EngineConfig::default(), OpenMode::Read)?)
 }
 
 /// Runs one SQL statement against the lake at its newest (or a past) snapshot.

@@ -208,12 +208,7 @@ fn decode_loop(
 /// Writes the visible rows of `table` as CSV (header, source columns in
 /// order, sorted by primary key, NULL as an empty field).
 pub fn export(lake: &Path, table: &str, as_of: Option<u64>, out: &mut dyn Write) -> CliResult<()> {
-    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
-        return Err(
-            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
-        );
-    }
-    let lake = open_lake(lake, EngineConfig::default(), OpenMode::Read)?;
+    let lake = open_read(lake)?;
     let engine = &lake.engine;
     let def = engine.table(table)?;
     let snapshot = match as_of {
@@ -234,6 +229,17 @@ pub fn export(lake: &Path, table: &str, as_of: Option<u64>, out: &mut dyn Write)
         writeln!(out, "{}", fields.join(","))?;
     }
     Ok(())
+}
+
+/// Opens an existing lake for reading beside a possibly running replayer;
+/// a folder that is not a lake is an error (nothing is created).
+pub fn open_read(lake: &Path) -> CliResult<fovea_core::catalog::OpenLake> {
+    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
+        return Err(
+            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
+        );
+    }
+    Ok(open_lake(lake, EngineConfig::default(), OpenMode::Read)?)
 }
 
 /// PostgreSQL CSV quoting: NULL is an empty field, an empty string is `""`.
