@@ -21,6 +21,24 @@ use serde_json::value::RawValue;
 use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error, object_columns};
 use crate::error::Result;
 
+const NO_TABLE: &str = "row record without source.schema/source.table";
+
+/// `schema.table` (MySQL records name the database instead of a schema).
+fn qualified(namespace: Option<&str>, table: Option<&str>) -> Option<String> {
+    Some(format!("{}.{}", namespace?, table?))
+}
+
+/// The row operation of a Debezium `op` code that carries a row.
+fn row_op(code: &str) -> Option<RowOp> {
+    match code {
+        "c" => Some(RowOp::Insert),
+        "r" => Some(RowOp::SnapshotRead),
+        "u" => Some(RowOp::Update),
+        "d" => Some(RowOp::Delete),
+        _ => None,
+    }
+}
+
 /// Debezium's marker for an unchanged out-of-line (TOAST) value.
 pub const UNAVAILABLE: &str = "__debezium_unavailable_value";
 
@@ -155,21 +173,13 @@ pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> 
         return general();
     }
     let Some(source) = payload.source else { return general() };
-    let table = match (source.schema.as_deref().or(source.db.as_deref()), source.table.as_deref()) {
-        (Some(ns), Some(t)) => format!("{ns}.{t}"),
-        _ => return Err(input_error(position, None, None, "row record without source.schema/source.table")),
-    };
+    let table = qualified(source.schema.as_deref().or(source.db.as_deref()), source.table.as_deref())
+        .ok_or_else(|| input_error(position, None, None, NO_TABLE))?;
     let txid = source.tx_id.as_ref().filter(|v| !v.is_null()).and_then(xid).or_else(|| {
         let t: Option<Json> = payload.transaction.and_then(|t| serde_json::from_str(t.get()).ok());
         t.as_ref().and_then(|t| t.get("id")).and_then(xid)
     });
-    let op = match payload.op.as_deref() {
-        Some("c") => RowOp::Insert,
-        Some("r") => RowOp::SnapshotRead,
-        Some("u") => RowOp::Update,
-        Some("d") => RowOp::Delete,
-        _ => return general(),
-    };
+    let Some(op) = payload.op.as_deref().and_then(row_op) else { return general() };
     let bad = |e: serde_json::Error| {
         input_error(position, Some(&table), txid.as_deref(), format!("malformed row image: {e}"))
     };
@@ -237,25 +247,19 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         };
     }
     let source = payload.get("source");
-    let table = source
-        .and_then(|s| {
-            let t = s.get("table")?.as_str()?;
-            let ns = s.get("schema").and_then(Json::as_str).or_else(|| s.get("db").and_then(Json::as_str))?;
-            Some(format!("{ns}.{t}"))
-        })
-        .ok_or_else(|| input_error(position, None, None, "row record without source.schema/source.table"))?;
+    let field = |k: &str| source.and_then(|s| s.get(k)).and_then(Json::as_str);
+    let table = qualified(field("schema").or_else(|| field("db")), field("table"))
+        .ok_or_else(|| input_error(position, None, None, NO_TABLE))?;
     let txid = source
         .and_then(|s| s.get("txId"))
         .filter(|v| !v.is_null())
         .and_then(xid)
         .or_else(|| payload.get("transaction").and_then(|t| t.get("id")).and_then(xid));
-    let op = match payload.get("op").and_then(Json::as_str) {
-        Some("c") => RowOp::Insert,
-        Some("r") => RowOp::SnapshotRead,
-        Some("u") => RowOp::Update,
-        Some("d") => RowOp::Delete,
-        Some("m") => return Ok(ChangeRecord::Skip),
-        Some("t") => {
+    let code = payload.get("op").and_then(Json::as_str);
+    let op = match (code.and_then(row_op), code) {
+        (Some(op), _) => op,
+        (None, Some("m")) => return Ok(ChangeRecord::Skip),
+        (None, Some("t")) => {
             return Err(input_error(
                 position,
                 Some(&table),
@@ -263,10 +267,10 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
                 "TRUNCATE (op \"t\") is not supported: it would delete every row without per-row events",
             ));
         }
-        Some(other) => {
+        (None, Some(other)) => {
             return Err(input_error(position, Some(&table), txid.as_deref(), format!("unknown op {other:?}")));
         }
-        None => {
+        (None, None) => {
             return Err(input_error(position, Some(&table), txid.as_deref(), "row record without \"op\""));
         }
     };
