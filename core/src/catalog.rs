@@ -62,6 +62,9 @@ pub struct CheckpointRecord {
     pub input: String,
     /// Where to resume that input.
     pub position: SourcePosition,
+    /// What the input's reader needs besides the position to resume (a
+    /// PostgreSQL source's snapshot filters), as it wrote it.
+    pub source_state: Option<String>,
 }
 
 /// The catalog of one lake.
@@ -86,6 +89,12 @@ impl Catalog {
                  version INTEGER PRIMARY KEY AUTOINCREMENT, description TEXT NOT NULL,
                  actions TEXT NOT NULL, ts INTEGER NOT NULL, created_us INTEGER NOT NULL);",
         )?;
+        // Lakes written before sources had state lack the column.
+        let has_state =
+            conn.prepare("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'source_state'")?.exists([])?;
+        if !has_state {
+            conn.execute("ALTER TABLE checkpoints ADD COLUMN source_state TEXT", [])?;
+        }
         Ok(Self { conn: Mutex::new(conn) })
     }
 
@@ -94,18 +103,27 @@ impl Catalog {
         let conn = lock(&self.conn);
         let row = conn
             .query_row(
-                "SELECT manifest, input, input_line, input_offset FROM checkpoints ORDER BY id DESC LIMIT 1",
+                "SELECT manifest, input, input_line, input_offset, source_state FROM checkpoints ORDER BY id DESC LIMIT 1",
                 [],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?)),
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                    ))
+                },
             )
             .optional()?;
-        row.map(|(m, input, line, offset)| {
+        row.map(|(m, input, line, offset, source_state)| {
             let manifest = serde_json::from_str(&m)
                 .map_err(|e| Error::Corrupt { what: "checkpoint manifest".into(), reason: e.to_string() })?;
             Ok(CheckpointRecord {
                 manifest,
                 input,
                 position: SourcePosition { line: line as u64, offset: offset as u64 },
+                source_state,
             })
         })
         .transpose()
@@ -118,6 +136,7 @@ impl Catalog {
         manifest: &Manifest,
         input: &str,
         position: SourcePosition,
+        source_state: Option<&str>,
         history: &[HistoryEntry],
         operations: &[CatalogOperation],
     ) -> Result<()> {
@@ -140,8 +159,8 @@ impl Catalog {
         }
         let m = serde_json::to_string(manifest).map_err(|e| Error::invariant(e.to_string()))?;
         tx.execute(
-            "INSERT INTO checkpoints (ts, manifest, input, input_line, input_offset, created_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![manifest.checkpoint_ts as i64, m, input, position.line as i64, position.offset as i64, now],
+            "INSERT INTO checkpoints (ts, manifest, input, input_line, input_offset, created_us, source_state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![manifest.checkpoint_ts as i64, m, input, position.line as i64, position.offset as i64, now, source_state],
         )?;
         tx.execute("DELETE FROM checkpoints WHERE id < (SELECT max(id) FROM checkpoints)", [])?;
         tx.commit()?;

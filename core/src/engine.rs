@@ -128,6 +128,19 @@ pub struct GcReport {
     pub objects_deleted: usize,
 }
 
+/// A regular file queued for storage GC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaleFile {
+    /// Its table.
+    pub table: String,
+    /// The file.
+    pub file: crate::ids::FileId,
+    /// Rows stored.
+    pub rows: usize,
+    /// Rows deleted as of the newest snapshot.
+    pub deleted: usize,
+}
+
 /// Memory held by the engine, by component.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct MemoryStats {
@@ -626,6 +639,32 @@ impl Engine {
             }
         }
         Ok(combined)
+    }
+
+    /// The storage-GC queue: regular files whose stale fraction (rows
+    /// deleted as of the newest snapshot over rows stored) is at least
+    /// `threshold`, most stale first. Rewriting them is storage GC's job.
+    pub fn storage_gc_candidates(&self, threshold: f64) -> Result<Vec<StaleFile>> {
+        let snapshot = self.snapshot();
+        let mut out = Vec::new();
+        for part in self.all_parts() {
+            let files: Vec<_> = lock(&part.state)
+                .files
+                .iter()
+                .filter_map(|f| match &f.kind {
+                    FileKind::Regular(r) => Some((f.id, r.rows(), Arc::clone(&f.vis))),
+                    FileKind::Virtual { .. } => None,
+                })
+                .collect();
+            for (file, rows, vis) in files {
+                let deleted = vis.deleted_rows(snapshot.qts())?.len();
+                if rows > 0 && deleted as f64 / rows as f64 >= threshold {
+                    out.push(StaleFile { table: part.table.name.clone(), file, rows, deleted });
+                }
+            }
+        }
+        out.sort_by(|a, b| (b.deleted * a.rows).cmp(&(a.deleted * b.rows)));
+        Ok(out)
     }
 
     /// One round of garbage collection below LWM: folds tile visibility,

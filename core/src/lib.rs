@@ -20,6 +20,7 @@ pub mod catalog;
 pub mod cdc;
 pub mod checkpoint;
 pub mod engine;
+pub mod frozen;
 pub mod lake;
 pub mod replay;
 pub mod scan;

@@ -102,6 +102,10 @@ pub struct ScanOptions {
     pub filter: Option<Predicate>,
     /// Visibility (always `Enforced` outside benchmarks).
     pub visibility: VisibilityMode,
+    /// Read at a visibility checkpoint instead of the tiles: rows visible at
+    /// its `qts` (the scan's own snapshot then only protects the files it
+    /// reads from being retired).
+    pub frozen: Option<std::sync::Arc<crate::frozen::FrozenVisibility>>,
 }
 
 /// Counters of one scan.
@@ -174,7 +178,7 @@ impl Scan {
             .collect();
         let output_schema =
             Arc::new(Schema::new(projection.iter().map(|&c| table.schema.field(c).clone()).collect::<Vec<_>>()));
-        let qts = snapshot.qts();
+        let qts = options.frozen.as_ref().map_or_else(|| snapshot.qts(), |f| f.qts());
         let mut metrics = ScanMetrics::default();
         let mut splits = VecDeque::new();
         for view in views {
@@ -231,7 +235,7 @@ impl Scan {
 
     /// The snapshot timestamp.
     pub fn qts(&self) -> Ts {
-        self.snapshot.qts()
+        self.options.frozen.as_ref().map_or_else(|| self.snapshot.qts(), |f| f.qts())
     }
 
     /// Schema of the returned batches.
@@ -321,13 +325,16 @@ impl Scan {
         let words = kernel::mask_words(rows);
         let mut mask = vec![u64::MAX; words];
         if self.options.visibility == VisibilityMode::Enforced {
-            let qts = self.snapshot.qts();
+            let qts = self.qts();
             let create_ts = create_ts_column(&batch)?;
             let (_, max_ts) = crate::lake::ts_range(create_ts);
             if max_ts > qts {
                 kernel::create_ts_mask(create_ts.values(), qts.get() as i64, &mut mask);
             }
-            vis.deleted_bitmap(offset, rows, qts, &mut self.scratch)?;
+            match &self.options.frozen {
+                Some(frozen) => frozen.deleted_bitmap(vis.file(), offset, rows, &mut self.scratch),
+                None => vis.deleted_bitmap(offset, rows, qts, &mut self.scratch)?,
+            }
             kernel::and_not(&mut mask, &self.scratch);
         }
         self.finish(batch, mask)

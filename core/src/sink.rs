@@ -187,6 +187,10 @@ pub struct Sink {
     stats: SinkStats,
     since_checkpoint: u64,
     last_checkpoint: Instant,
+    /// The input reader's state, written with each checkpoint.
+    source_state: Option<String>,
+    /// Where the newest checkpoint of this sink resumes.
+    checkpointed_at: Option<SourcePosition>,
 }
 
 impl Sink {
@@ -216,6 +220,8 @@ impl Sink {
             stats: SinkStats::default(),
             since_checkpoint: 0,
             last_checkpoint: Instant::now(),
+            source_state: None,
+            checkpointed_at: None,
         })
     }
 
@@ -223,6 +229,18 @@ impl Sink {
     /// handed them; a transaction still streaming in stays uncommitted.
     pub fn sync(&mut self) -> Result<()> {
         self.drain()
+    }
+
+    /// Sets what the next checkpoints record for the input reader to
+    /// resume with (besides the position).
+    pub fn set_source_state(&mut self, state: Option<String>) {
+        self.source_state = state;
+    }
+
+    /// Where the newest checkpoint written by this sink resumes: everything
+    /// before it is durable.
+    pub fn checkpointed_at(&self) -> Option<SourcePosition> {
+        self.checkpointed_at
     }
 
     /// Counters so far.
@@ -235,6 +253,10 @@ impl Sink {
     pub fn push(&mut self, record: ChangeRecord, position: SourcePosition, next: SourcePosition) -> Result<()> {
         match record {
             ChangeRecord::Skip => {}
+            ChangeRecord::Table(r) => {
+                let txid = r.txid.clone().unwrap_or_default();
+                self.table(&r, position, &txid)?;
+            }
             ChangeRecord::Begin { txid, commit_us } => {
                 self.seen_begin = true;
                 if let Some(open) = self.open.take() {
@@ -612,7 +634,15 @@ impl Sink {
         if self.failed_at.is_none() {
             drained?;
         }
-        self.catalog.commit_checkpoint(&manifest, &self.input, resume, &self.history, &self.operations)?;
+        self.catalog.commit_checkpoint(
+            &manifest,
+            &self.input,
+            resume,
+            self.source_state.as_deref(),
+            &self.history,
+            &self.operations,
+        )?;
+        self.checkpointed_at = Some(resume);
         self.history.clear();
         self.operations.clear();
         self.engine.drop_old_checkpoints(&manifest)?;

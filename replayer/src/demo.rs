@@ -356,7 +356,7 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
         })
         .into_iter()
         .collect();
-    lake.catalog.commit_checkpoint(&manifest, "fovea demo", Default::default(), &history, &[])?;
+    lake.catalog.commit_checkpoint(&manifest, "fovea demo", Default::default(), None, &history, &[])?;
 
     let rows = rows_done.load(Ordering::Relaxed);
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));

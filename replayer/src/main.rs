@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod query;
 mod replay;
+mod serve;
 mod workload;
 
 use std::path::PathBuf;
@@ -82,9 +83,15 @@ enum Command {
     },
     /// Run SQL against the lake's live tables (one snapshot for the whole query).
     Sql {
-        /// Lake directory.
+        /// Lake directory (or --connect to a running `fovea serve`).
+        #[arg(long, required_unless_present = "connect", conflicts_with = "connect")]
+        lake: Option<PathBuf>,
+        /// A `fovea serve` Flight SQL address, e.g. grpc://127.0.0.1:50051.
         #[arg(long)]
-        lake: PathBuf,
+        connect: Option<String>,
+        /// Bearer token for --connect.
+        #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         /// Mirror timestamp to read at (time travel; default: the newest).
         #[arg(long)]
         as_of: Option<u64>,
@@ -93,6 +100,45 @@ enum Command {
         format: query::OutputFormat,
         /// The SQL statement (without it: an interactive prompt).
         sql: Option<String>,
+    },
+    /// The replayer as a service: follow an input (a growing JSON-lines
+    /// file, or PostgreSQL logical replication), serve Flight SQL, the
+    /// visibility RPC and Prometheus metrics, run GC and checkpoints, until
+    /// SIGINT/SIGTERM (then a final checkpoint).
+    Serve {
+        /// Lake directory.
+        #[arg(long)]
+        lake: PathBuf,
+        /// file:PATH, or postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true]
+        #[arg(long)]
+        input: String,
+        /// Flight SQL address (anything but loopback needs --token).
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        listen: std::net::SocketAddr,
+        /// Prometheus metrics address (GET /metrics).
+        #[arg(long)]
+        metrics: Option<std::net::SocketAddr>,
+        /// Bearer token every RPC must carry.
+        #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
+        #[arg(long, default_value_t = 1.0)]
+        checkpoint_secs: f64,
+        /// Seconds between memory GC rounds (and combines, storage-GC queueing).
+        #[arg(long, default_value_t = 60.0)]
+        gc_secs: f64,
+        /// A query held open longer than this gets a visibility checkpoint.
+        #[arg(long, default_value_t = 30.0)]
+        long_query_secs: f64,
+        /// Stale fraction past which a file is queued for storage GC.
+        #[arg(long, default_value_t = 0.3)]
+        storage_gc_threshold: f64,
+        /// Milliseconds between polls of an idle input.
+        #[arg(long, default_value_t = 10)]
+        poll_ms: u64,
+        /// Shards (default: the number of cores).
+        #[arg(long)]
+        shards: Option<usize>,
     },
     /// Replayed source transactions and catalog operations, newest first.
     History {
@@ -218,15 +264,50 @@ fn main() -> ExitCode {
                 })
             }
         }
-        Command::Sql { lake, as_of, format, sql } => {
+        Command::Sql { lake, connect, token, as_of, format, sql } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            match sql {
-                Some(sql) => {
+            match (lake, connect, sql) {
+                (_, Some(url), Some(sql)) if as_of.is_none() => {
+                    query::remote(&url, token.as_deref(), format, &sql, &mut out)
+                        .and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+                }
+                (_, Some(_), Some(_)) => Err("--as-of is not available with --connect".into()),
+                (_, Some(_), None) => Err("--connect needs a SQL statement".into()),
+                (Some(lake), None, Some(sql)) => {
                     query::sql(&lake, as_of, format, &sql, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
                 }
-                None => query::interactive(&lake, as_of, format),
+                (Some(lake), None, None) => query::interactive(&lake, as_of, format),
+                (None, None, _) => Err("give --lake DIR or --connect URL".into()),
             }
+        }
+        Command::Serve {
+            lake,
+            input,
+            listen,
+            metrics,
+            token,
+            checkpoint_secs,
+            gc_secs,
+            long_query_secs,
+            storage_gc_threshold,
+            poll_ms,
+            shards,
+        } => {
+            let args = serve::ServeArgs {
+                lake,
+                input,
+                listen,
+                metrics,
+                token,
+                checkpoint_secs,
+                gc_secs,
+                long_query_secs,
+                storage_gc_threshold,
+                poll_ms,
+                shards,
+            };
+            serve::serve(args, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)))
         }
         Command::History { lake, table, limit } => {
             let stdout = std::io::stdout();

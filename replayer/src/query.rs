@@ -49,6 +49,14 @@ fn run_one(
     Ok(())
 }
 
+/// Runs one SQL statement on a running `fovea serve` over Flight SQL.
+pub fn remote(url: &str, token: Option<&str>, format: OutputFormat, text: &str, out: &mut dyn Write) -> CliResult<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let batches =
+        runtime.block_on(crate::serve::flight::remote_query(url, token, text)).map_err(|e| format!("{url}: {e}"))?;
+    write_batches(&batches, format, out)
+}
+
 /// `snapshot ts N reflects the source as of … (freshness … )`.
 fn freshness_line(engine: &fovea_core::Engine, qts: Ts, now_us: i64) -> String {
     match engine.source_commit_at(qts) {

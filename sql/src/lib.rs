@@ -23,8 +23,12 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
+use fovea_core::frozen::FrozenVisibility;
 use fovea_core::scan::{CmpOp, Predicate};
 use fovea_core::{Engine, ScanOptions, Snapshot, TableDef, Value, VisibilityMode};
+
+/// Columns fovea adds to a table (never shown to SQL) start with this.
+pub const HIDDEN_PREFIX: &str = "_fovea_";
 
 /// A fovea table as DataFusion sees it, at one snapshot.
 pub struct FoveaTable {
@@ -32,6 +36,11 @@ pub struct FoveaTable {
     def: Arc<TableDef>,
     snapshot: Snapshot,
     visibility: VisibilityMode,
+    frozen: Option<Arc<FrozenVisibility>>,
+    /// The table's columns SQL sees (all but fovea's hidden `_fovea_*`
+    /// ones, such as the row id of a table without a primary key).
+    columns: Vec<usize>,
+    schema: SchemaRef,
 }
 
 impl std::fmt::Debug for FoveaTable {
@@ -43,13 +52,26 @@ impl std::fmt::Debug for FoveaTable {
 impl FoveaTable {
     /// `def` of `engine` at `snapshot`.
     pub fn new(engine: Arc<Engine>, def: Arc<TableDef>, snapshot: Snapshot) -> Self {
-        FoveaTable { engine, def, snapshot, visibility: VisibilityMode::Enforced }
+        let columns: Vec<usize> = (0..def.schema.fields().len())
+            .filter(|&i| !def.schema.field(i).name().starts_with(HIDDEN_PREFIX))
+            .collect();
+        let schema = Arc::new(arrow::datatypes::Schema::new(
+            columns.iter().map(|&i| def.schema.field(i).clone()).collect::<Vec<_>>(),
+        ));
+        FoveaTable { engine, def, snapshot, visibility: VisibilityMode::Enforced, frozen: None, columns, schema }
     }
 
     /// The same with visibility off: every stored version, for measuring
     /// what VFoR costs. Never for answers.
     pub fn without_visibility(mut self) -> Self {
         self.visibility = VisibilityMode::Off;
+        self
+    }
+
+    /// The same reading at a visibility checkpoint (see
+    /// [`fovea_core::frozen`]); `snapshot` then only keeps the files read.
+    pub fn at_checkpoint(mut self, frozen: Arc<FrozenVisibility>) -> Self {
+        self.frozen = Some(frozen);
         self
     }
 
@@ -108,7 +130,7 @@ fn literal_value(v: &ScalarValue, t: &arrow::datatypes::DataType) -> Option<Valu
 #[async_trait]
 impl TableProvider for FoveaTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.def.schema)
+        Arc::clone(&self.schema)
     }
 
     fn table_type(&self) -> TableType {
@@ -143,7 +165,15 @@ impl TableProvider for FoveaTable {
             1 => predicates.into_iter().next(),
             _ => Some(Predicate::And(predicates)),
         };
-        let options = ScanOptions { projection: projection.cloned(), filter, visibility: self.visibility };
+        let options = ScanOptions {
+            projection: Some(match projection {
+                Some(p) => p.iter().map(|&i| self.columns[i]).collect(),
+                None => self.columns.clone(),
+            }),
+            filter,
+            visibility: self.visibility,
+            frozen: self.frozen.clone(),
+        };
         let (engine, snapshot, name) = (Arc::clone(&self.engine), self.snapshot.clone(), self.def.name.clone());
         // The scan reads files synchronously: keep it off the async workers.
         let (schema, batches) =
@@ -171,6 +201,25 @@ pub fn session_with(
     snapshot: &Snapshot,
     visibility: VisibilityMode,
 ) -> datafusion::common::Result<SessionContext> {
+    session_full(engine, snapshot, visibility, None)
+}
+
+/// A session reading at a visibility checkpoint: every table as of
+/// `frozen.qts()`, with `snapshot` (any current one) keeping files alive.
+pub fn session_at_checkpoint(
+    engine: &Arc<Engine>,
+    snapshot: &Snapshot,
+    frozen: Arc<FrozenVisibility>,
+) -> datafusion::common::Result<SessionContext> {
+    session_full(engine, snapshot, VisibilityMode::Enforced, Some(frozen))
+}
+
+fn session_full(
+    engine: &Arc<Engine>,
+    snapshot: &Snapshot,
+    visibility: VisibilityMode,
+    frozen: Option<Arc<FrozenVisibility>>,
+) -> datafusion::common::Result<SessionContext> {
     let ctx = SessionContext::new();
     let catalog = ctx.catalog("datafusion").ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
     for def in engine.tables() {
@@ -180,6 +229,7 @@ pub fn session_with(
         }
         let mut provider = FoveaTable::new(Arc::clone(engine), Arc::clone(&def), snapshot.clone());
         provider.visibility = visibility;
+        provider.frozen = frozen.clone();
         ctx.register_table(TableReference::partial(schema, table), Arc::new(provider))?;
     }
     Ok(ctx)

@@ -13,10 +13,12 @@
 //! | Debezium JSON: Kafka-style records or bare values, with or without schema | [`debezium`] |
 //! | AWS DMS JSON (Kinesis / Kafka target) | [`dms`] |
 //! | `CREATE TABLE` statements overriding inferred types | [`ddl`] |
+//! | PostgreSQL logical replication (`pgoutput`) | [`pgoutput`] |
 
 pub mod ddl;
 pub mod debezium;
 pub mod dms;
+pub mod pgoutput;
 pub mod source;
 pub mod types;
 
@@ -26,7 +28,7 @@ use serde_json::Value as Json;
 use crate::error::{Error, Result};
 
 /// Where a record came from: 1-based line and byte offset of the line start
-/// (in the decompressed stream).
+/// (in the decompressed stream), or, with line 0, a WAL position (LSN).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SourcePosition {
     /// 1-based line number.
@@ -37,7 +39,12 @@ pub struct SourcePosition {
 
 impl std::fmt::Display for SourcePosition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "line {} (byte {})", self.line, self.offset)
+        if self.line == 0 {
+            // Positions in a WAL (PostgreSQL logical replication) have no line.
+            write!(f, "LSN {}", pgoutput::Lsn(self.offset))
+        } else {
+            write!(f, "line {} (byte {})", self.line, self.offset)
+        }
     }
 }
 
@@ -119,6 +126,10 @@ pub enum ChangeRecord {
     },
     /// A row change.
     Row(Box<RowChange>),
+    /// A table's definition without a row (its columns in `declared`, its
+    /// key in `key_names`): the table is created if it is new, so an empty
+    /// source table exists in the mirror too.
+    Table(Box<RowChange>),
     /// A Kafka tombstone (`value: null`) or other record with nothing to apply.
     Skip,
 }

@@ -14,6 +14,10 @@ pub struct LineSource {
     reader: Box<dyn BufRead + Send>,
     next: SourcePosition,
     name: String,
+    /// Follow a growing file: a last line without its newline is kept
+    /// back until the rest arrives.
+    follow: bool,
+    partial: String,
 }
 
 impl LineSource {
@@ -28,7 +32,13 @@ impl LineSource {
                     message: "standard input cannot resume from a checkpoint; replay from a file to resume".into(),
                 });
             }
-            return Ok(Self { reader: Box::new(BufReader::new(std::io::stdin())), next: start, name: "stdin".into() });
+            return Ok(Self {
+                reader: Box::new(BufReader::new(std::io::stdin())),
+                next: start,
+                name: "stdin".into(),
+                follow: false,
+                partial: String::new(),
+            });
         }
         let mut file = File::open(path).map_err(|e| {
             Error::Io(std::io::Error::new(e.kind(), format!("cannot open input {}: {e}", path.display())))
@@ -54,7 +64,21 @@ impl LineSource {
                 ),
             });
         }
-        Ok(Self { reader, next: start, name: PathBuf::from(path).display().to_string() })
+        Ok(Self {
+            reader,
+            next: start,
+            name: PathBuf::from(path).display().to_string(),
+            follow: false,
+            partial: String::new(),
+        })
+    }
+
+    /// Follows the file as it grows (like `tail -f`): at the end,
+    /// [`Self::next_line`] returns `None` and may be called again later; a
+    /// line is returned only once its newline was written.
+    pub fn follow(mut self) -> Self {
+        self.follow = true;
+        self
     }
 
     /// Name for messages.
@@ -77,13 +101,51 @@ impl LineSource {
             txid: None,
             message: format!("cannot read {}: {e}", self.name),
         })?;
-        if n == 0 {
+        if self.follow {
+            if !self.partial.is_empty() {
+                buf.insert_str(0, &self.partial);
+            }
+            if !buf.ends_with('\n') {
+                self.partial = std::mem::take(buf);
+                return Ok(None);
+            }
+            self.partial.clear();
+        } else if n == 0 {
             return Ok(None);
         }
+        let n = buf.len();
         self.next = SourcePosition { line: pos.line + 1, offset: pos.offset + n as u64 };
         while buf.ends_with('\n') || buf.ends_with('\r') {
             buf.pop();
         }
         Ok(Some(SourcePosition { line: pos.line + 1, offset: pos.offset }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn follow_returns_a_line_only_once_its_newline_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(b"one\ntw").unwrap();
+        f.flush().unwrap();
+        let mut src = LineSource::open(&path, SourcePosition::default()).unwrap().follow();
+        let mut buf = String::new();
+        assert_eq!(src.next_line(&mut buf).unwrap(), Some(SourcePosition { line: 1, offset: 0 }));
+        assert_eq!(buf, "one");
+        assert_eq!(src.next_line(&mut buf).unwrap(), None);
+        assert_eq!(src.position(), SourcePosition { line: 1, offset: 4 });
+        f.write_all(b"o\nthree\n").unwrap();
+        f.flush().unwrap();
+        assert_eq!(src.next_line(&mut buf).unwrap(), Some(SourcePosition { line: 2, offset: 4 }));
+        assert_eq!(buf, "two");
+        assert_eq!(src.next_line(&mut buf).unwrap(), Some(SourcePosition { line: 3, offset: 8 }));
+        assert_eq!(src.next_line(&mut buf).unwrap(), None);
+        assert_eq!(src.position(), SourcePosition { line: 3, offset: 14 });
     }
 }

@@ -1,0 +1,183 @@
+//! Prometheus metrics of `fovea serve`, served as text on `/metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fovea_core::Engine;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Counters and gauges the serve loop and the background loops update.
+///
+/// All atomics are independent statistics read by the scraper: `Relaxed`
+/// is enough, no other memory is published through them.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Row changes applied.
+    pub rows: AtomicU64,
+    /// Source transactions applied.
+    pub transactions: AtomicU64,
+    /// How far the input is ahead of what was applied (bytes of WAL or of file).
+    pub input_lag_bytes: AtomicU64,
+    /// Checkpoints written, and their total duration.
+    pub checkpoints: AtomicU64,
+    /// Total checkpoint time, µs.
+    pub checkpoint_us: AtomicU64,
+    /// Duration of the last checkpoint, µs.
+    pub last_checkpoint_us: AtomicU64,
+    /// Memory GC rounds, and their total duration.
+    pub gc_rounds: AtomicU64,
+    /// Total memory GC time, µs.
+    pub gc_us: AtomicU64,
+    /// Combines of flushed blocks into regular files.
+    pub files_combined: AtomicU64,
+    /// Files queued for storage GC (stale fraction past the threshold).
+    pub storage_gc_queued: AtomicU64,
+    /// Visibility checkpoints written for long-running queries.
+    pub visibility_checkpoints: AtomicU64,
+    /// Queries answered over Flight SQL.
+    pub queries: AtomicU64,
+    /// Source commit time of the newest applied transaction, µs (0: none).
+    pub newest_commit_us: AtomicI64,
+    /// Errors by kind.
+    pub errors: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Metrics {
+    /// Counts an error of `kind`.
+    pub fn error(&self, kind: &str) {
+        *self.errors.lock().unwrap_or_else(|p| p.into_inner()).entry(kind.to_owned()).or_default() += 1;
+    }
+
+    /// The Prometheus text exposition of these metrics and the engine's.
+    pub fn render(&self, engine: &Engine, started: std::time::Instant) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(out, "# HELP fovea_{name} {help}\n# TYPE fovea_{name} {kind}\nfovea_{name} {value}");
+        };
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        metric("rows_total", "counter", "Row changes applied.", load(&self.rows));
+        metric("transactions_total", "counter", "Source transactions applied.", load(&self.transactions));
+        metric("rows_per_second", "gauge", "Average rows applied per second since start.", load(&self.rows) / secs);
+        metric("input_lag_bytes", "gauge", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes));
+        let clock = engine.clock();
+        metric("hwm", "gauge", "High watermark: newest mirror ts visible to new queries.", clock.hwm().get() as f64);
+        metric("lwm", "gauge", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64);
+        let now = fovea_core::catalog::now_us();
+        let freshness = match engine.source_commit_at(clock.hwm()) {
+            Some((_, commit)) => (now - commit) as f64 / 1e6,
+            None => f64::NAN,
+        };
+        metric(
+            "freshness_seconds",
+            "gauge",
+            "Now minus the source commit time of the newest visible transaction.",
+            freshness,
+        );
+        let memory = engine.memory();
+        let _ = writeln!(out, "# HELP fovea_memory_bytes Memory held, by component.\n# TYPE fovea_memory_bytes gauge");
+        for (component, bytes) in
+            [("visibility", memory.visibility_bytes), ("index", memory.index_bytes), ("buffer", memory.buffer_bytes)]
+        {
+            let _ = writeln!(out, "fovea_memory_bytes{{component=\"{component}\"}} {bytes}");
+        }
+        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(out, "# HELP fovea_{name} {help}\n# TYPE fovea_{name} {kind}\nfovea_{name} {value}");
+        };
+        metric(
+            "visibility_bits_per_tuple",
+            "gauge",
+            "Tile visibility bits per stored tuple.",
+            memory.visibility_bits_per_tuple(),
+        );
+        metric("checkpoints_total", "counter", "Checkpoints written.", load(&self.checkpoints));
+        metric(
+            "checkpoint_seconds_total",
+            "counter",
+            "Time spent writing checkpoints.",
+            load(&self.checkpoint_us) / 1e6,
+        );
+        metric(
+            "last_checkpoint_seconds",
+            "gauge",
+            "Duration of the last checkpoint.",
+            load(&self.last_checkpoint_us) / 1e6,
+        );
+        metric("gc_rounds_total", "counter", "Memory GC rounds.", load(&self.gc_rounds));
+        metric("gc_seconds_total", "counter", "Time spent in memory GC.", load(&self.gc_us) / 1e6);
+        metric(
+            "files_combined_total",
+            "counter",
+            "Flushed blocks combined into regular files.",
+            load(&self.files_combined),
+        );
+        metric(
+            "storage_gc_queued",
+            "gauge",
+            "Files whose stale fraction passed the storage-GC threshold.",
+            load(&self.storage_gc_queued),
+        );
+        metric(
+            "visibility_checkpoints_total",
+            "counter",
+            "Visibility checkpoints written for long-running queries.",
+            load(&self.visibility_checkpoints),
+        );
+        metric("queries_total", "counter", "Queries answered.", load(&self.queries));
+        metric("rss_bytes", "gauge", "Resident set size of the process.", rss_bytes().map_or(f64::NAN, |b| b as f64));
+        let _ = writeln!(out, "# HELP fovea_errors_total Errors by kind.\n# TYPE fovea_errors_total counter");
+        for (kind, n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "fovea_errors_total{{kind=\"{kind}\"}} {n}");
+        }
+        out
+    }
+}
+
+/// Resident set size from `/proc/self/statm`.
+pub fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Serves `GET /metrics` (and `/healthz`) until the runtime stops.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    engine: Arc<Engine>,
+    started: std::time::Instant,
+) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let metrics = Arc::clone(&metrics);
+        let engine = Arc::clone(&engine);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            // Read the request head (bounded); the body, if any, is ignored.
+            while n < buf.len() {
+                match stream.read(&mut buf[n..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => n += k,
+                }
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = match path {
+                "/metrics" => ("200 OK", metrics.render(&engine, started)),
+                "/healthz" => ("200 OK", "ok\n".to_owned()),
+                _ => ("404 Not Found", "try /metrics\n".to_owned()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,318 @@
+//! `fovea serve`: the long-lived replayer.
+//!
+//! ```text
+//!  input (file:PATH followed, or postgres://…?slot=…&publication=…)
+//!    └─▶ this thread: decode ─▶ Sink ─▶ shard workers        checkpoint every --checkpoint-secs
+//!                                          │                    └─▶ confirm the slot up to it
+//!  tokio runtime: Flight SQL + visibility RPC (--listen), Prometheus (--metrics)
+//!  maintenance thread: memory GC, combine, storage-GC queue, visibility checkpoints of long queries
+//! ```
+//!
+//! SIGINT / SIGTERM stop the input loop; a final checkpoint is written and
+//! confirmed before the process exits.
+
+pub mod flight;
+pub mod metrics;
+pub mod postgres;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fovea_core::catalog::{OpenMode, open_lake};
+use fovea_core::cdc::source::LineSource;
+use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
+use fovea_core::sink::{Sink, SinkConfig};
+use fovea_core::{Engine, EngineConfig};
+
+use self::flight::{FlightOptions, QueryRegistry};
+use self::metrics::Metrics;
+use self::postgres::{PgInput, PgSource};
+use crate::replay::CliResult;
+
+/// Options of `fovea serve`.
+#[derive(Clone, Debug)]
+pub struct ServeArgs {
+    /// Lake directory.
+    pub lake: PathBuf,
+    /// `file:PATH` or a `postgres://` URL.
+    pub input: String,
+    /// Flight SQL address.
+    pub listen: SocketAddr,
+    /// Prometheus address.
+    pub metrics: Option<SocketAddr>,
+    /// Bearer token required on every RPC.
+    pub token: Option<String>,
+    /// Seconds between checkpoints (and slot confirmations).
+    pub checkpoint_secs: f64,
+    /// Seconds between memory GC rounds.
+    pub gc_secs: f64,
+    /// A query held open longer than this gets a visibility checkpoint.
+    pub long_query_secs: f64,
+    /// Stale fraction past which a file is queued for storage GC.
+    pub storage_gc_threshold: f64,
+    /// Sleep between polls of an idle input, ms.
+    pub poll_ms: u64,
+    /// Shards.
+    pub shards: Option<usize>,
+}
+
+enum Input {
+    File(LineSource),
+    Postgres(Box<PgSource>),
+}
+
+/// Runs until SIGINT/SIGTERM (or `stop` is set), then checkpoints.
+pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
+    if !args.listen.ip().is_loopback() && args.token.is_none() {
+        return Err(format!(
+            "--listen {} is not a loopback address: set --token (or FOVEA_TOKEN) so every RPC must carry it",
+            args.listen
+        )
+        .into());
+    }
+    let mut config = EngineConfig::default();
+    if let Some(s) = args.shards {
+        config = config.with_shards(s);
+    }
+    let lake = open_lake(&args.lake, config, OpenMode::Write)?;
+    let engine = Arc::clone(&lake.engine);
+    let metrics = Arc::new(Metrics::default());
+    let started = Instant::now();
+
+    let (input_name, mut input) = open_input(&args.input, lake.checkpoint.as_ref())?;
+    let sink_config = SinkConfig {
+        // This loop decides when to checkpoint (it must confirm the slot after).
+        checkpoint_txns: u64::MAX,
+        checkpoint_interval: Duration::MAX,
+        ..SinkConfig::default()
+    };
+    let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
+    if let Some(c) = lake.checkpoint.as_ref().filter(|c| c.input == input_name) {
+        sink.set_source_state(c.source_state.clone());
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let queries = Arc::new(QueryRegistry::new());
+    let flight_options = FlightOptions { token: args.token.clone() };
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(args.listen))?;
+    let flight_addr = listener.local_addr()?;
+    runtime.spawn(flight::serve_flight(
+        listener,
+        Arc::clone(&engine),
+        Arc::clone(&metrics),
+        Arc::clone(&queries),
+        flight_options,
+    ));
+    if let Some(addr) = args.metrics {
+        let l = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
+        tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
+        runtime.spawn(metrics::serve_metrics(l, Arc::clone(&metrics), Arc::clone(&engine), started));
+    }
+    {
+        let stop = Arc::clone(&stop);
+        runtime.spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("stopping: final checkpoint");
+            // Release: the input loop's Acquire load sees the request.
+            stop.store(true, Ordering::Release);
+        });
+    }
+    tracing::info!(%flight_addr, input = %input_name, "serving");
+    // Tests and scripts wait for this line.
+    println!("fovea serve: Flight SQL on grpc://{flight_addr}");
+
+    let maintenance = {
+        let (engine, metrics, queries, stop, args) =
+            (Arc::clone(&engine), Arc::clone(&metrics), Arc::clone(&queries), Arc::clone(&stop), args.clone());
+        std::thread::Builder::new()
+            .name("fovea-maintenance".into())
+            .spawn(move || maintenance_loop(&engine, &metrics, &queries, &stop, &args))?
+    };
+
+    let result = input_loop(&mut input, &mut sink, &engine, &metrics, &args, &stop);
+    // Acquire/Release: pairs with the maintenance loop's load.
+    stop.store(true, Ordering::Release);
+    let _ = maintenance.join();
+    let position = input_position(&input);
+    let last = checkpoint(&mut sink, &mut input, position, &metrics);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result?;
+    last?;
+    engine.flush()?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn open_input(spec: &str, checkpoint: Option<&fovea_core::catalog::CheckpointRecord>) -> CliResult<(String, Input)> {
+    if let Some(path) = spec.strip_prefix("file:") {
+        let name =
+            std::fs::canonicalize(path).map_err(|e| format!("cannot open input {path}: {e}"))?.display().to_string();
+        let start = match checkpoint {
+            Some(c) if c.input == name => c.position,
+            _ => SourcePosition::default(),
+        };
+        Ok((name, Input::File(LineSource::open(std::path::Path::new(path), start)?.follow())))
+    } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        let pg = PgInput::parse(spec)?;
+        let name = pg.name();
+        let resume = checkpoint.filter(|c| c.input == name).map(|c| (c.position, c.source_state.clone()));
+        Ok((name, Input::Postgres(Box::new(PgSource::open(pg, resume)?))))
+    } else {
+        Err(format!("--input {spec:?}: expected file:PATH or postgres://…?slot=NAME&publication=NAME").into())
+    }
+}
+
+fn input_position(input: &Input) -> SourcePosition {
+    match input {
+        Input::File(f) => f.position(),
+        Input::Postgres(p) => p.position(),
+    }
+}
+
+/// Writes a checkpoint resuming at `position` and confirms it to the source.
+fn checkpoint(sink: &mut Sink, input: &mut Input, position: SourcePosition, metrics: &Metrics) -> CliResult<()> {
+    let began = Instant::now();
+    if let Input::Postgres(pg) = input {
+        sink.set_source_state(Some(pg.state()));
+    }
+    sink.maybe_checkpoint(position, true)?;
+    let us = began.elapsed().as_micros() as u64;
+    // Relaxed: statistics (see `Metrics`).
+    metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
+    metrics.checkpoint_us.fetch_add(us, Ordering::Relaxed);
+    metrics.last_checkpoint_us.store(us, Ordering::Relaxed);
+    if let (Input::Postgres(pg), Some(at)) = (input, sink.checkpointed_at()) {
+        pg.confirm(at)?;
+    }
+    Ok(())
+}
+
+fn input_loop(
+    input: &mut Input,
+    sink: &mut Sink,
+    engine: &Engine,
+    metrics: &Metrics,
+    args: &ServeArgs,
+    stop: &AtomicBool,
+) -> CliResult<()> {
+    let checkpoint_every = Duration::from_secs_f64(args.checkpoint_secs);
+    let mut last_checkpoint = Instant::now();
+    let mut dirty = false;
+    let mut line = String::new();
+    let mut last_lag = Instant::now();
+    if let Input::Postgres(pg) = input {
+        let rows = pg.copy_new_tables(sink, engine)?;
+        if rows > 0 {
+            metrics.rows.fetch_add(rows, Ordering::Relaxed);
+            dirty = true;
+        }
+    }
+    // Acquire: pairs with the signal handler's Release store.
+    while !stop.load(Ordering::Acquire) {
+        let progressed = match input {
+            Input::File(src) => {
+                let mut n = 0u64;
+                while n < 4096 {
+                    let Some(pos) = src.next_line(&mut line)? else { break };
+                    let record = decode_line(&line, pos, InputFormat::Auto).inspect_err(|_| metrics.error("input"))?;
+                    sink.push(record, pos, src.position()).inspect_err(|_| metrics.error("apply"))?;
+                    n += 1;
+                }
+                let s = sink.stats();
+                metrics.rows.store(s.rows, Ordering::Relaxed);
+                metrics.transactions.store(s.applied, Ordering::Relaxed);
+                n > 0
+            }
+            Input::Postgres(pg) => {
+                let out = pg.poll(sink, engine).inspect_err(|_| metrics.error("postgres"))?;
+                metrics.rows.fetch_add(out.rows, Ordering::Relaxed);
+                metrics.transactions.fetch_add(out.transactions, Ordering::Relaxed);
+                if let Some(c) = out.newest_commit_us {
+                    metrics.newest_commit_us.store(c, Ordering::Relaxed);
+                }
+                if last_lag.elapsed() >= Duration::from_millis(500) {
+                    last_lag = Instant::now();
+                    let server = pg.server_lsn()?;
+                    metrics.input_lag_bytes.store(server.0.saturating_sub(pg.applied().0), Ordering::Relaxed);
+                }
+                // Re-reading a long unconfirmed window costs PostgreSQL
+                // decoding time on every poll: confirm sooner.
+                if out.reread > 10_000 {
+                    last_checkpoint = Instant::now() - checkpoint_every;
+                }
+                out.transactions > 0
+            }
+        };
+        dirty |= progressed;
+        if dirty && last_checkpoint.elapsed() >= checkpoint_every {
+            let position = input_position(input);
+            checkpoint(sink, input, position, metrics).inspect_err(|_| metrics.error("checkpoint"))?;
+            last_checkpoint = Instant::now();
+            dirty = false;
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(args.poll_ms));
+        }
+    }
+    Ok(())
+}
+
+fn maintenance_loop(engine: &Engine, metrics: &Metrics, queries: &QueryRegistry, stop: &AtomicBool, args: &ServeArgs) {
+    let gc_every = Duration::from_secs_f64(args.gc_secs);
+    let mut last_gc = Instant::now();
+    // Acquire: pairs with the Release store that stops the server.
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        match queries.checkpoint_long_queries(engine, Duration::from_secs_f64(args.long_query_secs)) {
+            Ok(n) => {
+                metrics.visibility_checkpoints.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                metrics.error("visibility_checkpoint");
+                tracing::error!("visibility checkpoint failed: {e}");
+            }
+        }
+        if last_gc.elapsed() < gc_every {
+            continue;
+        }
+        last_gc = Instant::now();
+        let began = Instant::now();
+        match engine.gc() {
+            Ok(report) => tracing::debug!(?report, "memory gc"),
+            Err(e) => {
+                metrics.error("gc");
+                tracing::error!("memory gc failed: {e}");
+            }
+        }
+        metrics.gc_rounds.fetch_add(1, Ordering::Relaxed);
+        metrics.gc_us.fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match engine.combine() {
+            Ok(n) => {
+                metrics.files_combined.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                metrics.error("combine");
+                tracing::error!("combine failed: {e}");
+            }
+        }
+        match engine.storage_gc_candidates(args.storage_gc_threshold) {
+            Ok(files) => {
+                metrics.storage_gc_queued.store(files.len() as u64, Ordering::Relaxed);
+                if !files.is_empty() {
+                    tracing::info!(files = files.len(), "files queued for storage GC");
+                }
+            }
+            Err(e) => {
+                metrics.error("storage_gc_queue");
+                tracing::error!("storage gc queue failed: {e}");
+            }
+        }
+    }
+}

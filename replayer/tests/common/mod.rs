@@ -1,0 +1,267 @@
+//! Helpers of the `fovea serve` tests: a running server process, Flight SQL
+//! queries through `fovea sql --connect`, and a throwaway PostgreSQL cluster.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn fovea() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fovea"))
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `fovea serve` process.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub metrics: Option<String>,
+    pub stderr: PathBuf,
+}
+
+impl Server {
+    /// Starts `fovea serve` with `args` and waits for it to listen.
+    pub fn start(lake: &Path, input: &str, extra: &[&str]) -> Server {
+        let port = free_port();
+        let mport = free_port();
+        let stderr = lake.with_extension(format!("serve-{port}.log"));
+        let mut cmd = fovea();
+        cmd.args(["serve", "--lake"])
+            .arg(lake)
+            .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--metrics", &format!("127.0.0.1:{mport}")])
+            .args(extra)
+            .env("FOVEA_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        Self::spawn(cmd, stderr, Some(format!("127.0.0.1:{mport}")))
+    }
+
+    /// Spawns a prepared `fovea serve` command and waits for its ready line.
+    pub fn spawn(mut cmd: Command, stderr: PathBuf, metrics: Option<String>) -> Server {
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                if let Some(url) = line.trim().strip_prefix("fovea serve: Flight SQL on ") {
+                    let _ = tx.send(url.to_owned());
+                }
+                line.clear();
+            }
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(u) => u,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("fovea serve did not start:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+            }
+        };
+        Server { child, url, metrics, stderr }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGKILL: no final checkpoint.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM and wait: a clean stop with a final checkpoint.
+    pub fn stop(mut self) -> String {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let status = wait_timeout(&mut self.child, Duration::from_secs(60));
+        let log = self.log();
+        assert!(status.is_some_and(|s| s.success()), "fovea serve did not stop cleanly: {status:?}\n{log}");
+        log
+    }
+
+    /// Runs SQL through `fovea sql --connect`; CSV rows without the header.
+    pub fn sql(&self, sql: &str) -> Result<String, String> {
+        self.sql_with_token(sql, None)
+    }
+
+    pub fn sql_with_token(&self, sql: &str, token: Option<&str>) -> Result<String, String> {
+        let mut cmd = fovea();
+        cmd.args(["sql", "--format", "csv", "--connect", &self.url, sql]).env_remove("FOVEA_TOKEN");
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        let out = cmd.output().unwrap();
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        let text = String::from_utf8(out.stdout).unwrap();
+        Ok(text.split_once('\n').map_or(String::new(), |(_, rest)| rest.to_owned()))
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        let addr = self.metrics.as_ref().expect("started with --metrics");
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    }
+
+    /// One metric's value.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let began = Instant::now();
+    while began.elapsed() < limit {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Retries `f` until it returns `Some`, or panics with `what` after `limit`.
+pub fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let began = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(began.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A throwaway PostgreSQL 15 cluster on 127.0.0.1 with `wal_level = logical`.
+pub struct PgCluster {
+    pub bin: PathBuf,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+fn as_postgres(program: &Path) -> Command {
+    // PostgreSQL refuses to run as root: drop to the postgres user then.
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+pub fn pg_bin() -> PathBuf {
+    if let Ok(b) = std::env::var("FOVEA_PG_BIN") {
+        return PathBuf::from(b);
+    }
+    let debian = PathBuf::from("/usr/lib/postgresql/15/bin");
+    if debian.join("initdb").is_file() {
+        return debian;
+    }
+    panic!(
+        "PostgreSQL 15 server binaries not found (looked in /usr/lib/postgresql/15/bin and $FOVEA_PG_BIN): \
+         install Debian's postgresql-15 (.ci/run does)"
+    );
+}
+
+impl PgCluster {
+    pub fn start() -> PgCluster {
+        let bin = pg_bin();
+        let dir = tempfile::Builder::new().prefix("fovea-pg").tempdir_in("/tmp").unwrap();
+        let data = dir.path().join("data");
+        if is_root() {
+            assert!(Command::new("chown").args(["postgres:postgres"]).arg(dir.path()).status().unwrap().success());
+        }
+        let out = as_postgres(&bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        let port = free_port();
+        let conf = format!(
+            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\nwal_level = logical\n\
+             max_replication_slots = 8\nmax_wal_senders = 8\nfsync = off\nsynchronous_commit = off\ntimezone = 'UTC'\n",
+            dir.path().display()
+        );
+        let conf_path = data.join("postgresql.conf");
+        let mut f = std::fs::OpenOptions::new().append(true).open(&conf_path).unwrap();
+        f.write_all(conf.as_bytes()).unwrap();
+        let out = as_postgres(&bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.path().join("pg.log"))
+            .args(["-w", "start"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&out.stderr));
+        let pg = PgCluster { bin, dir, port };
+        pg.psql("postgres", "CREATE DATABASE bench");
+        pg
+    }
+
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Runs SQL with psql; returns its unaligned output.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres"])
+            .args(["-p", &self.port.to_string(), "-d", db, "-c", sql])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `pgbench` with `args` against `db`.
+    pub fn pgbench(&self, db: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(self.bin.join("pgbench"));
+        c.args(["-h", "127.0.0.1", "-U", "postgres", "-p", &self.port.to_string()]).args(args).arg(db);
+        c
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = as_postgres(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
+}

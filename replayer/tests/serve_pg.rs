@@ -1,0 +1,173 @@
+//! `fovea serve` following a real PostgreSQL 15 through logical
+//! replication: initial copy of tables filled before fovea starts, pgbench
+//! and a script with deletes, key changes, TOASTed values and multi-table
+//! transactions while fovea follows the slot, a SIGKILL in the middle, a
+//! table that joins the publication later, and every table read through
+//! Flight SQL compared with PostgreSQL's own `COPY … TO`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PgCluster, Server, eventually};
+
+/// Tables compared, with the ORDER BY that makes both sides' rows line up.
+const TABLES: &[(&str, &str)] = &[
+    ("public.pgbench_accounts", "aid"),
+    ("public.pgbench_branches", "bid"),
+    ("public.pgbench_tellers", "tid"),
+    ("public.pgbench_history", "tid, bid, aid, delta, mtime"),
+    ("public.orders", "id"),
+    ("public.order_lines", "order_id, line"),
+];
+
+const SCHEMA: &str = "
+CREATE TABLE orders (id serial PRIMARY KEY, customer int NOT NULL, amount numeric(12,2), note text,
+                     created timestamptz NOT NULL DEFAULT now(), shipped date, flag boolean, score double precision);
+CREATE TABLE order_lines (order_id int NOT NULL, line int NOT NULL, qty int NOT NULL, PRIMARY KEY (order_id, line));
+INSERT INTO orders (customer, amount, note, shipped, flag, score)
+  SELECT g % 50, g * 1.25, CASE WHEN g % 10 = 0 THEN (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 200) i) ELSE 'n' || g END,
+         DATE '2026-01-01' + g, g % 2 = 0, g / 3.0
+  FROM generate_series(1, 300) g;
+INSERT INTO order_lines SELECT id, l, l * 2 FROM orders, generate_series(1, 3) l;
+";
+
+/// One transaction touching both tables: a new order with lines, an update
+/// that keeps a TOASTed note unchanged, a key change, and deletes.
+const SCRIPT: &str = "
+\\set c random(1, 50)
+\\set o random(1, 300)
+BEGIN;
+INSERT INTO orders (customer, amount, note) VALUES (:c, :c * 3.5, 'new ' || :c) RETURNING id AS new_id \\gset
+INSERT INTO order_lines VALUES (:new_id, 1, :c), (:new_id, 2, :c + 1);
+UPDATE orders SET amount = amount + 1, score = random() WHERE id = (:o / 10) * 10 + 10;
+UPDATE order_lines SET line = line + 1000 WHERE order_id = :new_id AND line = 2;
+DELETE FROM order_lines WHERE order_id = :o AND line = 3;
+COMMIT;
+BEGIN;
+DELETE FROM order_lines WHERE order_id = :new_id - 7;
+DELETE FROM orders WHERE id = :new_id - 7 AND id > 300;
+COMMIT;
+";
+
+fn compare_all(pg: &PgCluster, server: &Server, tables: &[(&str, &str)]) -> Result<(), String> {
+    for (table, order) in tables {
+        let expected = pg.psql("bench", &format!("COPY (SELECT * FROM {table} ORDER BY {order}) TO STDOUT WITH CSV"));
+        let got = server.sql(&format!("SELECT * FROM {table} ORDER BY {order}"))?;
+        if got != expected {
+            let (e, g): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), got.lines().collect());
+            let first = e.iter().zip(&g).position(|(a, b)| a != b).unwrap_or(e.len().min(g.len()));
+            return Err(format!(
+                "{table}: {} rows in PostgreSQL, {} through Flight SQL; first difference at row {first}:\n  pg:    {:?}\n  fovea: {:?}",
+                e.len(),
+                g.len(),
+                e.get(first),
+                g.get(first)
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
+    let pg = PgCluster::start();
+    let init = pg.pgbench("bench", &["-i", "-s", "1", "-q"]).output().unwrap();
+    assert!(init.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&init.stderr));
+    pg.psql("bench", SCHEMA);
+    pg.psql("bench", "CREATE PUBLICATION fovea_pub FOR ALL TABLES");
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
+    let args = ["--checkpoint-secs", "0.5", "--gc-secs", "1"];
+
+    // The initial copy: tables filled before fovea started.
+    let server = Server::start(&lake, &input, &args);
+    eventually(Duration::from_secs(120), "the initial copy", || {
+        (server.sql("SELECT count(*) FROM public.pgbench_accounts").ok()? == "100000\n").then_some(())
+    });
+    compare_all(&pg, &server, TABLES).unwrap_or_else(|e| panic!("after the initial copy: {e}\n{}", server.log()));
+
+    // pgbench and the script run while fovea follows; fovea is killed
+    // mid-run and restarted.
+    let script = dir.path().join("orders.sql");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let quiet = || std::process::Stdio::null();
+    let mut tpcb = pg.pgbench("bench", &["-c", "2", "-T", "6", "-n"]).stdout(quiet()).spawn().unwrap();
+    let mut orders = pg
+        .pgbench("bench", &["-c", "1", "-T", "6", "-n", "-f", script.to_str().unwrap()])
+        .stdout(quiet())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    server.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    // A table that joins the publication (FOR ALL TABLES) while fovea is down.
+    pg.psql(
+        "bench",
+        "CREATE TABLE late (k bigint PRIMARY KEY, v text); INSERT INTO late SELECT g, 'v' || g FROM generate_series(1, 500) g",
+    );
+    let server = Server::start(&lake, &input, &args);
+    assert!(tpcb.wait().unwrap().success());
+    assert!(orders.wait().unwrap().success());
+    pg.psql("bench", "UPDATE late SET v = v || '!' WHERE k % 7 = 0; DELETE FROM late WHERE k > 490");
+
+    let mut tables = TABLES.to_vec();
+    tables.push(("public.late", "k"));
+    eventually(Duration::from_secs(120), "fovea to match PostgreSQL", || compare_all(&pg, &server, &tables).ok());
+    let history: usize = pg.psql("bench", "SELECT count(*) FROM pgbench_history").trim().parse().unwrap();
+    assert!(history > 100, "pgbench ran only {history} transactions");
+
+    // Metrics of a live server.
+    let text = server.metrics();
+    for name in [
+        "fovea_rows_total",
+        "fovea_hwm",
+        "fovea_lwm",
+        "fovea_freshness_seconds",
+        "fovea_input_lag_bytes",
+        "fovea_memory_bytes{component=\"index\"}",
+        "fovea_checkpoints_total",
+        "fovea_gc_seconds_total",
+    ] {
+        assert!(text.contains(name), "metrics lack {name}:\n{text}");
+    }
+
+    // A clean stop confirms the slot up to the final checkpoint; PostgreSQL
+    // then keeps no WAL for transactions fovea holds.
+    let log = server.stop();
+    let confirmed = pg.psql("bench", "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() - 1000000 FROM pg_replication_slots WHERE slot_name = 'fovea_slot'");
+    assert_eq!(confirmed.trim(), "t", "slot not confirmed at stop\n{log}");
+
+    // Restarting after the clean stop changes nothing.
+    let server = Server::start(&lake, &input, &args);
+    compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("after restart: {e}\n{}", server.log()));
+}
+
+#[test]
+fn a_missing_slot_or_publication_is_a_clear_error() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let out = common::fovea()
+        .args(["serve", "--lake"])
+        .arg(&lake)
+        .args(["--input", &format!("{}?slot=s&publication=nope", pg.url("bench"))])
+        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("publication nope does not exist"), "{err}");
+    pg.psql("bench", "CREATE PUBLICATION p FOR ALL TABLES");
+    let out = common::fovea()
+        .args(["serve", "--lake"])
+        .arg(&lake)
+        .args(["--input", &format!("{}?slot=s&publication=p", pg.url("bench"))])
+        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("replication slot s does not exist") && err.contains("create_slot=true"), "{err}");
+}
