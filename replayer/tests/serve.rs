@@ -1,0 +1,333 @@
+//! `fovea serve` on a followed file: Flight SQL from Rust and Python
+//! clients, a clean stop and resume, the visibility RPC and its
+//! validation, bearer tokens, and a long-running query that keeps its
+//! snapshot after LWM moved past it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array};
+use arrow_flight::Action;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use common::{Server, eventually};
+use futures::StreamExt;
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
+}
+
+fn gunzip(p: &Path) -> String {
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();
+    s
+}
+
+fn sorted_rows(csv: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = csv.lines().collect();
+    v.sort_unstable();
+    v
+}
+
+fn append(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// A Debezium transaction (BEGIN, rows, END) on table `public.t (id, v)`;
+/// rows are (op, id, v).
+fn txn(xid: u64, rows: &[(&str, i64, i64)]) -> Vec<String> {
+    let ts = 1_800_000_000_000u64 + xid;
+    let mut out = vec![format!(
+        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"BEGIN","id":"{xid}","event_count":null,"data_collections":null,"ts_ms":{ts}}}}}"#
+    )];
+    for (op, id, v) in rows {
+        let (before, after) = match *op {
+            "d" => (format!(r#"{{"id":{id}}}"#), "null".to_owned()),
+            _ => ("null".to_owned(), format!(r#"{{"id":{id},"v":{v}}}"#)),
+        };
+        out.push(format!(
+            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":{before},"after":{after},"source":{{"ts_ms":{ts},"schema":"public","table":"t","txId":{xid}}},"transaction":{{"id":"{xid}"}},"op":"{op}"}}}}"#
+        ));
+    }
+    out.push(format!(
+        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"END","id":"{xid}","event_count":{},"data_collections":[{{"data_collection":"public.t","event_count":{}}}],"ts_ms":{ts}}}}}"#,
+        rows.len(),
+        rows.len()
+    ));
+    out
+}
+
+async fn client(url: &str, token: Option<&str>) -> FlightSqlServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned()).unwrap().connect().await.unwrap();
+    let mut c = FlightSqlServiceClient::new(channel);
+    if let Some(t) = token {
+        c.set_token(t.to_owned());
+    }
+    c
+}
+
+async fn fetch(
+    c: &mut FlightSqlServiceClient<tonic::transport::Channel>,
+    info: arrow_flight::FlightInfo,
+) -> Vec<arrow::record_batch::RecordBatch> {
+    let mut out = Vec::new();
+    for e in info.endpoint {
+        let mut s = c.do_get(e.ticket.unwrap()).await.unwrap();
+        while let Some(b) = s.next().await {
+            out.push(b.unwrap());
+        }
+    }
+    out
+}
+
+async fn action(
+    c: &mut FlightSqlServiceClient<tonic::transport::Channel>,
+    kind: &str,
+    body: Vec<u8>,
+) -> Result<Vec<Vec<u8>>, String> {
+    let req = Action { r#type: kind.into(), body: body.into() };
+    let mut s = c.do_action(req).await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    while let Some(r) = s.next().await {
+        out.push(r.map_err(|e| e.to_string())?.body.to_vec());
+    }
+    Ok(out)
+}
+
+fn ints(batches: &[arrow::record_batch::RecordBatch]) -> Vec<Option<i64>> {
+    let b = &batches[0];
+    (0..b.num_columns())
+        .map(|i| {
+            let a = b.column(i).as_any().downcast_ref::<Int64Array>().unwrap();
+            (!a.is_null(0)).then(|| a.value(0))
+        })
+        .collect()
+}
+
+#[test]
+fn serve_follows_a_growing_file_for_rust_and_python_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = dir.path().join("events.jsonl");
+    let all: Vec<String> =
+        gunzip(&data().join("debezium_events.precise_schemas.jsonl.gz")).lines().map(str::to_owned).collect();
+    let half = all.len() / 2;
+    append(&input, &all[..half]);
+    let spec = format!("file:{}", input.display());
+    let server = Server::start(&lake, &spec, &["--checkpoint-secs", "0.2"]);
+    // A line written in two pieces is read once its newline arrives.
+    let (last, rest) = all[half..].split_last().unwrap();
+    append(&input, rest);
+    {
+        let mut f = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
+        let (a, b) = last.split_at(last.len() / 2);
+        write!(f, "{a}").unwrap();
+        f.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        writeln!(f, "{b}").unwrap();
+    }
+    let tables = ["public.pgbench_accounts", "public.pgbench_history", "tpcc.orders", "tpcc.order_line", "tpcc.stock"];
+    let expected = |t: &str| {
+        let text = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        text.split_once('\n').unwrap().1.to_owned()
+    };
+    eventually(Duration::from_secs(60), "the whole file to be replayed", || {
+        tables
+            .iter()
+            .all(|t| {
+                server
+                    .sql(&format!("SELECT * FROM {t}"))
+                    .is_ok_and(|got| sorted_rows(&got) == sorted_rows(&expected(t)))
+            })
+            .then_some(())
+    });
+
+    // A Python client (ADBC Flight SQL driver) reads the same.
+    let python = std::env::var("FOVEA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = format!(
+        "import adbc_driver_flightsql.dbapi as f\n\
+         c = f.connect('{}')\n\
+         cur = c.cursor()\n\
+         cur.execute('SELECT count(*) AS n, sum(abalance) AS s FROM public.pgbench_accounts')\n\
+         print(cur.fetchall())\n\
+         cur.execute('SELECT * FROM tpcc.warehouse')\n\
+         print(cur.fetch_arrow_table().num_rows)\n",
+        server.url
+    );
+    let out = std::process::Command::new(&python).args(["-c", &script]).output().unwrap_or_else(|e| {
+        panic!("cannot run {python} (set FOVEA_PYTHON; .ci/run installs pyarrow and adbc_driver_flightsql): {e}")
+    });
+    assert!(out.status.success(), "python client: {}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let want = server.sql("SELECT count(*) AS n, sum(abalance) AS s FROM public.pgbench_accounts").unwrap();
+    let (n, s) = want.trim().split_once(',').unwrap();
+    assert_eq!(printed.lines().next().unwrap(), format!("[({n}, {s})]"), "{printed}");
+    let warehouses = server.sql("SELECT count(*) FROM tpcc.warehouse").unwrap();
+    assert_eq!(printed.lines().nth(1).unwrap(), warehouses.trim());
+
+    // A clean stop checkpoints; a restart resumes at the end of the file
+    // and applies what was appended meanwhile, nothing twice.
+    let log = server.stop();
+    assert!(log.contains("final checkpoint"), "{log}");
+    append(&input, &txn(9_000_001, &[("c", 1, 10), ("c", 2, 20)]));
+    let server = Server::start(&lake, &spec, &[]);
+    eventually(Duration::from_secs(30), "the appended transaction", || {
+        (server.sql("SELECT id, v FROM public.t ORDER BY id").ok()? == "1,10\n2,20\n").then_some(())
+    });
+    for t in tables {
+        assert_eq!(sorted_rows(&server.sql(&format!("SELECT * FROM {t}")).unwrap()), sorted_rows(&expected(t)), "{t}");
+    }
+}
+
+#[test]
+fn a_long_running_query_keeps_its_snapshot_after_lwm_moves_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = dir.path().join("events.jsonl");
+    let rows: Vec<(&str, i64, i64)> = (1..=200).map(|i| ("c", i, i)).collect();
+    append(&input, &txn(1, &rows));
+    let server =
+        Server::start(&lake, &format!("file:{}", input.display()), &["--long-query-secs", "1", "--gc-secs", "0.3"]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let sql = "SELECT count(*) AS n, sum(v) AS s, sum(CASE WHEN id > 100 THEN v END) AS hi FROM public.t";
+    rt.block_on(async {
+        let mut c = client(&server.url, None).await;
+        eventually(Duration::from_secs(30), "the first transaction", || {
+            (server.sql("SELECT count(*) FROM public.t").ok()? == "200\n").then_some(())
+        });
+        // Planned now: the query's snapshot is taken here.
+        let planned = c.execute(sql.to_owned(), None).await.unwrap();
+        let hwm_at_plan = server.metric("fovea_hwm");
+        // Then half the rows change and many are deleted, in many transactions.
+        for x in 0..20u64 {
+            let changes: Vec<(&str, i64, i64)> = (0..10)
+                .map(|k| {
+                    let id = (x * 10 + k + 1) as i64;
+                    if id % 2 == 0 { ("d", id, 0) } else { ("u", id, id * 1000) }
+                })
+                .collect();
+            append(&input, &txn(100 + x, &changes));
+        }
+        eventually(Duration::from_secs(30), "the changes", || {
+            (server.sql("SELECT count(*) FROM public.t").ok()? == "100\n").then_some(())
+        });
+        // The query is checkpointed, LWM passes its snapshot, GC runs.
+        eventually(Duration::from_secs(30), "a visibility checkpoint and LWM past the query", || {
+            (server.metric("fovea_visibility_checkpoints_total") >= 1.0 && server.metric("fovea_lwm") >= hwm_at_plan)
+                .then_some(())
+        });
+        let rounds = server.metric("fovea_gc_rounds_total");
+        eventually(Duration::from_secs(30), "two more GC rounds", || {
+            (server.metric("fovea_gc_rounds_total") >= rounds + 2.0).then_some(())
+        });
+        assert!(std::fs::read_dir(lake.join("visibility")).unwrap().count() >= 1, "no checkpoint file in the lake");
+        // The old query still answers as of its snapshot…
+        let old = fetch(&mut c, planned).await;
+        assert_eq!(ints(&old), [Some(200), Some(20_100), Some(15_050)]);
+        // …and a new one sees the changes.
+        let new = c.execute(sql.to_owned(), None).await.unwrap();
+        let new = fetch(&mut c, new).await;
+        let odd_sum: i64 = (1..=200).filter(|i| i % 2 == 1).map(|i| i * 1000).sum();
+        let odd_hi: i64 = (101..=200).filter(|i| i % 2 == 1).map(|i| i * 1000).sum();
+        assert_eq!(ints(&new), [Some(100), Some(odd_sum), Some(odd_hi)]);
+        // The ticket is spent, and its checkpoint file removed.
+        assert_eq!(std::fs::read_dir(lake.join("visibility")).unwrap().count(), 0);
+    });
+}
+
+#[test]
+fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = dir.path().join("events.jsonl");
+    append(&input, &txn(1, &(1..=50).map(|i| ("c", i, i)).collect::<Vec<_>>()));
+    append(&input, &txn(2, &[("d", 3, 0), ("u", 4, 40)]));
+    let spec = format!("file:{}", input.display());
+    // Anything but loopback without a token is refused.
+    let out = common::fovea()
+        .args(["serve", "--lake"])
+        .arg(&lake)
+        .args(["--input", &spec, "--listen", &format!("0.0.0.0:{}", common::free_port())])
+        .env_remove("FOVEA_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--token"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let port = common::free_port();
+    let mut cmd = common::fovea();
+    let stderr = dir.path().join("serve.log");
+    cmd.args(["serve", "--lake"])
+        .arg(&lake)
+        .args(["--input", &spec, "--listen", &format!("0.0.0.0:{port}")])
+        .env("FOVEA_TOKEN", "s3cret")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    let mut server = Server::spawn(cmd, stderr, None);
+    server.url = format!("http://127.0.0.1:{port}");
+    eventually(Duration::from_secs(30), "the input", || {
+        (server.sql_with_token("SELECT count(*) FROM public.t", Some("s3cret")).ok()? == "49\n").then_some(())
+    });
+    let denied = server.sql("SELECT 1").unwrap_err();
+    assert!(denied.contains("bearer token"), "{denied}");
+    let wrong = server.sql_with_token("SELECT 1", Some("s3cres")).unwrap_err();
+    assert!(wrong.contains("bearer token"), "{wrong}");
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = client(&server.url, Some("s3cret")).await;
+        // The split of table t: the in-memory rows, visibility applied.
+        let hwm = 2u64;
+        let split = action(
+            &mut c,
+            "fovea.split",
+            serde_json::to_vec(&serde_json::json!({"table": "public.t", "qts": hwm})).unwrap(),
+        )
+        .await
+        .unwrap();
+        let head: serde_json::Value = serde_json::from_slice(&split[0]).unwrap();
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(split[1].clone()), None).unwrap();
+        let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+        assert_eq!(head["memory_rows"], 49, "{head}");
+        assert_eq!(rows, 49);
+        // At qts 1 (before the delete) the same split has all 50 rows.
+        let split = action(&mut c, "fovea.split", br#"{"table":"public.t","qts":1}"#.to_vec()).await.unwrap();
+        let head: serde_json::Value = serde_json::from_slice(&split[0]).unwrap();
+        assert_eq!(head["memory_rows"], 50, "{head}");
+
+        for (kind, body, needle) in [
+            ("fovea.nope", b"{}".to_vec(), "unknown action"),
+            ("fovea.split", b"{not json".to_vec(), "malformed request body"),
+            ("fovea.split", br#"{"table":"public.nope","qts":1}"#.to_vec(), "nope"),
+            ("fovea.split", br#"{"table":"public.t","qts":999999}"#.to_vec(), "999999"),
+            (
+                "fovea.bitmaps",
+                br#"{"table":"public.t","file":424242,"row_groups":[0],"qts":1}"#.to_vec(),
+                "no file 424242",
+            ),
+            (
+                "fovea.bitmaps",
+                serde_json::to_vec(
+                    &serde_json::json!({"table":"public.t","file":0,"row_groups":vec![0; 5000],"qts":1}),
+                )
+                .unwrap(),
+                "at most",
+            ),
+            ("fovea.split", vec![b' '; 3 << 19], "over the limit"),
+        ] {
+            let err = action(&mut c, kind, body).await.unwrap_err();
+            assert!(err.contains(needle), "{kind}: {err}");
+        }
+        // Still alive.
+        let info = c.execute("SELECT count(*) FROM public.t".into(), None).await.unwrap();
+        assert_eq!(ints(&fetch(&mut c, info).await), [Some(49)]);
+    });
+    let log = server.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}
