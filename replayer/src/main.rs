@@ -207,6 +207,26 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// pgbench against a throwaway local PostgreSQL 15 while `fovea serve`
+    /// follows its slot: rows/s replayed, freshness P50/P99 (from the
+    /// metric), RSS.
+    Serve {
+        /// PostgreSQL server binaries.
+        #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+        pg_bin: PathBuf,
+        /// pgbench scale (100,000 accounts each).
+        #[arg(long, default_value_t = 10)]
+        scale: u32,
+        /// pgbench clients.
+        #[arg(long, default_value_t = 4)]
+        clients: u32,
+        /// Seconds of pgbench load.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// End-to-end replay throughput: generate a stream to a file, replay it
     /// into a fresh lake, report rows/s (and the decode share).
     Replay {
@@ -335,6 +355,9 @@ fn main() -> ExitCode {
             bench::freshness(rate, seconds, json)
         }
         Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
+        Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, json } } => {
+            serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, json })
+        }
         Command::Bench { which: BenchCommand::Components { json, quick } } => {
             bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);
             Ok(())

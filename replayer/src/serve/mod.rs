@@ -11,6 +11,7 @@
 //! SIGINT / SIGTERM stop the input loop; a final checkpoint is written and
 //! confirmed before the process exits.
 
+pub mod bench;
 pub mod flight;
 pub mod metrics;
 pub mod postgres;
@@ -228,6 +229,15 @@ fn input_loop(
                 let s = sink.stats();
                 metrics.rows.store(s.rows, Ordering::Relaxed);
                 metrics.transactions.store(s.applied, Ordering::Relaxed);
+                if last_lag.elapsed() >= Duration::from_millis(500) {
+                    last_lag = Instant::now();
+                    // Plain files only: a gzip file's size is not in stream bytes.
+                    if let Ok(meta) = std::fs::metadata(src.name()) {
+                        metrics
+                            .input_lag_bytes
+                            .store(meta.len().saturating_sub(src.position().offset), Ordering::Relaxed);
+                    }
+                }
                 n > 0
             }
             Input::Postgres(pg) => {
