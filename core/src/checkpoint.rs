@@ -246,10 +246,13 @@ impl Engine {
         let mut shards = Vec::with_capacity(self.shards.len());
         for (s, shard) in self.shards.iter().enumerate() {
             let shard = lock(shard);
+            let began = std::time::Instant::now();
             let mut index = Vec::new();
-            shard.index.live_at(c).write_to(&mut index);
+            shard.index.write_live_at(c, &mut index);
             let index_path = format!("{dir}/index-{s}.bin");
+            let bytes = index.len();
             lake.put(&Path::from(index_path.as_str()), Bytes::from(index))?;
+            tracing::debug!(shard = s, bytes, ms = began.elapsed().as_secs_f64() * 1e3, "checkpoint index image");
             let mut slots = Vec::with_capacity(shard.writers.len());
             let mut slot_of = HashMap::new();
             for (i, w) in shard.writers.iter().enumerate() {

@@ -65,6 +65,9 @@ pub struct SinkConfig {
     pub chunk_rows: usize,
     /// Table definitions overriding inferred types.
     pub ddl: Vec<TableDdl>,
+    /// Run memory GC and combine right after each checkpoint (off when a
+    /// maintenance thread does, as in `fovea serve`).
+    pub maintain_on_checkpoint: bool,
 }
 
 impl Default for SinkConfig {
@@ -74,6 +77,7 @@ impl Default for SinkConfig {
             checkpoint_interval: Duration::from_secs(10),
             chunk_rows: 65_536,
             ddl: Vec::new(),
+            maintain_on_checkpoint: true,
         }
     }
 }
@@ -229,6 +233,14 @@ impl Sink {
     /// handed them; a transaction still streaming in stays uncommitted.
     pub fn sync(&mut self) -> Result<()> {
         self.drain()
+    }
+
+    /// Hands committed transactions still gathered for group commit to
+    /// the shards now (call when the input goes quiet, so the last
+    /// transaction of a burst does not wait for the next one).
+    pub fn flush_group(&mut self) {
+        self.pool.flush();
+        self.last_flush = Instant::now();
     }
 
     /// Sets what the next checkpoints record for the input reader to
@@ -630,7 +642,9 @@ impl Sink {
                 resume = resume.min(*p);
             }
         }
+        let began = Instant::now();
         let manifest = self.engine.write_checkpoint()?;
+        let written = began.elapsed();
         if self.failed_at.is_none() {
             drained?;
         }
@@ -645,9 +659,19 @@ impl Sink {
         self.checkpointed_at = Some(resume);
         self.history.clear();
         self.operations.clear();
+        let committed = began.elapsed();
         self.engine.drop_old_checkpoints(&manifest)?;
-        self.engine.gc()?;
-        self.engine.combine()?;
+        if self.config.maintain_on_checkpoint {
+            self.engine.gc()?;
+            self.engine.combine()?;
+        }
+        tracing::debug!(
+            ts = manifest.checkpoint_ts,
+            write_ms = written.as_secs_f64() * 1e3,
+            commit_ms = (committed - written).as_secs_f64() * 1e3,
+            total_ms = began.elapsed().as_secs_f64() * 1e3,
+            "checkpoint"
+        );
         self.since_checkpoint = 0;
         self.last_checkpoint = Instant::now();
         self.stats.checkpoints += 1;

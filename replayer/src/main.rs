@@ -122,7 +122,7 @@ enum Command {
         #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
         token: Option<String>,
         /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 10.0)]
         checkpoint_secs: f64,
         /// Seconds between memory GC rounds (and combines, storage-GC queueing).
         #[arg(long, default_value_t = 60.0)]
@@ -223,6 +223,10 @@ enum BenchCommand {
         /// Seconds of pgbench load.
         #[arg(long, default_value_t = 30)]
         seconds: u64,
+        /// pgbench transactions per second (0: unthrottled; on two cores
+        /// pgbench, PostgreSQL and fovea then compete for the CPU).
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -355,8 +359,8 @@ fn main() -> ExitCode {
             bench::freshness(rate, seconds, json)
         }
         Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
-        Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, json } } => {
-            serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, json })
+        Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, rate, json } } => {
+            serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
         Command::Bench { which: BenchCommand::Components { json, quick } } => {
             bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);

@@ -22,6 +22,8 @@ pub struct ServeBenchArgs {
     pub clients: u32,
     /// Seconds of load.
     pub seconds: u64,
+    /// pgbench transactions per second (`-R`; 0: as fast as it goes).
+    pub rate: u32,
     /// Print one JSON object.
     pub json: bool,
 }
@@ -81,7 +83,7 @@ impl Cluster {
         writeln!(
             conf,
             "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\nwal_level = logical\n\
-             max_replication_slots = 4\nshared_buffers = 256MB\nsynchronous_commit = off\ntimezone = 'UTC'",
+             max_replication_slots = 4\nshared_buffers = 256MB\ntimezone = 'UTC'",
             dir.display()
         )?;
         run(
@@ -171,7 +173,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         listen: format!("127.0.0.1:{}", free_port()?).parse()?,
         metrics: Some(metrics_addr.parse()?),
         token: None,
-        checkpoint_secs: 1.0,
+        checkpoint_secs: 10.0,
         gc_secs: 10.0,
         long_query_secs: 30.0,
         storage_gc_threshold: 0.3,
@@ -200,18 +202,25 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     }
     let copy_secs = began.elapsed().as_secs_f64();
     let rows_before = scrape(&metrics_addr).and_then(|t| metric(&t, "fovea_rows_total")).unwrap_or(0.0);
-    let mut load = pg
-        .pgbench()
-        .args(["-n", "-c", &args.clients.to_string(), "-j", "1", "-T", &args.seconds.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+    let mut load = pg.pgbench();
+    load.args(["-n", "-c", &args.clients.to_string(), "-j", "1", "-T", &args.seconds.to_string()]);
+    if args.rate > 0 {
+        load.args(["-R", &args.rate.to_string()]);
+    }
+    let mut load = load.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn()?;
     let load_began = Instant::now();
     let mut freshness = Vec::new();
     let mut rss_peak: f64 = 0.0;
+    // Freshness (now − newest visible commit) means staleness only while
+    // the source commits: sampled from 0.5 s into the load to 0.5 s before
+    // its end (before, it is the age of the initial copy; after, idle time).
+    let window =
+        Duration::from_millis(500)..Duration::from_secs(args.seconds).saturating_sub(Duration::from_millis(500));
     while load.try_wait()?.is_none() {
         if let Some(t) = scrape(&metrics_addr) {
-            if let Some(f) = metric(&t, "fovea_freshness_seconds").filter(|f| f.is_finite()) {
+            if let Some(f) = metric(&t, "fovea_freshness_seconds").filter(|f| f.is_finite())
+                && window.contains(&load_began.elapsed())
+            {
                 freshness.push(f * 1e3);
             }
             rss_peak = rss_peak.max(metric(&t, "fovea_rss_bytes").unwrap_or(0.0));
@@ -252,6 +261,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let report = serde_json::json!({
         "pgbench_scale": args.scale,
         "pgbench_clients": args.clients,
+        "pgbench_rate_limit": args.rate,
         "pgbench_tps": tps,
         "initial_copy_s": copy_secs,
         "rows_replayed": rows,
@@ -261,6 +271,9 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         "freshness_samples": freshness.len(),
         "catch_up_after_load_ms": catch_up_ms,
         "rss_peak_mb": rss_peak / 1048576.0,
+        "checkpoints": metric(&text, "fovea_checkpoints_total").unwrap_or(0.0),
+        "checkpoint_mean_s": metric(&text, "fovea_checkpoint_seconds_total").unwrap_or(0.0)
+            / metric(&text, "fovea_checkpoints_total").unwrap_or(0.0).max(1.0),
     });
     if args.json {
         println!("{report}");

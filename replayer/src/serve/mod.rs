@@ -15,6 +15,7 @@ pub mod bench;
 pub mod flight;
 pub mod metrics;
 pub mod postgres;
+pub mod replication;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -88,6 +89,8 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         // This loop decides when to checkpoint (it must confirm the slot after).
         checkpoint_txns: u64::MAX,
         checkpoint_interval: Duration::MAX,
+        // The maintenance thread runs GC and combine.
+        maintain_on_checkpoint: false,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
@@ -252,14 +255,11 @@ fn input_loop(
                     let server = pg.server_lsn()?;
                     metrics.input_lag_bytes.store(server.0.saturating_sub(pg.applied().0), Ordering::Relaxed);
                 }
-                // Re-reading a long unconfirmed window costs PostgreSQL
-                // decoding time on every poll: confirm sooner.
-                if out.reread > 10_000 {
-                    last_checkpoint = Instant::now() - checkpoint_every;
-                }
                 out.transactions > 0
             }
         };
+        // The input paused (or a batch ended): make what arrived visible now.
+        sink.flush_group();
         dirty |= progressed;
         if dirty && last_checkpoint.elapsed() >= checkpoint_every {
             let position = input_position(input);
@@ -267,7 +267,8 @@ fn input_loop(
             last_checkpoint = Instant::now();
             dirty = false;
         }
-        if !progressed {
+        // A file is polled; a replication stream waits in its socket read.
+        if !progressed && matches!(input, Input::File(_)) {
             std::thread::sleep(Duration::from_millis(args.poll_ms));
         }
     }
