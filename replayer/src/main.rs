@@ -105,41 +105,7 @@ enum Command {
     /// file, or PostgreSQL logical replication), serve Flight SQL, the
     /// visibility RPC and Prometheus metrics, run GC and checkpoints, until
     /// SIGINT/SIGTERM (then a final checkpoint).
-    Serve {
-        /// Lake directory.
-        #[arg(long)]
-        lake: PathBuf,
-        /// file:PATH, or postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true]
-        #[arg(long)]
-        input: String,
-        /// Flight SQL address (anything but loopback needs --token).
-        #[arg(long, default_value = "127.0.0.1:50051")]
-        listen: std::net::SocketAddr,
-        /// Prometheus metrics address (GET /metrics).
-        #[arg(long)]
-        metrics: Option<std::net::SocketAddr>,
-        /// Bearer token every RPC must carry.
-        #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
-        #[arg(long, default_value_t = 10.0)]
-        checkpoint_secs: f64,
-        /// Seconds between memory GC rounds (and combines, storage-GC queueing).
-        #[arg(long, default_value_t = 60.0)]
-        gc_secs: f64,
-        /// A query held open longer than this gets a visibility checkpoint.
-        #[arg(long, default_value_t = 30.0)]
-        long_query_secs: f64,
-        /// Stale fraction past which a file is queued for storage GC.
-        #[arg(long, default_value_t = 0.3)]
-        storage_gc_threshold: f64,
-        /// Milliseconds between polls of an idle input.
-        #[arg(long, default_value_t = 10)]
-        poll_ms: u64,
-        /// Shards (default: the number of cores).
-        #[arg(long)]
-        shards: Option<usize>,
-    },
+    Serve(serve::ServeArgs),
     /// Replayed source transactions and catalog operations, newest first.
     History {
         /// Lake directory.
@@ -305,34 +271,7 @@ fn main() -> ExitCode {
                 (None, None, _) => Err("give --lake DIR or --connect URL".into()),
             }
         }
-        Command::Serve {
-            lake,
-            input,
-            listen,
-            metrics,
-            token,
-            checkpoint_secs,
-            gc_secs,
-            long_query_secs,
-            storage_gc_threshold,
-            poll_ms,
-            shards,
-        } => {
-            let args = serve::ServeArgs {
-                lake,
-                input,
-                listen,
-                metrics,
-                token,
-                checkpoint_secs,
-                gc_secs,
-                long_query_secs,
-                storage_gc_threshold,
-                poll_ms,
-                shards,
-            };
-            serve::serve(args, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)))
-        }
+        Command::Serve(args) => serve::serve(args, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))),
         Command::History { lake, table, limit } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());

@@ -144,30 +144,26 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
     compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("after restart: {e}\n{}", server.log()));
 }
 
+/// Runs `fovea serve` on `input` expecting it to fail; returns its stderr.
+fn serve_fails(lake: &std::path::Path, input: &str) -> String {
+    let out = common::fovea()
+        .args(["serve", "--lake"])
+        .arg(lake)
+        .args(["--input", input, "--listen", &format!("127.0.0.1:{}", common::free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_missing_slot_or_publication_is_a_clear_error() {
     let pg = PgCluster::start();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let out = common::fovea()
-        .args(["serve", "--lake"])
-        .arg(&lake)
-        .args(["--input", &format!("{}?slot=s&publication=nope", pg.url("bench"))])
-        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_fails(&lake, &format!("{}?slot=s&publication=nope", pg.url("bench")));
     assert!(err.contains("publication nope does not exist"), "{err}");
     pg.psql("bench", "CREATE PUBLICATION p FOR ALL TABLES");
-    let out = common::fovea()
-        .args(["serve", "--lake"])
-        .arg(&lake)
-        .args(["--input", &format!("{}?slot=s&publication=p", pg.url("bench"))])
-        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_fails(&lake, &format!("{}?slot=s&publication=p", pg.url("bench")));
     assert!(err.contains("replication slot s does not exist") && err.contains("create_slot=true"), "{err}");
 }

@@ -35,29 +35,40 @@ use self::postgres::{PgInput, PgSource};
 use crate::replay::CliResult;
 
 /// Options of `fovea serve`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct ServeArgs {
     /// Lake directory.
+    #[arg(long)]
     pub lake: PathBuf,
-    /// `file:PATH` or a `postgres://` URL.
+    /// file:PATH, or postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true]
+    #[arg(long)]
     pub input: String,
-    /// Flight SQL address.
+    /// Flight SQL address (anything but loopback needs --token).
+    #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
-    /// Prometheus address.
+    /// Prometheus metrics address (GET /metrics).
+    #[arg(long)]
     pub metrics: Option<SocketAddr>,
-    /// Bearer token required on every RPC.
+    /// Bearer token every RPC must carry.
+    #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Seconds between checkpoints (and slot confirmations).
+    /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
+    #[arg(long, default_value_t = 10.0)]
     pub checkpoint_secs: f64,
-    /// Seconds between memory GC rounds.
+    /// Seconds between memory GC rounds (and combines, storage-GC queueing).
+    #[arg(long, default_value_t = 60.0)]
     pub gc_secs: f64,
     /// A query held open longer than this gets a visibility checkpoint.
+    #[arg(long, default_value_t = 30.0)]
     pub long_query_secs: f64,
     /// Stale fraction past which a file is queued for storage GC.
+    #[arg(long, default_value_t = 0.3)]
     pub storage_gc_threshold: f64,
-    /// Sleep between polls of an idle input, ms.
+    /// Milliseconds between polls of an idle file input.
+    #[arg(long, default_value_t = 10)]
     pub poll_ms: u64,
-    /// Shards.
+    /// Shards (default: the number of cores).
+    #[arg(long)]
     pub shards: Option<usize>,
 }
 
