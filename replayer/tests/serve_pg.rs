@@ -111,6 +111,13 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
     assert!(tpcb.wait().unwrap().success());
     assert!(orders.wait().unwrap().success());
     pg.psql("bench", "UPDATE late SET v = v || '!' WHERE k % 7 = 0; DELETE FROM late WHERE k > 490");
+    // PostgreSQL restarts under fovea: it reconnects and resumes.
+    std::thread::sleep(Duration::from_millis(500));
+    pg.restart();
+    pg.psql(
+        "bench",
+        "UPDATE pgbench_branches SET bbalance = bbalance + 1; INSERT INTO late VALUES (1000, 'after restart')",
+    );
 
     let mut tables = TABLES.to_vec();
     tables.push(("public.late", "k"));
@@ -129,6 +136,7 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
         "fovea_memory_bytes{component=\"index\"}",
         "fovea_checkpoints_total",
         "fovea_gc_seconds_total",
+        "fovea_errors_total{kind=\"postgres_connection\"}",
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }
@@ -137,7 +145,8 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
     // then keeps no WAL for transactions fovea holds.
     let log = server.stop();
     let confirmed = pg.psql("bench", "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() - 1000000 FROM pg_replication_slots WHERE slot_name = 'fovea_slot'");
-    assert_eq!(confirmed.trim(), "t", "slot not confirmed at stop\n{log}");
+    let lsns = pg.psql("bench", "SELECT confirmed_flush_lsn, pg_current_wal_insert_lsn() FROM pg_replication_slots WHERE slot_name = 'fovea_slot'");
+    assert_eq!(confirmed.trim(), "t", "slot not confirmed at stop: {lsns}\n{log}");
 
     // Restarting after the clean stop changes nothing.
     let server = Server::start(&lake, &input, &args);

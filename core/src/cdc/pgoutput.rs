@@ -250,6 +250,11 @@ impl PgOutputDecoder {
         PgOutputDecoder { primary_keys: self.primary_keys, ..Self::default() }
     }
 
+    /// Whether a transaction's BEGIN came and its COMMIT did not yet.
+    pub fn in_transaction(&self) -> bool {
+        self.current.is_some()
+    }
+
     /// Tables described so far, by `schema.table`.
     pub fn tables(&self) -> impl Iterator<Item = &str> {
         self.relations.values().map(|r| r.table.as_str())

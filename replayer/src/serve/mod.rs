@@ -256,6 +256,9 @@ fn input_loop(
             }
             Input::Postgres(pg) => {
                 let out = pg.poll(sink, engine).inspect_err(|_| metrics.error("postgres"))?;
+                if out.disconnected {
+                    metrics.error("postgres_connection");
+                }
                 metrics.rows.fetch_add(out.rows, Ordering::Relaxed);
                 metrics.transactions.fetch_add(out.transactions, Ordering::Relaxed);
                 if let Some(c) = out.newest_commit_us {
@@ -263,10 +266,14 @@ fn input_loop(
                 }
                 if last_lag.elapsed() >= Duration::from_millis(500) {
                     last_lag = Instant::now();
-                    let server = pg.server_lsn()?;
-                    metrics.input_lag_bytes.store(server.0.saturating_sub(pg.applied().0), Ordering::Relaxed);
+                    // Unknown while PostgreSQL is unreachable: the poll reconnects.
+                    if let Ok(server) = pg.server_lsn() {
+                        metrics.input_lag_bytes.store(server.0.saturating_sub(pg.applied().0), Ordering::Relaxed);
+                    }
                 }
-                out.transactions > 0
+                // WAL without changes for fovea also wants confirming, so
+                // PostgreSQL can recycle it.
+                out.transactions > 0 || out.moved
             }
         };
         // The input paused (or a batch ended): make what arrived visible now.

@@ -131,6 +131,10 @@ pub struct PollOutcome {
     pub reread: u64,
     /// Newest commit time seen, µs.
     pub newest_commit_us: Option<i64>,
+    /// The connection to PostgreSQL was lost (a reconnect is scheduled).
+    pub disconnected: bool,
+    /// The applied position moved past WAL without changes for fovea.
+    pub moved: bool,
 }
 
 /// A PostgreSQL logical replication slot followed by polling.
@@ -145,8 +149,20 @@ pub struct PgSource {
     confirmed: Lsn,
     /// The replication stream, started at the first poll.
     stream: Option<ReplicationStream>,
+    /// The stream failed (or could not start): the connection is lost.
+    stream_failed: bool,
+    /// A copy transaction is open in the sink (an error then is fatal:
+    /// the sink cannot take a new transaction before its END).
+    copy_open: bool,
+    /// After a lost connection: when to try again, and the next delay.
+    retry_at: Option<std::time::Instant>,
+    backoff: std::time::Duration,
     last_publication_check: std::time::Instant,
 }
+
+/// First and longest delay before reconnecting after a lost connection.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A poll hands the sink at most this many transactions…
 const POLL_TRANSACTIONS: u64 = 4096;
@@ -222,6 +238,10 @@ impl PgSource {
             applied,
             confirmed,
             stream: None,
+            stream_failed: false,
+            copy_open: false,
+            retry_at: None,
+            backoff: RETRY_FIRST,
             last_publication_check: std::time::Instant::now() - std::time::Duration::from_secs(3600),
         })
     }
@@ -255,7 +275,14 @@ impl PgSource {
             return Ok(());
         }
         match &mut self.stream {
-            Some(stream) => stream.confirm(lsn)?,
+            Some(stream) => {
+                if let Err(e) = stream.confirm(lsn) {
+                    // Reported again when the stream is back (it starts with
+                    // this flushed position).
+                    tracing::warn!("cannot confirm {lsn} to the slot now: {e}");
+                    self.stream = None;
+                }
+            }
             // Not streaming yet (the slot is not in use): advance it directly.
             None => {
                 self.client.query_one(
@@ -411,12 +438,45 @@ impl PgSource {
             position,
             position,
         )?;
+        self.copy_open = false;
         Ok(rows)
     }
 
     /// Reads what the slot has beyond what was applied and hands it to the
-    /// sink, transaction by transaction.
+    /// sink, transaction by transaction. A lost connection is not an error:
+    /// the outcome says so and the next polls reconnect, with growing
+    /// delays, and resume after the last applied transaction.
     pub fn poll(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<PollOutcome> {
+        if let Some(at) = self.retry_at {
+            let now = std::time::Instant::now();
+            if now < at {
+                std::thread::sleep((at - now).min(POLL_TIME));
+                return Ok(PollOutcome { disconnected: true, ..PollOutcome::default() });
+            }
+            self.retry_at = None;
+        }
+        match self.poll_connected(sink, engine) {
+            Ok(out) => {
+                self.backoff = RETRY_FIRST;
+                Ok(out)
+            }
+            Err(e) if !self.copy_open && (self.stream_failed || self.client.is_closed()) => {
+                tracing::warn!(retry_in = ?self.backoff, "PostgreSQL connection lost: {e}");
+                self.stream = None;
+                self.stream_failed = false;
+                self.retry_at = Some(std::time::Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+                Ok(PollOutcome { disconnected: true, ..PollOutcome::default() })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn poll_connected(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<PollOutcome> {
+        if self.client.is_closed() {
+            self.client = connect(&self.input.conninfo)?;
+            tracing::info!("reconnected to PostgreSQL");
+        }
         if self.last_publication_check.elapsed() >= std::time::Duration::from_secs(1) {
             self.copy_new_tables(sink, engine)?;
         }
@@ -431,7 +491,8 @@ impl PgSource {
                     &self.input.publication,
                     self.applied,
                     self.confirmed,
-                )?;
+                )
+                .inspect_err(|_| self.stream_failed = true)?;
                 tracing::info!(slot = %self.input.slot, from = %self.applied, "streaming");
                 s
             }
@@ -444,9 +505,18 @@ impl PgSource {
         // without a pause.
         let mut wait = POLL_TIME;
         while out.transactions < POLL_TRANSACTIONS && began.elapsed() < POLL_TIME {
-            let (lsn, data) = match stream.next(wait)? {
+            let (lsn, data) = match stream.next(wait).inspect_err(|_| self.stream_failed = true)? {
                 Event::Idle => break,
-                Event::Keepalive => continue,
+                Event::Keepalive(end) => {
+                    // Everything before `end` was sent: with no transaction
+                    // half-received, WAL up to it holds nothing more for us
+                    // (vacuum, other databases…), so the slot may move past it.
+                    if !self.decoder.in_transaction() && end > self.applied {
+                        self.applied = end;
+                        out.moved = true;
+                    }
+                    continue;
+                }
                 Event::Data(lsn, data) => (lsn, data),
             };
             if wait == POLL_TIME {

@@ -29,8 +29,9 @@ const STATUS_EVERY: Duration = Duration::from_secs(10);
 pub enum Event {
     /// A pgoutput message written at this WAL position.
     Data(Lsn, Vec<u8>),
-    /// A keepalive (answered here when the server asks).
-    Keepalive,
+    /// A keepalive: the server has sent everything before this position
+    /// (answered here when the server asks).
+    Keepalive(Lsn),
     /// Nothing arrived within the timeout.
     Idle,
 }
@@ -102,6 +103,9 @@ impl ReplicationStream {
             }
         }
         stream.socket.set_read_timeout(Some(Duration::from_millis(5)))?;
+        // Report the confirmed position at once: a confirmation that could
+        // not be sent before a reconnect reaches the server now.
+        stream.send_status(false)?;
         Ok(stream)
     }
 
@@ -214,12 +218,12 @@ impl ReplicationStream {
                     if body[17] == 1 || self.last_status.elapsed() >= Duration::from_millis(20) {
                         self.send_status(false)?;
                     }
-                    Ok(Event::Keepalive)
+                    Ok(Event::Keepalive(end))
                 }
                 _ => Err(format!("unexpected replication message {:?}", body.first().map(|b| *b as char)).into()),
             },
             b'E' => Err(format!("replication stream: {}", error_text(&body)).into()),
-            b'N' => Ok(Event::Keepalive),
+            b'N' => Ok(Event::Keepalive(Lsn(0))),
             b'c' => Err("the server ended the replication stream".into()),
             other => Err(format!("unexpected message {:?} in the replication stream", other as char).into()),
         }

@@ -233,6 +233,19 @@ impl PgCluster {
         pg
     }
 
+    /// Restarts the server (fast shutdown: every connection is cut).
+    pub fn restart(&self) {
+        let out = as_postgres(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .arg("-l")
+            .arg(self.dir.path().join("pg.log"))
+            .args(["-m", "fast", "-w", "restart"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pg_ctl restart: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     pub fn url(&self, db: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }
