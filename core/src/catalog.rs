@@ -87,7 +87,10 @@ impl Catalog {
              CREATE UNIQUE INDEX IF NOT EXISTS history_source ON history (source_txid);
              CREATE TABLE IF NOT EXISTS operations (
                  version INTEGER PRIMARY KEY AUTOINCREMENT, description TEXT NOT NULL,
-                 actions TEXT NOT NULL, ts INTEGER NOT NULL, created_us INTEGER NOT NULL);",
+                 actions TEXT NOT NULL, ts INTEGER NOT NULL, created_us INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS storage_gc_queue (
+                 table_name TEXT NOT NULL, file_id INTEGER NOT NULL, rows INTEGER NOT NULL,
+                 deleted INTEGER NOT NULL, seen_us INTEGER NOT NULL, PRIMARY KEY (table_name, file_id));",
         )?;
         // Lakes written before sources had state lack the column.
         let has_state =
@@ -165,6 +168,42 @@ impl Catalog {
         tx.execute("DELETE FROM checkpoints WHERE id < (SELECT max(id) FROM checkpoints)", [])?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Replaces the storage-GC queue (files to rewrite without their stale
+    /// rows) with `files`.
+    pub fn set_storage_gc_queue(&self, files: &[crate::engine::StaleFile]) -> Result<()> {
+        let mut conn = lock(&self.conn);
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM storage_gc_queue", [])?;
+        let now = now_us();
+        for f in files {
+            tx.execute(
+                "INSERT INTO storage_gc_queue (table_name, file_id, rows, deleted, seen_us) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![f.table, f.file.0 as i64, f.rows as i64, f.deleted as i64, now],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The storage-GC queue, most stale first.
+    pub fn storage_gc_queue(&self) -> Result<Vec<crate::engine::StaleFile>> {
+        let conn = lock(&self.conn);
+        let mut stmt = conn.prepare(
+            "SELECT table_name, file_id, rows, deleted FROM storage_gc_queue ORDER BY CAST(deleted AS REAL) / rows DESC",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(crate::engine::StaleFile {
+                    table: r.get(0)?,
+                    file: crate::ids::FileId(r.get::<_, i64>(1)? as u64),
+                    rows: r.get::<_, i64>(2)? as usize,
+                    deleted: r.get::<_, i64>(3)? as usize,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
     }
 
     /// Identities of every source transaction replayed so far.

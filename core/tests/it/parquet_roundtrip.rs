@@ -61,3 +61,28 @@ fn regular_files_read_back_with_the_parquet_reader() {
     assert_eq!(report.objects_deleted, 3);
     assert!(std::fs::read_dir(dir.path().join("tables/0/blocks")).unwrap().next().is_none());
 }
+
+#[test]
+fn files_past_the_stale_threshold_are_queued_for_storage_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open_dir(dir.path(), EngineConfig::default().with_shards(1).with_blocks(100, 3)).unwrap();
+    create_tables(&engine);
+    engine.apply((0..300i64).map(|k| Op::Insert { table: TableId(0), row: row(0, k, k) }).collect()).unwrap();
+    engine.flush().unwrap();
+    assert_eq!(engine.combine().unwrap(), 1);
+    assert!(engine.storage_gc_candidates(0.0).unwrap()[0].deleted == 0);
+    // 120 of 300 rows deleted (40%): past a 30% threshold, not past 50%.
+    engine
+        .apply((0..120i64).map(|k| Op::Delete { table: TableId(0), key: vec![fovea_core::Value::Int(k)] }).collect())
+        .unwrap();
+    let queued = engine.storage_gc_candidates(0.3).unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!((queued[0].rows, queued[0].deleted), (300, 120));
+    assert!(engine.storage_gc_candidates(0.5).unwrap().is_empty());
+    // The queue is kept in the catalog for the rewrite job.
+    let catalog = fovea_core::catalog::Catalog::open(&dir.path().join("catalog.sqlite")).unwrap();
+    catalog.set_storage_gc_queue(&queued).unwrap();
+    assert_eq!(catalog.storage_gc_queue().unwrap(), queued);
+    catalog.set_storage_gc_queue(&[]).unwrap();
+    assert!(catalog.storage_gc_queue().unwrap().is_empty());
+}

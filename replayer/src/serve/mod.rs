@@ -144,11 +144,17 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     println!("fovea serve: Flight SQL on grpc://{flight_addr}");
 
     let maintenance = {
-        let (engine, metrics, queries, stop, args) =
-            (Arc::clone(&engine), Arc::clone(&metrics), Arc::clone(&queries), Arc::clone(&stop), args.clone());
+        let (engine, catalog, metrics, queries, stop, args) = (
+            Arc::clone(&engine),
+            Arc::clone(&lake.catalog),
+            Arc::clone(&metrics),
+            Arc::clone(&queries),
+            Arc::clone(&stop),
+            args.clone(),
+        );
         std::thread::Builder::new()
             .name("fovea-maintenance".into())
-            .spawn(move || maintenance_loop(&engine, &metrics, &queries, &stop, &args))?
+            .spawn(move || maintenance_loop(&engine, &catalog, &metrics, &queries, &stop, &args))?
     };
 
     let result = input_loop(&mut input, &mut sink, &engine, &metrics, &args, &stop);
@@ -293,7 +299,14 @@ fn input_loop(
     Ok(())
 }
 
-fn maintenance_loop(engine: &Engine, metrics: &Metrics, queries: &QueryRegistry, stop: &AtomicBool, args: &ServeArgs) {
+fn maintenance_loop(
+    engine: &Engine,
+    catalog: &fovea_core::catalog::Catalog,
+    metrics: &Metrics,
+    queries: &QueryRegistry,
+    stop: &AtomicBool,
+    args: &ServeArgs,
+) {
     let gc_every = Duration::from_secs_f64(args.gc_secs);
     let mut last_gc = Instant::now();
     // Acquire: pairs with the Release store that stops the server.
@@ -331,7 +344,10 @@ fn maintenance_loop(engine: &Engine, metrics: &Metrics, queries: &QueryRegistry,
                 tracing::error!("combine failed: {e}");
             }
         }
-        match engine.storage_gc_candidates(args.storage_gc_threshold) {
+        match engine.storage_gc_candidates(args.storage_gc_threshold).and_then(|files| {
+            catalog.set_storage_gc_queue(&files)?;
+            Ok(files)
+        }) {
             Ok(files) => {
                 metrics.storage_gc_queued.store(files.len() as u64, Ordering::Relaxed);
                 if !files.is_empty() {
