@@ -122,6 +122,16 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
     let mut tables = TABLES.to_vec();
     tables.push(("public.late", "k"));
     eventually(Duration::from_secs(120), "fovea to match PostgreSQL", || compare_all(&pg, &server, &tables).ok());
+    // TRUNCATE inside a transaction, between other changes of the table.
+    pg.psql(
+        "bench",
+        "BEGIN; INSERT INTO late VALUES (2000, 'gone'); TRUNCATE late; INSERT INTO late VALUES (3000, 'kept'); \
+         UPDATE pgbench_tellers SET tbalance = tbalance - 1 WHERE tid = 1; COMMIT",
+    );
+    eventually(Duration::from_secs(60), "the truncate", || {
+        (server.sql("SELECT * FROM public.late").ok()? == "3000,kept\n").then_some(())
+    });
+    compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("after TRUNCATE: {e}"));
     let history: usize = pg.psql("bench", "SELECT count(*) FROM pgbench_history").trim().parse().unwrap();
     assert!(history > 100, "pgbench ran only {history} transactions");
 
