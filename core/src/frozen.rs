@@ -25,6 +25,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::{FileId, Ts};
 use crate::mvcc::Snapshot;
+use crate::visibility::shift_down;
 
 const MAGIC: &[u8; 8] = b"FOVEAVC\0";
 const VERSION: u32 = 1;
@@ -72,16 +73,13 @@ impl FrozenVisibility {
     /// Deleted bits of rows `[start, start + rows)` of `file` into `out`
     /// (a file unknown to the checkpoint has none).
     pub fn deleted_bitmap(&self, file: FileId, start: usize, rows: usize, out: &mut Vec<u64>) {
-        let words = rows.div_ceil(64);
         out.clear();
-        out.resize(words, 0);
-        let Some(src) = self.files.get(&file) else { return };
-        let (w0, s) = (start / 64, start % 64);
-        for (i, o) in out.iter_mut().enumerate() {
-            let lo = src.get(w0 + i).copied().unwrap_or(0);
-            let hi = src.get(w0 + i + 1).copied().unwrap_or(0);
-            *o = if s == 0 { lo } else { (lo >> s) | (hi << (64 - s)) };
+        if let Some(src) = self.files.get(&file) {
+            // The words holding the rows, then shifted into place.
+            let w0 = start / 64;
+            out.extend_from_slice(&src[w0.min(src.len())..(w0 + rows.div_ceil(64) + 1).min(src.len())]);
         }
+        shift_down(out, start % 64, rows);
         if !rows.is_multiple_of(64)
             && let Some(last) = out.last_mut()
         {

@@ -315,6 +315,26 @@ impl Drop for TileVisibility {
     }
 }
 
+/// Moves the bits of rows `[first, first + rows)` of `words` to the
+/// start (row `first + r` to bit `r`) and keeps the words they fill. Bits
+/// past the last row are whatever followed it.
+pub(crate) fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
+    let (w0, s) = (first / 64, first % 64);
+    let n = kernel::mask_words(rows);
+    if first != 0 {
+        for i in 0..n {
+            let lo = words.get(w0 + i).copied().unwrap_or(0);
+            let hi = words.get(w0 + i + 1).copied().unwrap_or(0);
+            let w = if s == 0 { lo } else { (lo >> s) | (hi << (64 - s)) };
+            match words.get_mut(i) {
+                Some(slot) => *slot = w,
+                None => words.push(w),
+            }
+        }
+    }
+    words.resize(n, 0);
+}
+
 /// Visibility of one file (regular or virtual): its tiles, readable by any
 /// number of threads.
 pub struct FileVisibility {
@@ -396,7 +416,6 @@ impl FileVisibility {
                 self.capacity()
             )));
         }
-        let words = kernel::mask_words(rows);
         if rows == 0 {
             out.clear();
             return Ok(());
@@ -415,16 +434,7 @@ impl FileVisibility {
                 base_ts,
             })?;
         }
-        let bit = start % TILE_ROWS;
-        if bit != 0 {
-            let (w0, s) = (bit / 64, bit % 64);
-            for i in 0..words {
-                let lo = out[w0 + i];
-                let hi = out.get(w0 + i + 1).copied().unwrap_or(0);
-                out[i] = if s == 0 { lo } else { (lo >> s) | (hi << (64 - s)) };
-            }
-        }
-        out.truncate(words);
+        shift_down(out, start % TILE_ROWS, rows);
         Ok(())
     }
 
