@@ -149,7 +149,9 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
     });
 
     // A Python client (ADBC Flight SQL driver) reads the same.
-    let python = std::env::var("FOVEA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let venv = "/var/tmp/fovea-py/bin/python";
+    let python = std::env::var("FOVEA_PYTHON")
+        .unwrap_or_else(|_| if Path::new(venv).exists() { venv.into() } else { "python3".into() });
     let script = format!(
         "import adbc_driver_flightsql.dbapi as f\n\
          c = f.connect('{}')\n\
@@ -160,10 +162,15 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
          print(cur.fetch_arrow_table().num_rows)\n",
         server.url
     );
-    let out = std::process::Command::new(&python).args(["-c", &script]).output().unwrap_or_else(|e| {
-        panic!("cannot run {python} (set FOVEA_PYTHON; .ci/run installs pyarrow and adbc_driver_flightsql): {e}")
-    });
-    assert!(out.status.success(), "python client: {}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python} (run scripts/test-deps.sh, or set FOVEA_PYTHON): {e}"));
+    assert!(
+        out.status.success(),
+        "python client ({python}; scripts/test-deps.sh installs the modules): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let printed = String::from_utf8_lossy(&out.stdout);
     let want = server.sql("SELECT count(*) AS n, sum(abalance) AS s FROM public.pgbench_accounts").unwrap();
     let (n, s) = want.trim().split_once(',').unwrap();

@@ -191,7 +191,7 @@ pub fn pg_bin() -> PathBuf {
     }
     panic!(
         "PostgreSQL 15 server binaries not found (looked in /usr/lib/postgresql/15/bin and $FOVEA_PG_BIN): \
-         install Debian's postgresql-15 (.ci/run does)"
+         run scripts/test-deps.sh (it installs Debian's postgresql-15)"
     );
 }
 

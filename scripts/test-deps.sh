@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs besides the Rust toolchain, when it is
+# missing: Debian's PostgreSQL 15 server binaries (the serve tests start and
+# stop their own throwaway cluster) and a Python venv at /var/tmp/fovea-py
+# with a Flight SQL client (pyarrow, adbc_driver_flightsql), which the tests
+# use unless FOVEA_PYTHON names another interpreter.
+set -euo pipefail
+if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
+  echo "== installing PostgreSQL 15"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
+fi
+VENV=/var/tmp/fovea-py
+if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight" 2>/dev/null; then
+  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql) in $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql
+fi
