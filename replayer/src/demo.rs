@@ -410,7 +410,8 @@ fn sum_and_freshest(
     Ok((total, freshest))
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+/// The `p` quantile of `v` (sorted in place), NaN when empty.
+pub(crate) fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }

@@ -255,11 +255,6 @@ impl PgOutputDecoder {
         self.current.is_some()
     }
 
-    /// Tables described so far, by `schema.table`.
-    pub fn tables(&self) -> impl Iterator<Item = &str> {
-        self.relations.values().map(|r| r.table.as_str())
-    }
-
     /// Decodes one message written at `lsn`; returns the transaction its
     /// Commit message completes.
     pub fn decode(&mut self, lsn: Lsn, data: &[u8]) -> Result<Option<PgTransaction>> {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::demo::percentile;
 use crate::replay::CliResult;
 
 /// Options of `fovea bench serve`.
@@ -150,13 +151,6 @@ fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Runs the benchmark.
 pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let pg = Cluster::start(&args.pg_bin)?;
@@ -236,8 +230,9 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         .lines()
         .find_map(|l| l.strip_prefix("tps = ")?.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or(f64::NAN);
-    // Catch up: the slot's newest change applied.
-    let target = pg.psql("SELECT count(*) FROM pgbench_history")?.trim().parse::<f64>()?;
+    // Catch up: every pgbench transaction (one history row each) applied,
+    // besides the initial copy (one transaction).
+    let target = pg.psql("SELECT count(*) FROM pgbench_history")?.trim().parse::<f64>()? + 1.0;
     let caught = Instant::now();
     let url_rows = |t: &str| metric(t, "fovea_transactions_total");
     loop {
@@ -257,7 +252,6 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     // Release: the input loop's Acquire load sees it and stops.
     stop.store(true, Ordering::Release);
     server.join().map_err(|_| "fovea serve panicked")??;
-    freshness.sort_by(f64::total_cmp);
     let report = serde_json::json!({
         "pgbench_scale": args.scale,
         "pgbench_clients": args.clients,
@@ -266,8 +260,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         "initial_copy_s": copy_secs,
         "rows_replayed": rows,
         "rows_per_s": rows / (load_secs + catch_up_ms / 1e3),
-        "freshness_p50_ms": percentile(&freshness, 0.5),
-        "freshness_p99_ms": percentile(&freshness, 0.99),
+        "freshness_p50_ms": percentile(&mut freshness, 0.5),
+        "freshness_p99_ms": percentile(&mut freshness, 0.99),
         "freshness_samples": freshness.len(),
         "catch_up_after_load_ms": catch_up_ms,
         "rss_peak_mb": rss_peak / 1048576.0,

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fovea_core::Engine;
@@ -38,8 +38,6 @@ pub struct Metrics {
     pub visibility_checkpoints: AtomicU64,
     /// Queries answered over Flight SQL.
     pub queries: AtomicU64,
-    /// Source commit time of the newest applied transaction, µs (0: none).
-    pub newest_commit_us: AtomicI64,
     /// Errors by kind.
     pub errors: Mutex<BTreeMap<String, u64>>,
 }
@@ -53,85 +51,94 @@ impl Metrics {
     /// The Prometheus text exposition of these metrics and the engine's.
     pub fn render(&self, engine: &Engine, started: std::time::Instant) -> String {
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
-            let _ = writeln!(out, "# HELP fovea_{name} {help}\n# TYPE fovea_{name} {kind}\nfovea_{name} {value}");
-        };
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let secs = started.elapsed().as_secs_f64().max(1e-9);
-        metric("rows_total", "counter", "Row changes applied.", load(&self.rows));
-        metric("transactions_total", "counter", "Source transactions applied.", load(&self.transactions));
-        metric("rows_per_second", "gauge", "Average rows applied per second since start.", load(&self.rows) / secs);
-        metric("input_lag_bytes", "gauge", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes));
         let clock = engine.clock();
-        metric("hwm", "gauge", "High watermark: newest mirror ts visible to new queries.", clock.hwm().get() as f64);
-        metric("lwm", "gauge", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64);
-        let now = fovea_core::catalog::now_us();
         let freshness = match engine.source_commit_at(clock.hwm()) {
-            Some((_, commit)) => (now - commit) as f64 / 1e6,
+            Some((_, commit)) => (fovea_core::catalog::now_us() - commit) as f64 / 1e6,
             None => f64::NAN,
         };
-        metric(
-            "freshness_seconds",
-            "gauge",
-            "Now minus the source commit time of the newest visible transaction.",
-            freshness,
-        );
         let memory = engine.memory();
-        let _ = writeln!(out, "# HELP fovea_memory_bytes Memory held, by component.\n# TYPE fovea_memory_bytes gauge");
-        for (component, bytes) in
-            [("visibility", memory.visibility_bytes), ("index", memory.index_bytes), ("buffer", memory.buffer_bytes)]
-        {
-            let _ = writeln!(out, "fovea_memory_bytes{{component=\"{component}\"}} {bytes}");
+        let rss = rss_bytes().map_or(f64::NAN, |b| b as f64);
+        for (name, kind, help, value) in [
+            ("rows_total", "counter", "Row changes applied.", load(&self.rows)),
+            ("transactions_total", "counter", "Source transactions applied.", load(&self.transactions)),
+            ("rows_per_second", "gauge", "Average rows applied per second since start.", load(&self.rows) / secs),
+            ("input_lag_bytes", "gauge", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes)),
+            ("hwm", "gauge", "High watermark: newest mirror ts visible to new queries.", clock.hwm().get() as f64),
+            ("lwm", "gauge", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
+            (
+                "freshness_seconds",
+                "gauge",
+                "Now minus the source commit time of the newest visible transaction.",
+                freshness,
+            ),
+            (
+                "visibility_bits_per_tuple",
+                "gauge",
+                "Tile visibility bits per stored tuple.",
+                memory.visibility_bits_per_tuple(),
+            ),
+            ("checkpoints_total", "counter", "Checkpoints written.", load(&self.checkpoints)),
+            ("checkpoint_seconds_total", "counter", "Time spent writing checkpoints.", load(&self.checkpoint_us) / 1e6),
+            (
+                "last_checkpoint_seconds",
+                "gauge",
+                "Duration of the last checkpoint.",
+                load(&self.last_checkpoint_us) / 1e6,
+            ),
+            ("gc_rounds_total", "counter", "Memory GC rounds.", load(&self.gc_rounds)),
+            ("gc_seconds_total", "counter", "Time spent in memory GC.", load(&self.gc_us) / 1e6),
+            (
+                "files_combined_total",
+                "counter",
+                "Flushed blocks combined into regular files.",
+                load(&self.files_combined),
+            ),
+            (
+                "storage_gc_queued",
+                "gauge",
+                "Files whose stale fraction passed the storage-GC threshold.",
+                load(&self.storage_gc_queued),
+            ),
+            (
+                "visibility_checkpoints_total",
+                "counter",
+                "Visibility checkpoints written for long-running queries.",
+                load(&self.visibility_checkpoints),
+            ),
+            ("queries_total", "counter", "Queries answered.", load(&self.queries)),
+            ("rss_bytes", "gauge", "Resident set size of the process.", rss),
+        ] {
+            family(&mut out, name, kind, help, None, [(String::new(), value)]);
         }
-        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
-            let _ = writeln!(out, "# HELP fovea_{name} {help}\n# TYPE fovea_{name} {kind}\nfovea_{name} {value}");
-        };
-        metric(
-            "visibility_bits_per_tuple",
-            "gauge",
-            "Tile visibility bits per stored tuple.",
-            memory.visibility_bits_per_tuple(),
-        );
-        metric("checkpoints_total", "counter", "Checkpoints written.", load(&self.checkpoints));
-        metric(
-            "checkpoint_seconds_total",
-            "counter",
-            "Time spent writing checkpoints.",
-            load(&self.checkpoint_us) / 1e6,
-        );
-        metric(
-            "last_checkpoint_seconds",
-            "gauge",
-            "Duration of the last checkpoint.",
-            load(&self.last_checkpoint_us) / 1e6,
-        );
-        metric("gc_rounds_total", "counter", "Memory GC rounds.", load(&self.gc_rounds));
-        metric("gc_seconds_total", "counter", "Time spent in memory GC.", load(&self.gc_us) / 1e6);
-        metric(
-            "files_combined_total",
-            "counter",
-            "Flushed blocks combined into regular files.",
-            load(&self.files_combined),
-        );
-        metric(
-            "storage_gc_queued",
-            "gauge",
-            "Files whose stale fraction passed the storage-GC threshold.",
-            load(&self.storage_gc_queued),
-        );
-        metric(
-            "visibility_checkpoints_total",
-            "counter",
-            "Visibility checkpoints written for long-running queries.",
-            load(&self.visibility_checkpoints),
-        );
-        metric("queries_total", "counter", "Queries answered.", load(&self.queries));
-        metric("rss_bytes", "gauge", "Resident set size of the process.", rss_bytes().map_or(f64::NAN, |b| b as f64));
-        let _ = writeln!(out, "# HELP fovea_errors_total Errors by kind.\n# TYPE fovea_errors_total counter");
-        for (kind, n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(out, "fovea_errors_total{{kind=\"{kind}\"}} {n}");
-        }
+        let components =
+            [("visibility", memory.visibility_bytes), ("index", memory.index_bytes), ("buffer", memory.buffer_bytes)];
+        let by_component = components.map(|(c, bytes)| (c.to_owned(), bytes as f64));
+        family(&mut out, "memory_bytes", "gauge", "Memory held, by component.", Some("component"), by_component);
+        let errors: Vec<(String, f64)> =
+            self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, n)| (k.clone(), *n as f64)).collect();
+        family(&mut out, "errors_total", "counter", "Errors by kind.", Some("kind"), errors);
         out
+    }
+}
+
+/// One metric family: HELP, TYPE, and a sample per `(label value, value)`
+/// (unlabelled when `label` is `None`).
+fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    label: Option<&str>,
+    samples: impl IntoIterator<Item = (String, f64)>,
+) {
+    let _ = writeln!(out, "# HELP fovea_{name} {help}\n# TYPE fovea_{name} {kind}");
+    for (label_value, value) in samples {
+        let _ = match label {
+            Some(l) => writeln!(out, "fovea_{name}{{{l}=\"{label_value}\"}} {value}"),
+            None => writeln!(out, "fovea_{name} {value}"),
+        };
     }
 }
 

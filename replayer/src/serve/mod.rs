@@ -229,11 +229,7 @@ fn input_loop(
     let mut line = String::new();
     let mut last_lag = Instant::now();
     if let Input::Postgres(pg) = input {
-        let rows = pg.copy_new_tables(sink, engine)?;
-        if rows > 0 {
-            metrics.rows.fetch_add(rows, Ordering::Relaxed);
-            dirty = true;
-        }
+        dirty = pg.copy_new_tables(sink)? > 0;
     }
     // Acquire: pairs with the signal handler's Release store.
     while !stop.load(Ordering::Acquire) {
@@ -246,18 +242,6 @@ fn input_loop(
                     sink.push(record, pos, src.position()).inspect_err(|_| metrics.error("apply"))?;
                     n += 1;
                 }
-                let s = sink.stats();
-                metrics.rows.store(s.rows, Ordering::Relaxed);
-                metrics.transactions.store(s.applied, Ordering::Relaxed);
-                if last_lag.elapsed() >= Duration::from_millis(500) {
-                    last_lag = Instant::now();
-                    // Plain files only: a gzip file's size is not in stream bytes.
-                    if let Ok(meta) = std::fs::metadata(src.name()) {
-                        metrics
-                            .input_lag_bytes
-                            .store(meta.len().saturating_sub(src.position().offset), Ordering::Relaxed);
-                    }
-                }
                 n > 0
             }
             Input::Postgres(pg) => {
@@ -265,23 +249,21 @@ fn input_loop(
                 if out.disconnected {
                     metrics.error("postgres_connection");
                 }
-                metrics.rows.fetch_add(out.rows, Ordering::Relaxed);
-                metrics.transactions.fetch_add(out.transactions, Ordering::Relaxed);
-                if let Some(c) = out.newest_commit_us {
-                    metrics.newest_commit_us.store(c, Ordering::Relaxed);
-                }
-                if last_lag.elapsed() >= Duration::from_millis(500) {
-                    last_lag = Instant::now();
-                    // Unknown while PostgreSQL is unreachable: the poll reconnects.
-                    if let Ok(server) = pg.server_lsn() {
-                        metrics.input_lag_bytes.store(server.0.saturating_sub(pg.applied().0), Ordering::Relaxed);
-                    }
-                }
                 // WAL without changes for fovea also wants confirming, so
                 // PostgreSQL can recycle it.
                 out.transactions > 0 || out.moved
             }
         };
+        let stats = sink.stats();
+        // Relaxed: statistics (see `Metrics`).
+        metrics.rows.store(stats.rows, Ordering::Relaxed);
+        metrics.transactions.store(stats.applied, Ordering::Relaxed);
+        if last_lag.elapsed() >= Duration::from_millis(500) {
+            last_lag = Instant::now();
+            if let Some(lag) = input_lag(input) {
+                metrics.input_lag_bytes.store(lag, Ordering::Relaxed);
+            }
+        }
         // The input paused (or a batch ended): make what arrived visible now.
         sink.flush_group();
         dirty |= progressed;
@@ -297,6 +279,18 @@ fn input_loop(
         }
     }
     Ok(())
+}
+
+/// Bytes of input not applied yet: of a plain file (a gzip file's size is
+/// not in stream bytes), or of WAL (unknown while PostgreSQL is unreachable).
+fn input_lag(input: &mut Input) -> Option<u64> {
+    match input {
+        Input::File(src) => {
+            let len = std::fs::metadata(src.name()).ok()?.len();
+            Some(len.saturating_sub(src.position().offset))
+        }
+        Input::Postgres(pg) => Some(pg.server_lsn().ok()?.0.saturating_sub(pg.applied().0)),
+    }
 }
 
 fn maintenance_loop(

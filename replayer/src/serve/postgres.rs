@@ -125,12 +125,6 @@ struct PgState {
 pub struct PollOutcome {
     /// Transactions handed to the sink.
     pub transactions: u64,
-    /// Row changes handed to the sink.
-    pub rows: u64,
-    /// Transactions received again after a restart (already applied).
-    pub reread: u64,
-    /// Newest commit time seen, µs.
-    pub newest_commit_us: Option<i64>,
     /// The connection to PostgreSQL was lost (a reconnect is scheduled).
     pub disconnected: bool,
     /// The applied position moved past WAL without changes for fovea.
@@ -297,7 +291,7 @@ impl PgSource {
 
     /// Copies published tables not copied yet (at start, and when tables
     /// join the publication) as one transaction each time.
-    pub fn copy_new_tables(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<u64> {
+    pub fn copy_new_tables(&mut self, sink: &mut Sink) -> CliResult<u64> {
         self.last_publication_check = std::time::Instant::now();
         let published: Vec<String> = self
             .client
@@ -312,10 +306,10 @@ impl PgSource {
         if new.is_empty() {
             return Ok(0);
         }
-        self.copy_tables(&new, sink, engine)
+        self.copy_tables(&new, sink)
     }
 
-    fn copy_tables(&mut self, tables: &[String], sink: &mut Sink, _engine: &Engine) -> CliResult<u64> {
+    fn copy_tables(&mut self, tables: &[String], sink: &mut Sink) -> CliResult<u64> {
         let mut copy = connect(&self.input.conninfo)?;
         let mut txn = copy
             .build_transaction()
@@ -478,7 +472,7 @@ impl PgSource {
             tracing::info!("reconnected to PostgreSQL");
         }
         if self.last_publication_check.elapsed() >= std::time::Duration::from_secs(1) {
-            self.copy_new_tables(sink, engine)?;
+            self.copy_new_tables(sink)?;
         }
         let mut stream = match self.stream.take() {
             Some(s) => s,
@@ -533,8 +527,8 @@ impl PgSource {
 
     /// Hands one committed transaction to the sink (unless already applied).
     fn apply(&mut self, txn: PgTransaction, sink: &mut Sink, engine: &Engine, out: &mut PollOutcome) -> CliResult<()> {
+        // Received again after a restart: already applied.
         if txn.end_lsn <= self.applied {
-            out.reread += 1;
             return Ok(());
         }
         let new_tables: BTreeSet<String> =
@@ -542,15 +536,13 @@ impl PgSource {
         if !new_tables.is_empty() {
             // Committed before the copy's snapshot: the copy holds it.
             let tables: Vec<String> = new_tables.into_iter().collect();
-            self.copy_tables(&tables, sink, engine)?;
+            self.copy_tables(&tables, sink)?;
         }
-        out.newest_commit_us = Some(txn.commit_us);
         let end = txn.end_lsn;
         let txn = self.filter(txn);
         let txn = self.expand_truncates(txn, sink, engine)?;
         if !txn.rows.is_empty() {
             out.transactions += 1;
-            out.rows += txn.rows.len() as u64;
             for (record, position, next) in txn.into_records() {
                 sink.push(record, position, next)?;
             }
