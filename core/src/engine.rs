@@ -259,15 +259,11 @@ impl Engine {
         self.create_table_since(name, schema, primary_key, Ts::ZERO)
     }
 
-    /// Creates a table as part of the next transaction to begin: until that
-    /// transaction commits, checkpoints leave the table out.
-    pub fn create_table_in_next_txn(
-        &self,
-        name: &str,
-        schema: SchemaRef,
-        primary_key: Vec<usize>,
-    ) -> Result<Arc<TableDef>> {
-        self.create_table_since(name, schema, primary_key, self.clock.peek_next())
+    /// Creates a table as part of the mirror transaction `ts` (begun, not
+    /// yet committed): checkpoints below `ts` leave it out, every checkpoint
+    /// at or above it has it, however the transaction was chunked.
+    pub fn create_table_at(&self, name: &str, schema: SchemaRef, primary_key: Vec<usize>, ts: Ts) -> Result<Arc<TableDef>> {
+        self.create_table_since(name, schema, primary_key, ts)
     }
 
     fn create_table_since(

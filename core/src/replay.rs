@@ -46,6 +46,15 @@ pub enum Op {
         /// Primary-key values, in key order.
         key: Row,
     },
+    /// The row `row`, whatever its key holds: replaces a live row with the
+    /// same key, or inserts. Snapshot records (an initial load, a connector
+    /// re-reading its tables) are upserts: a row read again is not an error.
+    Upsert {
+        /// Table.
+        table: TableId,
+        /// All user columns.
+        row: Row,
+    },
     /// Replacement of the row with primary key `key` by `row` (whose key
     /// may differ).
     Update {
@@ -88,13 +97,25 @@ pub enum ShardOp {
         /// The new row.
         row: Row,
     },
+    /// Replace the row at `key` by `row` if it has a live one, else insert.
+    Upsert {
+        /// Table.
+        table: Arc<TableDef>,
+        /// Encoded key of `row`.
+        key: KeyBytes,
+        /// The row.
+        row: Row,
+    },
 }
 
 impl ShardOp {
     /// The encoded key (routing uses it).
     pub fn key(&self) -> &KeyBytes {
         match self {
-            ShardOp::Insert { key, .. } | ShardOp::Delete { key, .. } | ShardOp::Update { key, .. } => key,
+            ShardOp::Insert { key, .. }
+            | ShardOp::Delete { key, .. }
+            | ShardOp::Update { key, .. }
+            | ShardOp::Upsert { key, .. } => key,
         }
     }
 
@@ -107,6 +128,12 @@ impl ShardOp {
                 table.check_row(&row)?;
                 let key = encode_key(table.id, &table.key_of(&row));
                 vec![ShardOp::Insert { table, key, row }]
+            }
+            Op::Upsert { table, row } => {
+                let table = table_of(table)?;
+                table.check_row(&row)?;
+                let key = encode_key(table.id, &table.key_of(&row));
+                vec![ShardOp::Upsert { table, key, row }]
             }
             Op::Delete { table, key } => {
                 let table = table_of(table)?;
@@ -259,6 +286,9 @@ impl Shard {
                         return Err(at(conflict(table, &table.key_of(row), "update of a key with no live row")));
                     }
                 }
+                ShardOp::Upsert { key, .. } => {
+                    overlay.insert(key, true);
+                }
             }
             if !self.parts.contains_key(&op_table(op).id) {
                 return Err(Error::UnknownTable(op_table(op).name.clone()));
@@ -289,6 +319,13 @@ impl Shard {
                 }
                 ShardOp::Update { table, key, row } => {
                     self.delete_row(table, key, &table.key_of(row), ts)?;
+                    let row_id = self.append_row(table, row, ts, ctx)?;
+                    self.index.put(key, ts, row_id)?;
+                }
+                ShardOp::Upsert { table, key, row } => {
+                    if self.index.latest(key).is_some() {
+                        self.delete_row(table, key, &table.key_of(row), ts)?;
+                    }
                     let row_id = self.append_row(table, row, ts, ctx)?;
                     self.index.put(key, ts, row_id)?;
                 }
@@ -430,7 +467,10 @@ fn close_active(state: &mut PartState, open: &OpenBlock, cfg: BufferConfig) -> R
 
 fn op_table(op: &ShardOp) -> &Arc<TableDef> {
     match op {
-        ShardOp::Insert { table, .. } | ShardOp::Delete { table, .. } | ShardOp::Update { table, .. } => table,
+        ShardOp::Insert { table, .. }
+        | ShardOp::Delete { table, .. }
+        | ShardOp::Update { table, .. }
+        | ShardOp::Upsert { table, .. } => table,
     }
 }
 

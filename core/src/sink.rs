@@ -19,7 +19,21 @@
 //!
 //! Exactly-once effect: a source transaction whose identity is already in
 //! the catalog's history is skipped, whether it reappears after a restart
-//! or twice in one stream.
+//! or twice in one stream. Identities come from the source's own fields,
+//! never from where a record sits in one input: a transaction's id, and
+//! for a run of snapshot records (which has none) a digest of the run's
+//! first [`SNAPSHOT_IDENTITY_ROWS`] records (table, key, images, source
+//! time and transaction id). Re-reading a file finds the same identity; a
+//! new load or a re-snapshot by the connector (new rows, new source times)
+//! gets a new one, and its records of existing keys replace those rows
+//! (snapshot records are upserts).
+//!
+//! Tables: a table is created as part of the mirror transaction that first
+//! names it (its timestamp is begun then if it has none yet), so every
+//! checkpoint at or after that transaction's commit holds the table, however
+//! the transaction was chunked; a table named outside any transaction (a
+//! definition record) and every table of the `--schema-file` is created by
+//! a mirror transaction of its own and exists, empty, from then on.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -32,6 +46,8 @@ use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::types::{infer_type, to_value};
 use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
+use std::hash::Hasher;
+use twox_hash::XxHash64;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::Ts;
@@ -111,8 +127,15 @@ struct End {
     per_table: Vec<(String, u64)>,
 }
 
+/// Records of a snapshot run that make up its identity (fewer when the run
+/// is shorter). The run's first chunk waits until they have arrived.
+pub const SNAPSHOT_IDENTITY_ROWS: u64 = 4096;
+
 struct OpenTxn {
     identity: String,
+    /// A snapshot run's identity, while its first records are digested;
+    /// `identity` and `skip` are settled when it is taken.
+    pending_identity: Option<XxHash64>,
     txid: String,
     kind: TxnKind,
     first: SourcePosition,
@@ -203,7 +226,7 @@ impl Sink {
         let applied = catalog.applied()?;
         let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
-        Ok(Sink {
+        let mut sink = Sink {
             pool: ShardPool::start(Arc::clone(&engine))?,
             chunks: VecDeque::new(),
             failed_at: None,
@@ -226,7 +249,9 @@ impl Sink {
             last_checkpoint: Instant::now(),
             source_state: None,
             checkpointed_at: None,
-        })
+        };
+        sink.create_declared_tables()?;
+        Ok(sink)
     }
 
     /// Waits until the shards applied (and committed) everything the sink
@@ -372,7 +397,8 @@ impl Sink {
             }
             let txid = match (&row.txid, snapshot) {
                 (Some(t), _) => t.clone(),
-                (None, true) => format!("@{}", position.offset),
+                // Names the run in messages only; its identity is a digest.
+                (None, true) => format!("snapshot run at {position}"),
                 (None, false) => {
                     return Err(input_error(
                         position,
@@ -382,12 +408,11 @@ impl Sink {
                     ));
                 }
             };
-            let (kind, identity) = if snapshot {
-                (TxnKind::Snapshot, format!("snapshot:{txid}"))
-            } else {
-                (TxnKind::Grouped, txid.clone())
-            };
-            let skip = self.applied.contains(&identity);
+            // A snapshot run's identity is settled from its first records
+            // (see `SNAPSHOT_IDENTITY_ROWS`).
+            let (kind, identity) =
+                if snapshot { (TxnKind::Snapshot, String::new()) } else { (TxnKind::Grouped, txid.clone()) };
+            let skip = !snapshot && self.applied.contains(&identity);
             self.open = Some(OpenTxn::new(identity, txid, kind, position, skip, row.commit_us));
         }
         let last = snapshot && row.snapshot.as_deref() == Some("last");
@@ -499,6 +524,13 @@ impl Sink {
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
         open.received += 1;
         bump(&mut open.per_table, &row.table);
+        if let Some(h) = open.pending_identity.as_mut() {
+            digest_row(h, &row);
+            if open.received >= SNAPSHOT_IDENTITY_ROWS {
+                self.settle_identity();
+            }
+        }
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if open.skip {
             return Ok(());
         }
@@ -508,14 +540,69 @@ impl Sink {
         bump(&mut open.rows_per_table, &row.table);
         open.ops.push(op);
         open.op_positions.push(position);
-        if open.ops.len() >= self.config.chunk_rows {
+        // A snapshot run's first chunk waits for its identity.
+        if open.ops.len() >= self.config.chunk_rows && open.pending_identity.is_none() {
             self.apply_chunk()?;
         }
         Ok(())
     }
 
+    /// Settles the open snapshot run's identity from the records digested
+    /// so far; a run already applied is skipped from here on.
+    fn settle_identity(&mut self) {
+        let Some(open) = self.open.as_mut() else { return };
+        let Some(h) = open.pending_identity.take() else { return };
+        open.identity = format!("snapshot:{:016x}", h.finish());
+        if self.applied.contains(&open.identity) {
+            open.skip = true;
+            open.ops.clear();
+            open.op_positions.clear();
+            open.rows_per_table.clear();
+        }
+    }
+
+    /// The mirror transaction a table created now belongs to: the open
+    /// transaction (its ts begun now if it has none yet), or, outside any
+    /// transaction, one of its own (`true`: commit it once the table exists).
+    fn table_ts(&mut self) -> Result<(Ts, bool)> {
+        self.settle_identity();
+        match self.open.as_mut() {
+            Some(open) if !open.skip => match open.ts {
+                Some(ts) => Ok((ts, false)),
+                None => {
+                    let ts = self.engine.begin()?;
+                    open.ts = Some(ts);
+                    Ok((ts, false))
+                }
+            },
+            _ => Ok((self.engine.begin()?, true)),
+        }
+    }
+
+    /// Creates the `--schema-file` tables the lake does not have yet, empty,
+    /// in one mirror transaction of their own.
+    fn create_declared_tables(&mut self) -> Result<()> {
+        let missing: Vec<TableDdl> =
+            self.config.ddl.iter().filter(|d| !self.tables.contains_key(&d.name)).cloned().collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ts = self.engine.begin()?;
+        for d in &missing {
+            let fields = d.columns.iter().map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable)).collect();
+            let at = SourcePosition::default();
+            self.create_table(&d.name, fields, d.primary_key.clone(), Some(ts), &|m| {
+                input_error(at, Some(&d.name), None, format!("schema file: {m}"))
+            })?;
+        }
+        self.pool.commit(ts)?;
+        self.since_checkpoint += 1;
+        Ok(())
+    }
+
     /// Applies the open transaction's pending operations at its timestamp.
     fn apply_chunk(&mut self) -> Result<()> {
+        self.settle_identity();
         let Some(open) = self.open.as_mut() else { return Ok(()) };
         if open.ops.is_empty() {
             return Ok(());
@@ -581,14 +668,21 @@ impl Sink {
         }
     }
 
-    fn finish(&mut self, mut open: OpenTxn) -> Result<()> {
-        if open.skip {
+    fn finish(&mut self, open: OpenTxn) -> Result<()> {
+        self.open = Some(open);
+        self.settle_identity();
+        if self.open.as_ref().is_some_and(|o| o.skip) {
+            let open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+            // A duplicate snapshot run found out late may have begun a ts
+            // (for a table it named): end it, with nothing in it.
+            if let Some(ts) = open.ts {
+                self.pool.commit(ts)?;
+            }
             self.stats.skipped += 1;
             return Ok(());
         }
-        self.open = Some(open);
         self.apply_chunk()?;
-        open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        let open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if let Some(ts) = open.ts {
             if let Some(us) = open.commit_us {
                 self.engine.note_source_commit(ts, us);
@@ -712,28 +806,50 @@ impl Sink {
                 };
                 (fields, pk)
             };
-            if pk.is_empty() {
-                return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with a CREATE TABLE … PRIMARY KEY".into()));
-            }
-            let pk_idx = pk
-                .iter()
-                .map(|k| {
-                    fields
-                        .iter()
-                        .position(|f| f.name() == k)
-                        .ok_or_else(|| err(format!("key column {k} is not a column")))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let schema = Arc::new(Schema::new(fields));
-            let def = self.engine.create_table_in_next_txn(&r.table, schema, pk_idx)?;
-            self.operations.push(CatalogOperation {
-                description: format!("create table {}", r.table),
-                actions: serde_json::json!([{ "add_table": r.table, "columns": def.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>() }]),
-                ts: self.engine.clock().hwm(),
-            });
-            self.tables.insert(r.table.clone(), SinkTable::new(def));
+            self.create_table(&r.table, fields, pk, None, &err)?;
         }
         Ok(&self.tables[&r.table])
+    }
+
+    /// Creates table `name` in mirror transaction `ts` (`None`: see
+    /// [`Self::table_ts`]) and records the catalog operation.
+    fn create_table(
+        &mut self,
+        name: &str,
+        fields: Vec<Field>,
+        pk: Vec<String>,
+        ts: Option<Ts>,
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<()> {
+        if pk.is_empty() {
+            return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with a CREATE TABLE … PRIMARY KEY".into()));
+        }
+        let pk_idx = pk
+            .iter()
+            .map(|k| {
+                fields.iter().position(|f| f.name() == k).ok_or_else(|| err(format!("key column {k} is not a column")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let schema = Arc::new(Schema::new(fields));
+        let (ts, own) = match ts {
+            Some(ts) => (ts, false),
+            None => self.table_ts()?,
+        };
+        let created = self.engine.create_table_at(name, schema, pk_idx, ts);
+        if own {
+            // Committed even when the table was refused: a ts left open
+            // would hold HWM back.
+            self.pool.commit(ts)?;
+            self.since_checkpoint += 1;
+        }
+        let def = created.map_err(|e| err(e.to_string()))?;
+        self.operations.push(CatalogOperation {
+            description: format!("create table {name}"),
+            actions: serde_json::json!([{ "add_table": name, "columns": def.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>() }]),
+            ts,
+        });
+        self.tables.insert(name.to_owned(), SinkTable::new(def));
+        Ok(())
     }
 
     /// Columns added to or gone from the source table show in the after
@@ -827,7 +943,10 @@ impl Sink {
                 if row.iter().any(Option::is_none) {
                     return Err(err(format!("insert with {UNAVAILABLE:?}: there is no previous value to keep")));
                 }
-                Op::Insert { table: id, row: row.into_iter().flatten().collect() }
+                let row = row.into_iter().flatten().collect();
+                // A snapshot record reads the row as it is now: it replaces
+                // whatever an earlier load or change left under its key.
+                if r.op == RowOp::SnapshotRead { Op::Upsert { table: id, row } } else { Op::Insert { table: id, row } }
             }
             RowOp::Delete => Op::Delete { table: id, key: Self::key_values(t, r, &err)? },
             RowOp::Update => {
@@ -866,6 +985,7 @@ impl OpenTxn {
         commit_us: Option<i64>,
     ) -> Self {
         OpenTxn {
+            pending_identity: (kind == TxnKind::Snapshot).then(|| XxHash64::with_seed(0)),
             identity,
             txid,
             kind,
@@ -879,6 +999,33 @@ impl OpenTxn {
             rows_per_table: FastMap::default(),
             commit_us,
             end: None,
+        }
+    }
+}
+
+/// Feeds what identifies a snapshot record to a run's identity digest: the
+/// table, the source transaction and time, the snapshot marker and the
+/// key and images (JSON text, in the record's column order).
+fn digest_row(h: &mut XxHash64, r: &RowChange) {
+    let field = |h: &mut XxHash64, bytes: &[u8]| {
+        h.write_u64(bytes.len() as u64);
+        h.write(bytes);
+    };
+    field(h, r.table.as_bytes());
+    field(h, r.txid.as_deref().unwrap_or("").as_bytes());
+    field(h, r.snapshot.as_deref().unwrap_or("").as_bytes());
+    h.write_i64(r.commit_us.unwrap_or(i64::MIN));
+    for image in [&r.key, &r.before, &r.after] {
+        match image {
+            None => h.write_u8(0),
+            Some(cols) => {
+                h.write_u8(1);
+                h.write_u64(cols.len() as u64);
+                for (name, v) in cols {
+                    field(h, name.as_bytes());
+                    field(h, v.to_string().as_bytes());
+                }
+            }
         }
     }
 }

@@ -160,12 +160,6 @@ impl Clock {
         self.commit(ts)
     }
 
-    /// The timestamp the next [`Clock::begin`] will hand out (or a later one).
-    pub fn peek_next(&self) -> Ts {
-        // Relaxed: a hint; callers order through their own synchronisation.
-        Ts(self.next.load(Ordering::Relaxed))
-    }
-
     /// High watermark: every ts below it is fully replayed.
     #[inline]
     pub fn hwm(&self) -> Ts {

@@ -1,8 +1,11 @@
 //! Model-based test of the whole engine against the naive MVCC oracle:
 //! random transactions over two tables and several shards, commits in
 //! shuffled order, snapshots taken and dropped, time travel, memory GC,
-//! flushes and combines at random points. After every step, the scan at
-//! every live snapshot equals the oracle at that snapshot.
+//! flushes and combines at random points, transactions applied in chunks
+//! at one ts that create tables between chunks (as the sink does with big
+//! transactions), and restarts from checkpoints with transactions (and the
+//! tables they create) in flight. After every step, the scan of every table
+//! at every live snapshot equals the oracle at that snapshot.
 
 use std::sync::Arc;
 
@@ -16,7 +19,7 @@ use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{SeedableRng, rngs::SmallRng};
 
-use crate::oracle::{ACCOUNTS, ITEMS, Oracle, canonical, create_tables, key, row, scan_rows};
+use crate::oracle::{ACCOUNTS, ITEMS, Oracle, canonical, create_tables, extra_table, key, row, scan_rows};
 
 #[derive(Clone, Debug)]
 enum RawOp {
@@ -35,18 +38,24 @@ enum Step {
     Gc,
     Flush,
     Combine,
-    /// Checkpoint (optionally with a transaction applied but not committed),
-    /// drop the engine as a crash would, restore from the checkpoint.
-    Restart(Option<Vec<RawOp>>),
+    /// One transaction applied in chunks at one ts: a table is created after
+    /// the first chunk, later chunks write to it too, then it commits.
+    /// Chunks hold upserts `(table selector, key, payload)`.
+    Chunked(Vec<Vec<(usize, i64, i64)>>),
+    /// Checkpoint (optionally with a transaction applied but not committed,
+    /// which may have created a table), drop the engine as a crash would,
+    /// restore from the checkpoint.
+    Restart(Option<Vec<RawOp>>, bool),
 }
 
 fn raw_op() -> impl Strategy<Value = RawOp> {
+    // `t` picks a table modulo the tables there are when it is applied.
     let k = 0i64..12;
     prop_oneof![
-        4 => (0usize..2, k.clone(), 0i64..1000).prop_map(|(t, k, p)| RawOp::Insert { t, k, p }),
-        4 => (0usize..2, k.clone(), proptest::option::weighted(0.2, 0i64..12), 0i64..1000)
+        4 => (0usize..4, k.clone(), 0i64..1000).prop_map(|(t, k, p)| RawOp::Insert { t, k, p }),
+        4 => (0usize..4, k.clone(), proptest::option::weighted(0.2, 0i64..12), 0i64..1000)
             .prop_map(|(t, k, new_k, p)| RawOp::Update { t, k, new_k, p }),
-        2 => (0usize..2, k).prop_map(|(t, k)| RawOp::Delete { t, k }),
+        2 => (0usize..4, k).prop_map(|(t, k)| RawOp::Delete { t, k }),
     ]
 }
 
@@ -60,24 +69,47 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Gc),
         1 => Just(Step::Flush),
         1 => Just(Step::Combine),
-        1 => proptest::option::of(proptest::collection::vec(raw_op(), 1..4)).prop_map(Step::Restart),
+        1 => (proptest::option::of(proptest::collection::vec(raw_op(), 1..4)), any::<bool>())
+            .prop_map(|(ops, create)| Step::Restart(ops, create)),
+        1 => proptest::collection::vec(proptest::collection::vec((0usize..4, 0i64..12, 0i64..1000), 1..6), 2..5)
+            .prop_map(Step::Chunked),
     ]
 }
 
-fn to_op(op: &RawOp) -> Op {
+/// `op` on one of `tables` tables.
+fn to_op(op: &RawOp, tables: usize) -> Op {
     match *op {
-        RawOp::Insert { t, k, p } => Op::Insert { table: TableId(t as u32), row: row(t, k, p) },
+        RawOp::Insert { t, k, p } => {
+            let t = t % tables;
+            Op::Insert { table: TableId(t as u32), row: row(t, k, p) }
+        }
         RawOp::Update { t, k, new_k, p } => {
+            let t = t % tables;
             Op::Update { table: TableId(t as u32), key: key(t, k), row: row(t, new_k.unwrap_or(k), p) }
         }
-        RawOp::Delete { t, k } => Op::Delete { table: TableId(t as u32), key: key(t, k) },
+        RawOp::Delete { t, k } => {
+            let t = t % tables;
+            Op::Delete { table: TableId(t as u32), key: key(t, k) }
+        }
+    }
+}
+
+/// Name of the `n`-th table (the first two are the oracle's own).
+fn table_name(n: usize) -> String {
+    match n {
+        0 => ACCOUNTS.to_owned(),
+        1 => ITEMS.to_owned(),
+        n => format!("s.extra{n}"),
     }
 }
 
 fn check(engine: &Engine, oracle: &Oracle, snapshot: &Snapshot) -> Result<(), TestCaseError> {
     let qts = snapshot.qts().get();
-    for (t, name) in [ACCOUNTS, ITEMS].iter().enumerate() {
-        let got = scan_rows(engine, snapshot, name, ScanOptions::default());
+    let names: Vec<String> = engine.tables().iter().map(|t| t.name.clone()).collect();
+    prop_assert_eq!(names.len(), oracle.tables.len(), "tables {:?}", names);
+    for t in 0..oracle.tables.len() {
+        let name = table_name(t);
+        let got = scan_rows(engine, snapshot, &name, ScanOptions::default());
         prop_assert_eq!(got, oracle.visible(t, qts), "table {} at qts {}", name, qts);
     }
     // Projection in a new order plus a pushed-down filter.
@@ -114,7 +146,7 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
             Step::Txns(txns, seed) => {
                 let mut begun = Vec::new();
                 for txn in &txns {
-                    let ops: Vec<Op> = txn.iter().map(to_op).collect();
+                    let ops: Vec<Op> = txn.iter().map(|op| to_op(op, oracle.tables.len())).collect();
                     let ts = engine.begin().unwrap();
                     let valid = oracle.apply(ts.get(), &ops);
                     match engine.apply_at(ts, ops) {
@@ -155,11 +187,37 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
                 prop_assert!(live.iter().all(|s| s.qts() >= report.lwm), "GC passed a live snapshot");
             }
             Step::Flush => engine.flush().unwrap(),
-            Step::Restart(in_flight) => {
+            Step::Chunked(chunks) => {
+                let ts = engine.begin().unwrap();
+                let mut ops_all = Vec::new();
+                for (i, chunk) in chunks.iter().enumerate() {
+                    if i == 1 {
+                        extra_table(&engine, &table_name(oracle.tables.len()), ts).unwrap();
+                        oracle.add_table(vec![0]);
+                    }
+                    let n = oracle.tables.len();
+                    let ops: Vec<Op> = chunk
+                        .iter()
+                        .map(|&(t, k, p)| Op::Upsert { table: TableId((t % n) as u32), row: row(t % n, k, p) })
+                        .collect();
+                    engine.apply_at(ts, ops.clone()).unwrap();
+                    ops_all.extend(ops);
+                    // Nothing of it is visible before its commit.
+                    check(&engine, &oracle, &engine.snapshot())?;
+                }
+                prop_assert!(oracle.apply(ts.get(), &ops_all));
+                engine.commit(ts).unwrap();
+            }
+            Step::Restart(in_flight, create) => {
                 if let Some(ops) = in_flight {
-                    // Applied, never committed: must not survive.
+                    // Applied, never committed: must not survive, nor the
+                    // table it created.
                     let ts = engine.begin().unwrap();
-                    let _ = engine.apply_at(ts, ops.iter().map(to_op).collect());
+                    let _ = engine.apply_at(ts, ops.iter().map(|op| to_op(op, oracle.tables.len())).collect());
+                    if create {
+                        let t = extra_table(&engine, &table_name(oracle.tables.len()), ts).unwrap();
+                        let _ = engine.apply_at(ts, vec![Op::Upsert { table: t.id, row: row(2, 1, 1) }]);
+                    }
                 }
                 let manifest = engine.write_checkpoint().unwrap();
                 prop_assert_eq!(manifest.checkpoint_ts, engine.clock().latest().get());

@@ -37,6 +37,11 @@ impl Oracle {
         Oracle { tables: pks.iter().map(|pk| TableModel { pk: pk.clone(), ..Default::default() }).collect() }
     }
 
+    /// A table added later (empty).
+    pub fn add_table(&mut self, pk: Vec<usize>) {
+        self.tables.push(TableModel { pk, ..Default::default() });
+    }
+
     fn key_of(&self, t: usize, row: &Row) -> String {
         render(&self.tables[t].pk.iter().map(|&i| row[i].clone()).collect::<Vec<_>>())
     }
@@ -64,6 +69,9 @@ impl Oracle {
                     }
                     overlay.insert((t, k), false);
                 }
+                Op::Upsert { table, row } => {
+                    overlay.insert((table.0 as usize, self.key_of(table.0 as usize, row)), true);
+                }
                 Op::Update { table, key, row } => {
                     let t = table.0 as usize;
                     let (old, new) = (render(key), self.key_of(t, row));
@@ -82,6 +90,14 @@ impl Oracle {
             match op {
                 Op::Insert { table, row } => self.insert(table.0 as usize, ts, row.clone()),
                 Op::Delete { table, key } => self.delete(table.0 as usize, ts, &render(key)),
+                Op::Upsert { table, row } => {
+                    let t = table.0 as usize;
+                    let k = self.key_of(t, row);
+                    if self.tables[t].live.contains_key(&k) {
+                        self.delete(t, ts, &k);
+                    }
+                    self.insert(t, ts, row.clone());
+                }
                 Op::Update { table, key, row } => {
                     self.delete(table.0 as usize, ts, &render(key));
                     self.insert(table.0 as usize, ts, row.clone());
@@ -151,27 +167,39 @@ pub fn create_tables(engine: &Engine) -> Oracle {
     Oracle::new(&[vec![0], vec![0, 1]])
 }
 
-/// Key values of logical key `k` in table `t`.
+/// A table created later, shaped like `s.accounts` (its rows come from
+/// [`row`] and [`key`] with any `t` other than 1).
+pub fn extra_table(engine: &Engine, name: &str, ts: fovea_core::Ts) -> fovea_core::Result<Arc<fovea_core::TableDef>> {
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("balance", DataType::Decimal128(12, 2), false),
+    ]);
+    engine.create_table_at(name, Arc::new(schema), vec![0], ts)
+}
+
+/// Key values of logical key `k` in table `t` (every table but 1 is
+/// shaped like `s.accounts`).
 pub fn key(t: usize, k: i64) -> Row {
     match t {
-        0 => vec![Value::Int(k)],
-        _ => vec![Value::Int(k % 3), Value::Utf8(format!("c{}", k / 3))],
+        1 => vec![Value::Int(k % 3), Value::Utf8(format!("c{}", k / 3))],
+        _ => vec![Value::Int(k)],
     }
 }
 
 /// A full row of table `t` with logical key `k` and payload `p`.
 pub fn row(t: usize, k: i64, p: i64) -> Row {
     match t {
-        0 => vec![
-            Value::Int(k),
-            if p % 5 == 0 { Value::Null } else { Value::Utf8(format!("n{p}")) },
-            Value::Decimal(i128::from(p) * 7),
-        ],
-        _ => {
+        1 => {
             let mut r = key(1, k);
             r.push(if p % 4 == 0 { Value::Null } else { Value::Int(p) });
             r.push(if p % 3 == 0 { Value::Null } else { Value::Bool(p % 2 == 0) });
             r
         }
+        _ => vec![
+            Value::Int(k),
+            if p % 5 == 0 { Value::Null } else { Value::Utf8(format!("n{p}")) },
+            Value::Decimal(i128::from(p) * 7),
+        ],
     }
 }
