@@ -262,7 +262,13 @@ impl Engine {
     /// Creates a table as part of the mirror transaction `ts` (begun, not
     /// yet committed): checkpoints below `ts` leave it out, every checkpoint
     /// at or above it has it, however the transaction was chunked.
-    pub fn create_table_at(&self, name: &str, schema: SchemaRef, primary_key: Vec<usize>, ts: Ts) -> Result<Arc<TableDef>> {
+    pub fn create_table_at(
+        &self,
+        name: &str,
+        schema: SchemaRef,
+        primary_key: Vec<usize>,
+        ts: Ts,
+    ) -> Result<Arc<TableDef>> {
         self.create_table_since(name, schema, primary_key, ts)
     }
 

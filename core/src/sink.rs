@@ -21,12 +21,15 @@
 //! the catalog's history is skipped, whether it reappears after a restart
 //! or twice in one stream. Identities come from the source's own fields,
 //! never from where a record sits in one input: a transaction's id, and
-//! for a run of snapshot records (which has none) a digest of the run's
-//! first [`SNAPSHOT_IDENTITY_ROWS`] records (table, key, images, source
-//! time and transaction id). Re-reading a file finds the same identity; a
-//! new load or a re-snapshot by the connector (new rows, new source times)
-//! gets a new one, and its records of existing keys replace those rows
-//! (snapshot records are upserts).
+//! for a run of snapshot records (which has none) one identity per table
+//! of the run, a digest of that table's first [`SNAPSHOT_IDENTITY_ROWS`]
+//! records in the run (key, images, source time and transaction id, table).
+//! Re-reading a file finds the same identities; a table loaded alone and
+//! then again inside a bigger load (or the other way round) is applied
+//! once; a new load or a re-snapshot by the connector (new rows, new source
+//! times) gets new ones, and its records of existing keys replace those
+//! rows (snapshot records are upserts). A table's first records in a run
+//! wait, unapplied, until its identity is known.
 //!
 //! Tables: a table is created as part of the mirror transaction that first
 //! names it (its timestamp is begun then if it has none yet), so every
@@ -46,14 +49,14 @@ use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::types::{infer_type, to_value};
 use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
-use std::hash::Hasher;
-use twox_hash::XxHash64;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::Ts;
 use crate::replay::Op;
 use crate::schema::{Row, TableDef, Value, render_key};
 use crate::workers::{ShardPool, WorkerError};
+use std::hash::Hasher;
+use twox_hash::XxHash64;
 
 /// Maps keyed by table and column names, hashed with foldhash (SipHash
 /// showed in replay profiles).
@@ -131,11 +134,33 @@ struct End {
 /// is shorter). The run's first chunk waits until they have arrived.
 pub const SNAPSHOT_IDENTITY_ROWS: u64 = 4096;
 
+/// One table's records in a snapshot run: their identity digest and
+/// what became of them.
+struct Segment {
+    table: String,
+    digest: XxHash64,
+    rows: u64,
+    /// `snapshot:<digest>:<table>`, once settled.
+    identity: Option<String>,
+    state: SegmentState,
+}
+
+enum SegmentState {
+    /// Digesting: the operations wait here.
+    Pending(Vec<(Op, SourcePosition)>),
+    /// New: its operations go with the transaction.
+    Applied,
+    /// Already applied by an earlier run: its records are dropped.
+    Skipped,
+}
+
+/// Separates the table identities of one snapshot run in its history entry.
+const SEGMENT_SEPARATOR: &str = " + ";
+
 struct OpenTxn {
     identity: String,
-    /// A snapshot run's identity, while its first records are digested;
-    /// `identity` and `skip` are settled when it is taken.
-    pending_identity: Option<XxHash64>,
+    /// A snapshot run's tables, in order of first appearance.
+    segments: Option<Vec<Segment>>,
     txid: String,
     kind: TxnKind,
     first: SourcePosition,
@@ -223,7 +248,12 @@ pub struct Sink {
 impl Sink {
     /// A sink replaying `input` into `engine`, recording in `catalog`.
     pub fn new(engine: Arc<Engine>, catalog: Arc<Catalog>, input: &str, config: SinkConfig) -> Result<Self> {
-        let applied = catalog.applied()?;
+        // A snapshot run's entry names each of its tables' identities.
+        let applied = catalog
+            .applied()?
+            .iter()
+            .flat_map(|id| id.split(SEGMENT_SEPARATOR).map(str::to_owned).collect::<Vec<_>>())
+            .collect();
         let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
         let mut sink = Sink {
@@ -524,40 +554,85 @@ impl Sink {
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
         open.received += 1;
         bump(&mut open.per_table, &row.table);
-        if let Some(h) = open.pending_identity.as_mut() {
-            digest_row(h, &row);
-            if open.received >= SNAPSHOT_IDENTITY_ROWS {
-                self.settle_identity();
-            }
-        }
-        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if open.skip {
             return Ok(());
         }
+        // A snapshot record waits in its table's segment until the
+        // segment's identity is known (or is dropped if it was applied).
+        let segment = match open.segments.as_mut() {
+            None => None,
+            Some(segments) => {
+                let i = segments.iter().position(|s| s.table == row.table).unwrap_or_else(|| {
+                    segments.push(Segment {
+                        table: row.table.clone(),
+                        digest: XxHash64::with_seed(0),
+                        rows: 0,
+                        identity: None,
+                        state: SegmentState::Pending(Vec::new()),
+                    });
+                    segments.len() - 1
+                });
+                let seg = &mut segments[i];
+                match seg.state {
+                    SegmentState::Skipped => return Ok(()),
+                    SegmentState::Applied => None,
+                    SegmentState::Pending(_) => {
+                        digest_row(&mut seg.digest, &row);
+                        seg.rows += 1;
+                        Some(i)
+                    }
+                }
+            }
+        };
         let txid = open.txid.clone();
         let op = self.op_of(&row, position, &txid)?;
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
-        bump(&mut open.rows_per_table, &row.table);
-        open.ops.push(op);
-        open.op_positions.push(position);
-        // A snapshot run's first chunk waits for its identity.
-        if open.ops.len() >= self.config.chunk_rows && open.pending_identity.is_none() {
+        match (segment, open.segments.as_mut()) {
+            (Some(i), Some(segments)) => {
+                let seg = &mut segments[i];
+                if let SegmentState::Pending(held) = &mut seg.state {
+                    held.push((op, position));
+                }
+                if seg.rows >= SNAPSHOT_IDENTITY_ROWS {
+                    self.settle_segments(Some(i));
+                }
+            }
+            _ => {
+                bump(&mut open.rows_per_table, &row.table);
+                open.ops.push(op);
+                open.op_positions.push(position);
+            }
+        }
+        let open = self.open.as_ref().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        if open.ops.len() >= self.config.chunk_rows {
             self.apply_chunk()?;
         }
         Ok(())
     }
 
-    /// Settles the open snapshot run's identity from the records digested
-    /// so far; a run already applied is skipped from here on.
-    fn settle_identity(&mut self) {
+    /// Settles the identity of the open snapshot run's pending segment `i`
+    /// (`None`: of every pending segment) from the records digested so far.
+    /// A segment already applied by an earlier run is skipped; a new one's
+    /// waiting operations join the transaction.
+    fn settle_segments(&mut self, only: Option<usize>) {
         let Some(open) = self.open.as_mut() else { return };
-        let Some(h) = open.pending_identity.take() else { return };
-        open.identity = format!("snapshot:{:016x}", h.finish());
-        if self.applied.contains(&open.identity) {
-            open.skip = true;
-            open.ops.clear();
-            open.op_positions.clear();
-            open.rows_per_table.clear();
+        let Some(segments) = open.segments.as_mut() else { return };
+        for (i, seg) in segments.iter_mut().enumerate() {
+            if only.is_some_and(|o| o != i) || !matches!(seg.state, SegmentState::Pending(_)) {
+                continue;
+            }
+            let identity = format!("snapshot:{:016x}:{}", seg.digest.finish(), seg.table);
+            let state = if self.applied.contains(&identity) { SegmentState::Skipped } else { SegmentState::Applied };
+            if let SegmentState::Pending(held) = std::mem::replace(&mut seg.state, state)
+                && matches!(seg.state, SegmentState::Applied)
+            {
+                for (op, position) in held {
+                    bump(&mut open.rows_per_table, &seg.table);
+                    open.ops.push(op);
+                    open.op_positions.push(position);
+                }
+            }
+            seg.identity = Some(identity);
         }
     }
 
@@ -565,7 +640,6 @@ impl Sink {
     /// transaction (its ts begun now if it has none yet), or, outside any
     /// transaction, one of its own (`true`: commit it once the table exists).
     fn table_ts(&mut self) -> Result<(Ts, bool)> {
-        self.settle_identity();
         match self.open.as_mut() {
             Some(open) if !open.skip => match open.ts {
                 Some(ts) => Ok((ts, false)),
@@ -602,7 +676,6 @@ impl Sink {
 
     /// Applies the open transaction's pending operations at its timestamp.
     fn apply_chunk(&mut self) -> Result<()> {
-        self.settle_identity();
         let Some(open) = self.open.as_mut() else { return Ok(()) };
         if open.ops.is_empty() {
             return Ok(());
@@ -670,11 +743,23 @@ impl Sink {
 
     fn finish(&mut self, open: OpenTxn) -> Result<()> {
         self.open = Some(open);
-        self.settle_identity();
+        self.settle_segments(None);
+        if let Some(open) = self.open.as_mut()
+            && let Some(segments) = &open.segments
+        {
+            // A snapshot run is named by the tables it applied.
+            let applied: Vec<&str> = segments
+                .iter()
+                .filter(|s| matches!(s.state, SegmentState::Applied))
+                .filter_map(|s| s.identity.as_deref())
+                .collect();
+            open.skip = applied.is_empty();
+            open.identity = applied.join(SEGMENT_SEPARATOR);
+        }
         if self.open.as_ref().is_some_and(|o| o.skip) {
             let open = self.open.take().ok_or_else(|| Error::invariant("open transaction vanished"))?;
-            // A duplicate snapshot run found out late may have begun a ts
-            // (for a table it named): end it, with nothing in it.
+            // A snapshot run found to be applied already may have begun a
+            // ts (for a table it named): end it, with nothing in it.
             if let Some(ts) = open.ts {
                 self.pool.commit(ts)?;
             }
@@ -707,7 +792,9 @@ impl Sink {
                 replayed_us: now_us(),
             });
         }
-        self.applied.insert(open.identity);
+        for identity in open.identity.split(SEGMENT_SEPARATOR) {
+            self.applied.insert(identity.to_owned());
+        }
         self.stats.applied += 1;
         self.since_checkpoint += 1;
         Ok(())
@@ -870,7 +957,9 @@ impl Sink {
         if added.is_empty() && gone.is_empty() {
             return Ok(());
         }
-        // Operations built with the old schema go in first.
+        // Operations built with the old schema go in first (a snapshot
+        // run's waiting ones too).
+        self.settle_segments(None);
         self.apply_chunk()?;
         self.drain()?;
         let t = &self.tables[&r.table];
@@ -985,7 +1074,7 @@ impl OpenTxn {
         commit_us: Option<i64>,
     ) -> Self {
         OpenTxn {
-            pending_identity: (kind == TxnKind::Snapshot).then(|| XxHash64::with_seed(0)),
+            segments: (kind == TxnKind::Snapshot).then(Vec::new),
             identity,
             txid,
             kind,
@@ -1004,8 +1093,9 @@ impl OpenTxn {
 }
 
 /// Feeds what identifies a snapshot record to a run's identity digest: the
-/// table, the source transaction and time, the snapshot marker and the
-/// key and images (JSON text, in the record's column order).
+/// table, the source transaction and time, and the key and images (JSON
+/// text, in the record's column order). Not the snapshot marker (`first`,
+/// `last`): it says where a record sits in a run, not what it is.
 fn digest_row(h: &mut XxHash64, r: &RowChange) {
     let field = |h: &mut XxHash64, bytes: &[u8]| {
         h.write_u64(bytes.len() as u64);
@@ -1013,7 +1103,6 @@ fn digest_row(h: &mut XxHash64, r: &RowChange) {
     };
     field(h, r.table.as_bytes());
     field(h, r.txid.as_deref().unwrap_or("").as_bytes());
-    field(h, r.snapshot.as_deref().unwrap_or("").as_bytes());
     h.write_i64(r.commit_us.unwrap_or(i64::MIN));
     for image in [&r.key, &r.before, &r.after] {
         match image {

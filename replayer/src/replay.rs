@@ -66,13 +66,21 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
             .display()
             .to_string()
     };
-    let start = match &lake.checkpoint {
-        Some(c) if c.input == input_name => c.position,
-        _ => SourcePosition::default(),
+    let resumed = lake.checkpoint.as_ref().filter(|c| c.input == input_name);
+    // A file resumes where the checkpoint stopped if it is still the file
+    // the checkpoint read (its fingerprint); standard input never resumes.
+    let (source, fingerprint) = if input_name == "-" {
+        (LineSource::open(&args.input, SourcePosition::default())?, None)
+    } else {
+        let (position, state) =
+            resumed.map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
+        let (source, fingerprint) = LineSource::resume(&args.input, position, state)?;
+        (source, Some(fingerprint.to_state()))
     };
-    let source = LineSource::open(&args.input, start)?;
+    let start = source.position();
     let sink_config = SinkConfig { checkpoint_txns: args.checkpoint_txns, ddl, ..SinkConfig::default() };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;
+    sink.set_source_state(fingerprint);
     let began = Instant::now();
     let mut last_progress = Instant::now();
     // A reader thread hands batches of lines round-robin to decoder

@@ -40,17 +40,7 @@ impl LineSource {
                 partial: String::new(),
             });
         }
-        let mut file = File::open(path).map_err(|e| {
-            Error::Io(std::io::Error::new(e.kind(), format!("cannot open input {}: {e}", path.display())))
-        })?;
-        let mut magic = [0u8; 2];
-        let n = file.read(&mut magic)?;
-        let file = File::open(path)?;
-        let mut reader: Box<dyn BufRead + Send> = if n == 2 && magic == [0x1f, 0x8b] {
-            Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(file)))
-        } else {
-            Box::new(BufReader::with_capacity(1 << 20, file))
-        };
+        let mut reader = open_stream(path)?;
         // Skip to the resume offset (decompressing what precedes it).
         let skipped = std::io::copy(&mut (&mut reader).take(start.offset), &mut std::io::sink())?;
         if skipped != start.offset {
@@ -71,6 +61,28 @@ impl LineSource {
             follow: false,
             partial: String::new(),
         })
+    }
+
+    /// Opens the file at `path` to resume after a checkpoint that read the
+    /// same input name up to `position`, recording `state` (see
+    /// [`FileFingerprint`]). A file whose first bytes are not those the
+    /// checkpoint saw is another file at the same path: it is read from its
+    /// start (transactions already applied are skipped by their identity)
+    /// instead of from the old file's offset, with a warning. Returns the
+    /// source and the fingerprint later checkpoints record.
+    pub fn resume(path: &Path, position: SourcePosition, state: Option<&str>) -> Result<(Self, FileFingerprint)> {
+        match state.and_then(FileFingerprint::parse) {
+            Some(then) if then.matches(path)? => Ok((Self::open(path, position)?, then)),
+            Some(_) => {
+                tracing::warn!(
+                    input = %path.display(),
+                    "the input is not the file the last checkpoint read (its first bytes differ): reading it from the start; transactions already applied are skipped"
+                );
+                Ok((Self::open(path, SourcePosition::default())?, FileFingerprint::read(path)?))
+            }
+            // Checkpoints of older versions carry no fingerprint.
+            None => Ok((Self::open(path, position)?, FileFingerprint::read(path)?)),
+        }
     }
 
     /// Follows the file as it grows (like `tail -f`): at the end,
@@ -122,6 +134,70 @@ impl LineSource {
     }
 }
 
+/// The decompressed stream of the file at `path` (gzip is detected by its
+/// magic bytes).
+fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    let mut file = File::open(path)
+        .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("cannot open input {}: {e}", path.display()))))?;
+    let mut magic = [0u8; 2];
+    let n = file.read(&mut magic)?;
+    let file = File::open(path)?;
+    Ok(if n == 2 && magic == [0x1f, 0x8b] {
+        Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(file)))
+    } else {
+        Box::new(BufReader::with_capacity(1 << 20, file))
+    })
+}
+
+/// What tells one input file from another at the same path: the XXH64 of
+/// the first bytes of its decompressed stream (up to
+/// [`FileFingerprint::MAX_LEN`]; fewer while the file is shorter). A file
+/// that grew (a stream appended to, followed with `fovea serve`) keeps its
+/// fingerprint; a file replaced by another does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileFingerprint {
+    /// Bytes digested.
+    pub len: u64,
+    /// Their XXH64 (seed 0).
+    pub digest: u64,
+}
+
+impl FileFingerprint {
+    /// Bytes digested at most.
+    pub const MAX_LEN: u64 = 64 * 1024;
+
+    /// The fingerprint of the file at `path` now.
+    pub fn read(path: &Path) -> Result<Self> {
+        let (len, digest) = Self::digest(path, Self::MAX_LEN)?;
+        Ok(FileFingerprint { len, digest })
+    }
+
+    /// Whether the file at `path` starts with the bytes this fingerprint
+    /// digested.
+    pub fn matches(&self, path: &Path) -> Result<bool> {
+        let (len, digest) = Self::digest(path, self.len)?;
+        Ok(len == self.len && digest == self.digest)
+    }
+
+    fn digest(path: &Path, max: u64) -> Result<(u64, u64)> {
+        let mut head = Vec::new();
+        open_stream(path)?.take(max).read_to_end(&mut head)?;
+        Ok((head.len() as u64, twox_hash::XxHash64::oneshot(0, &head)))
+    }
+
+    /// As a checkpoint records it: `file:xxh64:<len>:<digest hex>`.
+    pub fn to_state(&self) -> String {
+        format!("file:xxh64:{}:{:016x}", self.len, self.digest)
+    }
+
+    /// Reads [`Self::to_state`]'s form; `None` for anything else.
+    pub fn parse(state: &str) -> Option<Self> {
+        let rest = state.strip_prefix("file:xxh64:")?;
+        let (len, digest) = rest.split_once(':')?;
+        Some(FileFingerprint { len: len.parse().ok()?, digest: u64::from_str_radix(digest, 16).ok()? })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +223,30 @@ mod tests {
         assert_eq!(src.next_line(&mut buf).unwrap(), Some(SourcePosition { line: 3, offset: 8 }));
         assert_eq!(src.next_line(&mut buf).unwrap(), None);
         assert_eq!(src.position(), SourcePosition { line: 3, offset: 14 });
+    }
+
+    #[test]
+    fn a_grown_file_resumes_and_a_replaced_one_starts_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "one\ntwo\n").unwrap();
+        let fp = FileFingerprint::read(&path).unwrap();
+        assert_eq!(FileFingerprint::parse(&fp.to_state()), Some(fp));
+        let at = SourcePosition { line: 1, offset: 4 };
+        // Grown: resumed where the checkpoint was, the old fingerprint kept.
+        std::fs::write(&path, "one\ntwo\nthree\n").unwrap();
+        let (src, kept) = LineSource::resume(&path, at, Some(&fp.to_state())).unwrap();
+        assert_eq!((src.position(), kept), (at, fp));
+        // Replaced by another file: read from its start.
+        std::fs::write(&path, "uno\ndos\ntres\n").unwrap();
+        let (mut src, new) = LineSource::resume(&path, at, Some(&fp.to_state())).unwrap();
+        assert_ne!(new, fp);
+        let mut buf = String::new();
+        assert_eq!(src.next_line(&mut buf).unwrap(), Some(SourcePosition { line: 1, offset: 0 }));
+        assert_eq!(buf, "uno");
+        // Shorter than what the fingerprint covered: replaced too.
+        std::fs::write(&path, "on").unwrap();
+        let (src, _) = LineSource::resume(&path, at, Some(&fp.to_state())).unwrap();
+        assert_eq!(src.position(), SourcePosition::default());
     }
 }

@@ -95,7 +95,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     let metrics = Arc::new(Metrics::default());
     let started = Instant::now();
 
-    let (input_name, mut input) = open_input(&args.input, lake.checkpoint.as_ref())?;
+    let (input_name, mut input, source_state) = open_input(&args.input, lake.checkpoint.as_ref())?;
     let sink_config = SinkConfig {
         // This loop decides when to checkpoint (it must confirm the slot after).
         checkpoint_txns: u64::MAX,
@@ -105,9 +105,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
-    if let Some(c) = lake.checkpoint.as_ref().filter(|c| c.input == input_name) {
-        sink.set_source_state(c.source_state.clone());
-    }
+    sink.set_source_state(source_state);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let queries = Arc::new(QueryRegistry::new());
@@ -171,20 +169,27 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     Ok(())
 }
 
-fn open_input(spec: &str, checkpoint: Option<&fovea_core::catalog::CheckpointRecord>) -> CliResult<(String, Input)> {
+/// Opens the input named by `--input`, resuming after `checkpoint` when it
+/// read the same input; also returns the state the next checkpoints record
+/// for it (a file's fingerprint; a PostgreSQL source's own state).
+fn open_input(
+    spec: &str,
+    checkpoint: Option<&fovea_core::catalog::CheckpointRecord>,
+) -> CliResult<(String, Input, Option<String>)> {
     if let Some(path) = spec.strip_prefix("file:") {
         let name =
             std::fs::canonicalize(path).map_err(|e| format!("cannot open input {path}: {e}"))?.display().to_string();
-        let start = match checkpoint {
-            Some(c) if c.input == name => c.position,
-            _ => SourcePosition::default(),
-        };
-        Ok((name, Input::File(LineSource::open(std::path::Path::new(path), start)?.follow())))
+        let (position, state) = checkpoint
+            .filter(|c| c.input == name)
+            .map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
+        let (source, fingerprint) = LineSource::resume(std::path::Path::new(path), position, state)?;
+        Ok((name, Input::File(source.follow()), Some(fingerprint.to_state())))
     } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
         let pg = PgInput::parse(spec)?;
         let name = pg.name();
         let resume = checkpoint.filter(|c| c.input == name).map(|c| (c.position, c.source_state.clone()));
-        Ok((name, Input::Postgres(Box::new(PgSource::open(pg, resume)?))))
+        let state = resume.as_ref().and_then(|r| r.1.clone());
+        Ok((name, Input::Postgres(Box::new(PgSource::open(pg, resume)?)), state))
     } else {
         Err(format!("--input {spec:?}: expected file:PATH or postgres://…?slot=NAME&publication=NAME").into())
     }
