@@ -11,10 +11,17 @@
 //! A checkpoint commits in one SQLite transaction together with the history
 //! and operations since the previous one: after a crash, the lake is exactly
 //! the last checkpoint, and the input is replayed from its position.
+//!
+//! Fencing: every write names the writer's lease epoch and checks it
+//! against the timestamp store's lease row (attached as `txn`) in the same
+//! transaction. The check is a no-op update of that row, which takes its
+//! write lock until the commit, so a take-over cannot slip in between the
+//! check and the commit: a replayer that lost the lake writes nothing.
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -73,9 +80,13 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Opens (creating) the catalog at `path`.
-    pub fn open(path: &Path) -> Result<Self> {
+    /// Opens (creating) the catalog at `path`, fenced by the lease of the
+    /// timestamp store at `txn` (a [`crate::mvcc::SqliteTxnStore`] file).
+    pub fn open(path: &Path, txn: &Path) -> Result<Self> {
+        // The store's tables exist before the catalog attaches them.
+        drop(crate::mvcc::SqliteTxnStore::open(txn)?);
         let conn = crate::mvcc::open_durable_sqlite(path)?;
+        conn.execute("ATTACH DATABASE ?1 AS txn", params![txn.display().to_string()])?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS checkpoints (
                  id INTEGER PRIMARY KEY AUTOINCREMENT, ts INTEGER NOT NULL, manifest TEXT NOT NULL,
@@ -133,9 +144,12 @@ impl Catalog {
     }
 
     /// Commits a checkpoint with the history and operations since the last
-    /// one, atomically; older checkpoints are dropped.
+    /// one, atomically, if lease `epoch` is still the lake's
+    /// ([`Error::Fenced`] otherwise); older checkpoints are dropped.
+    #[allow(clippy::too_many_arguments)]
     pub fn commit_checkpoint(
         &self,
+        epoch: u64,
         manifest: &Manifest,
         input: &str,
         position: SourcePosition,
@@ -144,7 +158,7 @@ impl Catalog {
         operations: &[CatalogOperation],
     ) -> Result<()> {
         let mut conn = lock(&self.conn);
-        let tx = conn.transaction()?;
+        let tx = fenced(&mut conn, epoch)?;
         let now = now_us();
         for h in history {
             let tables = serde_json::to_string(&h.tables.iter().map(|(t, n)| (t.as_str(), *n)).collect::<Vec<_>>())
@@ -172,9 +186,9 @@ impl Catalog {
 
     /// Replaces the storage-GC queue (files to rewrite without their stale
     /// rows) with `files`.
-    pub fn set_storage_gc_queue(&self, files: &[crate::engine::StaleFile]) -> Result<()> {
+    pub fn set_storage_gc_queue(&self, epoch: u64, files: &[crate::engine::StaleFile]) -> Result<()> {
         let mut conn = lock(&self.conn);
-        let tx = conn.transaction()?;
+        let tx = fenced(&mut conn, epoch)?;
         tx.execute("DELETE FROM storage_gc_queue", [])?;
         let now = now_us();
         for f in files {
@@ -267,13 +281,27 @@ impl Catalog {
     }
 }
 
+/// A write transaction that holds lease `epoch`: the no-op update of the
+/// lease row checks the epoch and keeps that row's write lock until the
+/// transaction ends.
+fn fenced(conn: &mut Connection, epoch: u64) -> Result<rusqlite::Transaction<'_>> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let held = tx.execute("UPDATE txn.clock SET epoch = epoch WHERE id = 0 AND epoch = ?1", params![epoch as i64])?;
+    if held != 1 {
+        let current: i64 = tx.query_row("SELECT epoch FROM txn.clock WHERE id = 0", [], |r| r.get(0))?;
+        return Err(Error::Fenced { epoch, current: current as u64 });
+    }
+    Ok(tx)
+}
+
 /// µs since the epoch, now.
 pub fn now_us() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
 }
 
 /// A lake directory opened: the engine (restored from the newest checkpoint
-/// when there is one), its catalog, and that checkpoint.
+/// when there is one), its catalog, that checkpoint, and for a writer the
+/// lake's lease.
 pub struct OpenLake {
     /// The engine.
     pub engine: Arc<Engine>,
@@ -281,12 +309,15 @@ pub struct OpenLake {
     pub catalog: Arc<Catalog>,
     /// The checkpoint it was restored from.
     pub checkpoint: Option<CheckpointRecord>,
+    /// The lease a writer holds (renewed until dropped).
+    pub lease: Option<crate::lease::LeaseKeeper>,
 }
 
 /// How a lake is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
-    /// The one writer: unreferenced objects are deleted.
+    /// The one writer: takes the lake's lease (waiting while a live
+    /// replayer holds it), then deletes unreferenced objects.
     Write,
     /// A reader beside a possibly running writer: nothing is deleted.
     Read,
@@ -294,13 +325,29 @@ pub enum OpenMode {
 
 /// Opens the lake in `dir` (creating it), restoring its newest checkpoint.
 pub fn open_lake(dir: &Path, config: EngineConfig, mode: OpenMode) -> Result<OpenLake> {
+    open_lake_with(dir, config, mode, crate::lease::DEFAULT_LEASE_TTL)
+}
+
+/// [`open_lake`] with the lease time of a writer.
+pub fn open_lake_with(dir: &Path, config: EngineConfig, mode: OpenMode, lease_ttl: Duration) -> Result<OpenLake> {
     std::fs::create_dir_all(dir)?;
     let meta = dir.join(METADATA_DIR);
-    let catalog = Arc::new(Catalog::open(&meta.join("catalog.sqlite"))?);
+    let txn_path = meta.join("txn.sqlite");
+    let txn: Arc<dyn crate::mvcc::TxnStore> = Arc::new(SqliteTxnStore::open(&txn_path)?);
+    // The lease first: the checkpoint read below is then the newest one,
+    // and no replayer that lost the lake can commit another.
+    let lease = match mode {
+        OpenMode::Write => Some(crate::lease::LeaseKeeper::acquire(Arc::clone(&txn), lease_ttl)?),
+        OpenMode::Read => None,
+    };
+    let catalog = Arc::new(Catalog::open(&meta.join("catalog.sqlite"), &txn_path)?);
     let checkpoint = catalog.latest_checkpoint()?;
     let store: Arc<dyn object_store::ObjectStore> =
         Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?);
-    let clock = Clock::open(Arc::new(SqliteTxnStore::open(&meta.join("txn.sqlite"))?))?;
+    let clock = Clock::open(txn)?;
+    if let Some(l) = &lease {
+        clock.set_epoch(l.epoch());
+    }
     let engine = match &checkpoint {
         Some(c) => Engine::restore(store, clock, &c.manifest, mode == OpenMode::Write)?,
         None if mode == OpenMode::Read => Engine::open(store, clock, config)?,
@@ -312,6 +359,12 @@ pub fn open_lake(dir: &Path, config: EngineConfig, mode: OpenMode) -> Result<Ope
             engine
         }
     };
+    if let Some(l) = &lease {
+        engine.fence_file_ids(l.epoch());
+    }
+    if let Some(c) = &checkpoint {
+        engine.checkpoint_committed(&c.manifest);
+    }
     // The newest replayed transaction of the checkpoint keeps freshness known.
     if let Some(c) = &checkpoint
         && let Some(h) = catalog.history(None, 1)?.into_iter().next()
@@ -320,5 +373,5 @@ pub fn open_lake(dir: &Path, config: EngineConfig, mode: OpenMode) -> Result<Ope
     {
         engine.note_source_commit(h.ts, us);
     }
-    Ok(OpenLake { engine, catalog, checkpoint })
+    Ok(OpenLake { engine, catalog, checkpoint, lease })
 }

@@ -26,7 +26,6 @@ use std::sync::atomic::Ordering;
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
-use futures::StreamExt;
 use object_store::path::Path;
 use parquet::basic::Compression;
 use serde::{Deserialize, Serialize};
@@ -36,7 +35,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
 use crate::index::PrimaryIndex;
-use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet, load_metadata};
+use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
 use crate::visibility::FileVisibility;
@@ -405,9 +404,10 @@ impl Engine {
                 parts,
             });
         }
-        // Every retired object is now covered by a checkpoint that no longer names it.
+        // Every retired object is now left out of a checkpoint: once that
+        // one is committed, nothing durable names it.
         for entry in lock(&self.retired).iter_mut() {
-            entry.2 = true;
+            entry.left_out_at.get_or_insert(c.get());
         }
         Ok(Manifest {
             format: MANIFEST_FORMAT,
@@ -510,8 +510,9 @@ impl Engine {
                         Some(r) => {
                             named.insert(r.path.clone());
                             let path = Path::from(r.path.as_str());
-                            let bytes = lake.get(&path)?;
-                            let metadata = load_metadata(&bytes)?;
+                            // The footer only: one request for the file's tail.
+                            let footer = lake.read_footer(&path)?;
+                            let metadata = footer.metadata.clone();
                             FileKind::Regular(Arc::new(RegularFile {
                                 path,
                                 row_groups: r
@@ -525,7 +526,7 @@ impl Engine {
                                     })
                                     .collect(),
                                 metadata,
-                                size: bytes.len(),
+                                size: footer.size as usize,
                             }))
                         }
                         None => FileKind::Virtual {
@@ -586,10 +587,8 @@ impl Engine {
     /// Deletes the objects under `prefix` whose paths are not in `named`.
     fn delete_unnamed(&self, prefix: &str, named: &HashSet<String>) -> Result<usize> {
         let prefix = Path::from(prefix);
-        let listed: Vec<_> = futures::executor::block_on(self.lake.store().list(Some(&prefix)).collect::<Vec<_>>());
         let mut deleted = 0;
-        for meta in listed {
-            let meta = meta?;
+        for meta in self.lake.list(&prefix)? {
             if !named.contains(meta.location.as_ref()) {
                 self.lake.delete(&meta.location)?;
                 deleted += 1;

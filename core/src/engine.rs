@@ -31,6 +31,10 @@ use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
 use crate::scan::{Scan, ScanOptions};
 use crate::schema::TableDef;
 
+/// File ids of a writer with lease epoch `e` start at `e << 40` (see
+/// [`Engine::fence_file_ids`]): 2^40 files per epoch.
+pub const FILE_ID_EPOCH_SHIFT: u32 = 40;
+
 /// Folder of fovea's own metadata inside a local lake.
 pub const METADATA_DIR: &str = "_fovea";
 
@@ -115,6 +119,16 @@ struct Flusher {
     idle: Condvar,
 }
 
+/// Objects replaced by one combine, waiting to be deleted.
+pub(crate) struct Retired {
+    /// Registration sequence of the swap: readers registered before it may
+    /// still read the objects.
+    seq: u64,
+    paths: Vec<Path>,
+    /// Ts of the first checkpoint written without them.
+    pub(crate) left_out_at: Option<u64>,
+}
+
 /// What one GC round did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
@@ -177,9 +191,14 @@ pub struct Engine {
     flush_tx: Mutex<Option<Sender<FlushJob>>>,
     flush_thread: Mutex<Option<JoinHandle<()>>>,
     /// Objects replaced by combine: registration sequence of the swap, the
-    /// paths, and whether a checkpoint has been written since (a checkpoint
-    /// written before the swap still references them).
-    pub(crate) retired: Mutex<Vec<(u64, Vec<Path>, bool)>>,
+    /// paths, and the ts of the first checkpoint written since (a
+    /// checkpoint written before the swap still references them). They are
+    /// deleted only once that checkpoint is committed, never on the strength
+    /// of a checkpoint whose commit failed (a fenced replayer's).
+    pub(crate) retired: Mutex<Vec<Retired>>,
+    /// One past the ts of the newest checkpoint committed to the catalog
+    /// (0: none yet).
+    committed_checkpoint: AtomicU64,
     /// Set once the engine writes checkpoints: retired objects then wait
     /// for the next checkpoint as well as for old snapshots.
     pub(crate) checkpointing: std::sync::atomic::AtomicBool,
@@ -215,6 +234,7 @@ impl Engine {
             flush_tx: Mutex::new(Some(tx)),
             flush_thread: Mutex::new(Some(thread)),
             retired: Mutex::new(Vec::new()),
+            committed_checkpoint: AtomicU64::new(0),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             source_commits: Mutex::new(std::collections::BTreeMap::new()),
         }))
@@ -486,15 +506,14 @@ impl Engine {
                         if let Some(rg) =
                             r.row_groups.iter().position(|g| offset >= g.offset && offset < g.offset + g.rows)
                         {
-                            let bytes = self.lake.get(&r.path)?;
-                            let reader =
-                                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
-                                    bytes,
-                                    r.metadata.clone(),
-                                )
-                                .with_row_groups(vec![rg])
-                                .build()?;
-                            let batch = crate::lake::one_batch(reader, r.path.as_ref())?;
+                            // That row group's chunks only.
+                            let batch = self.lake.read_row_groups(
+                                &r.path,
+                                &r.metadata,
+                                vec![rg],
+                                parquet::arrow::ProjectionMask::all(),
+                                None,
+                            )?;
                             found = Some(batch.slice(offset - r.row_groups[rg].offset, 1));
                         }
                         found
@@ -636,7 +655,7 @@ impl Engine {
                     f.kind = FileKind::Regular(Arc::new(regular));
                 }
                 // Readers registered before this point may still read the blocks.
-                lock(&self.retired).push((self.clock.registration_seq(), paths, false));
+                lock(&self.retired).push(Retired { seq: self.clock.registration_seq(), paths, left_out_at: None });
                 combined += 1;
             }
         }
@@ -694,16 +713,35 @@ impl Engine {
             let mut retired = lock(&self.retired);
             // Acquire: pairs with the Release in `write_checkpoint`.
             let checkpointing = self.checkpointing.load(std::sync::atomic::Ordering::Acquire);
+            // Acquire: pairs with the Release in `checkpoint_committed`.
+            let committed = self.committed_checkpoint.load(std::sync::atomic::Ordering::Acquire);
+            let covered = |r: &Retired| r.left_out_at.is_some_and(|c| c < committed);
             let (ready, keep): (Vec<_>, Vec<_>) =
-                retired.drain(..).partition(|(seq, _, covered)| *seq <= oldest && (*covered || !checkpointing));
+                retired.drain(..).partition(|r| r.seq <= oldest && (covered(r) || !checkpointing));
             *retired = keep;
-            ready.into_iter().flat_map(|(_, p, _)| p).collect()
+            ready.into_iter().flat_map(|r| r.paths).collect()
         };
         for p in &ready {
             self.lake.delete(p)?;
         }
         report.objects_deleted = ready.len();
         Ok(report)
+    }
+
+    /// Tells the engine that `manifest` (written by
+    /// [`Engine::write_checkpoint`]) is now the lake's committed checkpoint:
+    /// objects it no longer names may be deleted once no reader needs them.
+    pub fn checkpoint_committed(&self, manifest: &crate::checkpoint::Manifest) {
+        // Release: pairs with the Acquire in `gc`.
+        self.committed_checkpoint.fetch_max(manifest.checkpoint_ts + 1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Names the objects this engine creates from now on within `epoch`'s
+    /// range of file ids, so that a fenced predecessor still running can
+    /// never write an object under a name this engine uses.
+    pub fn fence_file_ids(&self, epoch: u64) {
+        // Relaxed: called before any apply; ids only need to be unique.
+        self.file_ids.fetch_max(epoch << FILE_ID_EPOCH_SHIFT, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Memory by component.

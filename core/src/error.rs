@@ -92,6 +92,27 @@ pub enum Error {
         /// The value that was refused.
         proposed: u64,
     },
+    /// This process no longer holds the lake's lease: another replayer took
+    /// over (its epoch is newer), so nothing this one writes may land.
+    #[error(
+        "fenced: this replayer's lease (epoch {epoch}) was taken over (the lake is now at epoch {current}); it stops without writing. Help: another fovea replay/serve writes this lake now"
+    )]
+    Fenced {
+        /// The epoch this process held.
+        epoch: u64,
+        /// The lake's epoch now.
+        current: u64,
+    },
+    /// The lake's lease is held by a live replayer.
+    #[error("the lake's lease is held by {owner} (epoch {epoch}) for another {remaining_ms} ms")]
+    LeaseHeld {
+        /// Who holds it.
+        owner: String,
+        /// Its epoch.
+        epoch: u64,
+        /// Until it expires unless renewed.
+        remaining_ms: i64,
+    },
     /// Corrupt or unsupported persisted bytes (index snapshot, metadata).
     #[error("corrupt {what}: {reason}")]
     Corrupt {

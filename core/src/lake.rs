@@ -10,26 +10,45 @@
 //!
 //! Every file carries the user columns plus the hidden `_fovea_create_ts`
 //! int64 column, ascending within the file, with row-group min/max
-//! statistics. The object store is asynchronous; the engine is synchronous
-//! and drives it with a blocking executor (object_store's local store runs
-//! its IO inline when no Tokio runtime is around).
+//! statistics.
+//!
+//! IO: the object store is asynchronous, the engine synchronous. Every
+//! request runs on one process-wide IO runtime (`fovea-io`, a Tokio
+//! runtime: S3 clients need one) and the calling thread waits for its
+//! result, so no engine thread ever drives network IO itself. Parquet is
+//! read by ranges: a footer with one request for the object's tail, then
+//! only the column chunks of the row groups and columns a reader asks for
+//! (parquet's push decoder says which byte ranges it needs; they are
+//! fetched in one `get_ranges` call, which coalesces neighbours). Objects
+//! above [`MULTIPART_THRESHOLD`] are uploaded in parts.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
-use futures::executor::block_on;
+use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
-};
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use parquet::DecodeResult;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::push_decoder::ParquetPushDecoderBuilder;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
+use parquet::file::metadata::ParquetMetaDataPushDecoder;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::error::{Error, Result};
 use crate::ids::{FileId, TableId, Ts};
+
+/// Objects at least this large are uploaded in parts (S3 needs parts of
+/// 5 MiB or more).
+pub const MULTIPART_THRESHOLD: usize = 16 << 20;
+/// Size of one uploaded part.
+const MULTIPART_PART: usize = 8 << 20;
+/// Bytes of an object's tail fetched to find its footer in one request
+/// (fovea's footers are a few KiB; a small block is read whole).
+pub const FOOTER_FETCH: u64 = 64 << 10;
 
 /// Path of a flushed write-buffer block.
 pub fn block_path(table: TableId, file: FileId, block: u32) -> Path {
@@ -73,6 +92,30 @@ impl RegularFile {
     }
 }
 
+/// A Parquet object's footer, with the tail bytes fetched to read it (they
+/// often hold column chunks too: a small object is read whole).
+pub struct Footer {
+    /// The parsed footer.
+    pub metadata: ArrowReaderMetadata,
+    /// The object's size.
+    pub size: u64,
+    /// The fetched tail: its first byte's offset and the bytes.
+    pub tail: (u64, Bytes),
+}
+
+/// The runtime every lake request runs on.
+fn io_runtime() -> &'static tokio::runtime::Runtime {
+    static IO: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    IO.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fovea-io")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the IO runtime: {e}"))
+    })
+}
+
 /// The lake's object store with the blocking helpers the engine uses.
 #[derive(Clone)]
 pub struct Lake {
@@ -90,40 +133,160 @@ impl Lake {
         &self.store
     }
 
-    /// Writes an object.
-    pub fn put(&self, path: &Path, bytes: Bytes) -> Result<()> {
-        block_on(self.store.put(path, PutPayload::from(bytes)))?;
-        Ok(())
+    /// Runs `f` (given the store) on the IO runtime and waits for it.
+    fn run<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<dyn ObjectStore>) -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>> + Send + 'static,
+    {
+        let task = io_runtime().spawn(f(Arc::clone(&self.store)));
+        match futures::executor::block_on(task) {
+            Ok(r) => Ok(r?),
+            Err(e) => Err(Error::invariant(format!("an IO task failed: {e}"))),
+        }
     }
 
-    /// Reads a whole object.
+    /// Writes an object (in parts when large).
+    pub fn put(&self, path: &Path, bytes: Bytes) -> Result<()> {
+        let path = path.clone();
+        self.run(move |store| async move {
+            if bytes.len() < MULTIPART_THRESHOLD {
+                store.put(&path, PutPayload::from(bytes)).await?;
+            } else {
+                let upload = store.put_multipart(&path).await?;
+                let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART);
+                writer.put(bytes);
+                writer.finish().await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads a whole object (metadata objects that are used whole).
     pub fn get(&self, path: &Path) -> Result<Bytes> {
-        Ok(block_on(async { self.store.get(path).await?.bytes().await })?)
+        let path = path.clone();
+        self.run(move |store| async move { store.get(&path).await?.bytes().await })
+    }
+
+    /// Reads byte ranges of an object in one call.
+    pub fn get_ranges(&self, path: &Path, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
+        let path = path.clone();
+        self.run(move |store| async move { store.get_ranges(&path, &ranges).await })
     }
 
     /// Deletes an object; a missing one is not an error (deletes are retried).
     pub fn delete(&self, path: &Path) -> Result<()> {
-        match block_on(self.store.delete(path)) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        let path = path.clone();
+        self.run(move |store| async move {
+            match store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Every object under `prefix`.
+    pub fn list(&self, prefix: &Path) -> Result<Vec<ObjectMeta>> {
+        let prefix = prefix.clone();
+        self.run(move |store| async move { store.list(Some(&prefix)).try_collect().await })
+    }
+
+    /// Reads the footer of the Parquet object at `path` with one request
+    /// for its last [`FOOTER_FETCH`] bytes (a second one only for a larger
+    /// footer).
+    pub fn read_footer(&self, path: &Path) -> Result<Footer> {
+        let p = path.clone();
+        let (tail, size) = self.run(move |store| async move {
+            let options = GetOptions { range: Some(GetRange::Suffix(FOOTER_FETCH)), ..GetOptions::default() };
+            let got = store.get_opts(&p, options).await?;
+            let size = got.meta.size;
+            Ok((got.bytes().await?, size))
+        })?;
+        let tail = (size - tail.len() as u64, tail);
+        let mut decoder = ParquetMetaDataPushDecoder::try_new(size)?;
+        decoder.push_range(tail.0..size, tail.1.clone())?;
+        let metadata = loop {
+            match decoder.try_decode()? {
+                DecodeResult::Data(m) => break m,
+                DecodeResult::NeedsData(ranges) => {
+                    let data = self.get_ranges(path, ranges.clone())?;
+                    decoder.push_ranges(ranges, data)?;
+                }
+                DecodeResult::Finished => {
+                    return Err(Error::Corrupt { what: path.to_string(), reason: "no Parquet footer".into() });
+                }
+            }
+        };
+        let metadata = ArrowReaderMetadata::try_new(Arc::new(metadata), ArrowReaderOptions::new())?;
+        Ok(Footer { metadata, size, tail })
+    }
+
+    /// Reads `row_groups` of the Parquet object at `path` (footer
+    /// `metadata`), the columns of `projection` only, fetching just their
+    /// byte ranges; `held` are bytes already fetched (a footer's tail).
+    pub fn read_row_groups(
+        &self,
+        path: &Path,
+        metadata: &ArrowReaderMetadata,
+        row_groups: Vec<usize>,
+        projection: ProjectionMask,
+        held: Option<&(u64, Bytes)>,
+    ) -> Result<RecordBatch> {
+        let rows: i64 = row_groups.iter().map(|&rg| metadata.metadata().row_group(rg).num_rows()).sum();
+        let mut decoder = ParquetPushDecoderBuilder::new_with_metadata(metadata.clone())
+            .with_row_groups(row_groups)
+            .with_projection(projection)
+            .with_batch_size((rows as usize).max(1))
+            .build()?;
+        let mut batches = Vec::new();
+        loop {
+            match decoder.try_decode()? {
+                DecodeResult::NeedsData(ranges) => {
+                    let (inside, outside): (Vec<_>, Vec<_>) = ranges.into_iter().partition(|r| {
+                        held.is_some_and(|(start, bytes)| r.start >= *start && r.end <= start + bytes.len() as u64)
+                    });
+                    if let Some((start, bytes)) = held {
+                        for r in inside {
+                            let slice = bytes.slice((r.start - start) as usize..(r.end - start) as usize);
+                            decoder.push_range(r, slice)?;
+                        }
+                    }
+                    if !outside.is_empty() {
+                        let data = self.get_ranges(path, outside.clone())?;
+                        decoder.push_ranges(outside, data)?;
+                    }
+                }
+                DecodeResult::Data(b) => batches.push(b),
+                DecodeResult::Finished => break,
+            }
+        }
+        match batches.len() {
+            0 => Err(Error::Corrupt { what: path.to_string(), reason: "no rows".into() }),
+            1 => Ok(batches.swap_remove(0)),
+            _ => Ok(arrow::compute::concat_batches(&batches[0].schema(), &batches)?),
         }
     }
 
-    /// Reads a flushed block back.
+    /// Reads a flushed block back, every column (a footer request; a small
+    /// block is read whole by it).
     pub fn read_block(&self, path: &Path) -> Result<RecordBatch> {
-        let bytes = self.get(path)?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.with_batch_size(usize::MAX >> 1).build()?;
-        one_batch(reader, path.as_ref())
+        self.read_block_columns(path, None)
     }
-}
 
-/// Drains a Parquet reader into one batch (readers may split a row group).
-pub(crate) fn one_batch(reader: ParquetRecordBatchReader, what: &str) -> Result<RecordBatch> {
-    let mut batches = reader.collect::<Result<Vec<_>, _>>()?;
-    match batches.len() {
-        0 => Err(Error::Corrupt { what: what.to_owned(), reason: "no rows".into() }),
-        1 => Ok(batches.swap_remove(0)),
-        _ => Ok(arrow::compute::concat_batches(&batches[0].schema(), &batches)?),
+    /// Reads a flushed block back, the named columns only (`None`: all).
+    pub fn read_block_columns(&self, path: &Path, columns: Option<&[&str]>) -> Result<RecordBatch> {
+        let footer = self.read_footer(path)?;
+        let projection = match columns {
+            None => ProjectionMask::all(),
+            Some(names) => {
+                let stored = footer.metadata.schema();
+                let roots = names.iter().filter_map(|n| stored.index_of(n).ok()).collect::<Vec<_>>();
+                ProjectionMask::roots(footer.metadata.metadata().file_metadata().schema_descr(), roots)
+            }
+        };
+        let groups = (0..footer.metadata.metadata().num_row_groups()).collect();
+        self.read_row_groups(path, &footer.metadata, groups, projection, Some(&footer.tail))
     }
 }
 

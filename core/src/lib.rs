@@ -22,6 +22,8 @@ pub mod checkpoint;
 pub mod engine;
 pub mod frozen;
 pub mod lake;
+pub mod lease;
+pub mod metered;
 pub mod replay;
 pub mod scan;
 pub mod sink;

@@ -24,10 +24,8 @@ use arrow::buffer::{BooleanBuffer, Buffer};
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use bytes::Bytes;
 use fovea_scan_wasm as kernel;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
 use crate::buffer::{ActiveRows, Block, BlockData, FileKind, PartView};
@@ -141,7 +139,6 @@ pub struct Scan {
     output_positions: Vec<usize>,
     output_schema: SchemaRef,
     splits: VecDeque<Split>,
-    current_file: Option<(object_store::path::Path, Bytes)>,
     metrics: ScanMetrics,
     scratch: Vec<u64>,
 }
@@ -227,7 +224,6 @@ impl Scan {
             output_positions,
             output_schema,
             splits,
-            current_file: None,
             metrics,
             scratch: Vec::new(),
         })
@@ -274,7 +270,7 @@ impl Scan {
                 Split::Block { vis, block, offset } => {
                     let batch = match &block.data {
                         BlockData::Memory(b) => b.clone(),
-                        BlockData::Flushed(path) => self.lake.read_block(path)?,
+                        BlockData::Flushed(path) => self.lake.read_block_columns(path, Some(&self.stored_columns()))?,
                     };
                     (self.project_decoded(&batch)?, vis, offset)
                 }
@@ -293,28 +289,23 @@ impl Scan {
         project_by_name(&self.table, &self.read_columns, batch)
     }
 
+    /// Names of the stored columns a split reads: the read columns, then
+    /// the hidden create_ts column.
+    fn stored_columns(&self) -> Vec<&str> {
+        let mut names: Vec<&str> =
+            self.read_columns.iter().map(|&c| self.table.schema.field(c).name().as_str()).collect();
+        names.push(CREATE_TS_COLUMN);
+        names
+    }
+
+    /// One row group of a regular file: only the byte ranges of the read
+    /// columns' chunks are fetched (the footer is cached in the file).
     fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<RecordBatch> {
-        let bytes = match &self.current_file {
-            Some((p, b)) if *p == file.path => b.clone(),
-            _ => {
-                let b = self.lake.get(&file.path)?;
-                self.current_file = Some((file.path.clone(), b.clone()));
-                b
-            }
-        };
-        let parquet_schema = file.metadata.metadata().file_metadata().schema_descr();
         let stored = file.metadata.schema();
-        let mut roots: Vec<usize> =
-            self.read_columns.iter().filter_map(|&c| stored.index_of(self.table.schema.field(c).name()).ok()).collect();
-        roots.push(stored.index_of(CREATE_TS_COLUMN)?);
-        let mask = ProjectionMask::roots(parquet_schema, roots);
-        let rows = file.row_groups[rg].rows;
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, file.metadata.clone())
-            .with_row_groups(vec![rg])
-            .with_projection(mask)
-            .with_batch_size(rows.max(1))
-            .build()?;
-        self.project_decoded(&crate::lake::one_batch(reader, file.path.as_ref())?)
+        let roots: Vec<usize> = self.stored_columns().iter().filter_map(|n| stored.index_of(n).ok()).collect();
+        let mask = ProjectionMask::roots(file.metadata.metadata().file_metadata().schema_descr(), roots);
+        let batch = self.lake.read_row_groups(&file.path, &file.metadata, vec![rg], mask, None)?;
+        self.project_decoded(&batch)
     }
 
     /// Applies VFoR and the filter to a decoded batch (read columns + hidden

@@ -830,6 +830,7 @@ impl Sink {
             drained?;
         }
         self.catalog.commit_checkpoint(
+            self.engine.clock().epoch(),
             &manifest,
             &self.input,
             resume,
@@ -837,6 +838,7 @@ impl Sink {
             &self.history,
             &self.operations,
         )?;
+        self.engine.checkpoint_committed(&manifest);
         self.checkpointed_at = Some(resume);
         self.history.clear();
         self.operations.clear();

@@ -360,6 +360,7 @@ pub fn replay(workload: crate::workload::Workload, txns: u64, json_out: bool) ->
         schema_file: None,
         checkpoint_txns: 50_000,
         shards: None,
+        lease: fovea_core::lease::DEFAULT_LEASE_TTL,
         progress: !json_out,
     };
     let summary = crate::replay::replay(&args)?;

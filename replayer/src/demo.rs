@@ -356,7 +356,16 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
         })
         .into_iter()
         .collect();
-    lake.catalog.commit_checkpoint(&manifest, "fovea demo", Default::default(), None, &history, &[])?;
+    lake.catalog.commit_checkpoint(
+        lake.engine.clock().epoch(),
+        &manifest,
+        "fovea demo",
+        Default::default(),
+        None,
+        &history,
+        &[],
+    )?;
+    lake.engine.checkpoint_committed(&manifest);
 
     let rows = rows_done.load(Ordering::Relaxed);
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));

@@ -65,6 +65,9 @@ enum Command {
         /// Shards (default: the number of cores).
         #[arg(long)]
         shards: Option<usize>,
+        /// Seconds the lake's lease lasts without renewal (see `fovea serve --help`).
+        #[arg(long, default_value_t = 15.0)]
+        lease_secs: f64,
     },
     /// Write a table's visible rows as CSV to standard output.
     Export {
@@ -220,17 +223,21 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { lake, seconds, rate } => demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false }),
-        Command::Replay { lake, input, format, schema_file, checkpoint_txns, shards } => {
-            let args = replay::ReplayArgs {
-                lake,
-                input,
-                format,
-                schema_file,
-                checkpoint_txns,
-                shards,
-                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            };
-            replay::replay(&args).map(|s| {
+        Command::Replay { lake, input, format, schema_file, checkpoint_txns, shards, lease_secs } => {
+            serve::lease_time(lease_secs).and_then(|lease| {
+                let args = replay::ReplayArgs {
+                    lake,
+                    input,
+                    format,
+                    schema_file,
+                    checkpoint_txns,
+                    shards,
+                    lease,
+                    progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                };
+                replay::replay(&args)
+            })
+            .map(|s| {
                 println!(
                     "replayed {} transactions ({} already applied, skipped), {} rows in {:.2} s = {:.0} rows/s; {} checkpoints",
                     s.stats.applied,

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fovea_core::catalog::{OpenMode, open_lake};
+use fovea_core::catalog::{OpenMode, open_lake, open_lake_with};
 use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::types::format_value;
@@ -31,6 +31,8 @@ pub struct ReplayArgs {
     pub checkpoint_txns: u64,
     /// Shards (threads of the engine).
     pub shards: Option<usize>,
+    /// How long the lake's lease lasts without renewal.
+    pub lease: Duration,
     /// Print progress.
     pub progress: bool,
 }
@@ -57,7 +59,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }
-    let lake = open_lake(&args.lake, config, OpenMode::Write)?;
+    let lake = open_lake_with(&args.lake, config, OpenMode::Write, args.lease)?;
     let input_name = if args.input == Path::new("-") {
         "-".to_owned()
     } else {

@@ -22,7 +22,7 @@
 mod store;
 
 pub(crate) use store::open_durable_sqlite;
-pub use store::{MemoryTxnStore, PersistedClock, SqliteTxnStore, TxnStore};
+pub use store::{Lease, MemoryTxnStore, PersistedClock, SqliteTxnStore, TxnStore, conformance};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +50,8 @@ pub struct Clock {
     reserved: AtomicU64,
     reservation: u64,
     store: Arc<dyn TxnStore>,
+    /// Epoch of the lease this clock writes under (0: unleased).
+    epoch: AtomicU64,
     reserve_lock: Mutex<()>,
     commits: Mutex<CommitState>,
     /// Mirror of `commits.hwm` for lock-free readers.
@@ -82,6 +84,7 @@ impl Clock {
             reserved: AtomicU64::new(persisted.reserved.get()),
             reservation: reservation.max(1),
             store,
+            epoch: AtomicU64::new(0),
             reserve_lock: Mutex::new(()),
             commits: Mutex::new(CommitState { hwm: start, ahead: BTreeSet::new() }),
             hwm: AtomicU64::new(start),
@@ -121,7 +124,9 @@ impl Clock {
         let mut reserved = self.reserved.load(Ordering::Acquire);
         while reserved <= ts {
             let upto = (reserved.max(ts + 1) + self.reservation).min(Ts::MAX.get() + 1);
-            self.store.reserve(Ts(upto))?;
+            // From the value this clock persisted last: a writer that lost
+            // the lake (another reserved since) is refused.
+            self.store.reserve(self.epoch(), Ts(reserved), Ts(upto))?;
             reserved = upto;
             // Release: a `begin` that sees this value sees a durable reservation.
             self.reserved.store(reserved, Ordering::Release);
@@ -230,7 +235,25 @@ impl Clock {
     /// Persists HWM and LWM (monotonically) in the store.
     pub fn persist_watermarks(&self) -> Result<()> {
         let lwm = self.lwm();
-        self.store.save_watermarks(self.hwm(), lwm)
+        self.store.save_watermarks(self.epoch(), self.hwm(), lwm)
+    }
+
+    /// Writes from now on under lease `epoch` (see [`TxnStore`]'s fencing).
+    pub fn set_epoch(&self, epoch: u64) {
+        // Relaxed: read by the same threads that write through the store,
+        // which orders the calls itself.
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The lease epoch this clock writes under (0: unleased).
+    pub fn epoch(&self) -> u64 {
+        // Relaxed: see `set_epoch`.
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// The store behind this clock.
+    pub fn store(&self) -> &Arc<dyn TxnStore> {
+        &self.store
     }
 }
 

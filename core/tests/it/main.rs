@@ -5,4 +5,5 @@ mod initial_load;
 mod model;
 mod oracle;
 mod parquet_roundtrip;
+mod range_reads;
 mod sink;

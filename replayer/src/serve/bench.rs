@@ -173,6 +173,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         storage_gc_threshold: 0.3,
         poll_ms: 5,
         shards: None,
+        lease_secs: 15.0,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let server = {

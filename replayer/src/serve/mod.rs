@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fovea_core::catalog::{OpenMode, open_lake};
+use fovea_core::catalog::{OpenMode, open_lake_with};
 use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
 use fovea_core::sink::{Sink, SinkConfig};
@@ -70,6 +70,12 @@ pub struct ServeArgs {
     /// Shards (default: the number of cores).
     #[arg(long)]
     pub shards: Option<usize>,
+    /// Seconds the lake's lease lasts without renewal: a second replayer
+    /// started on the same lake waits this long after this one stops
+    /// renewing (paused, partitioned, killed on another host) before it
+    /// takes over; this one is fenced then.
+    #[arg(long, default_value_t = 15.0)]
+    pub lease_secs: f64,
 }
 
 enum Input {
@@ -90,7 +96,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }
-    let lake = open_lake(&args.lake, config, OpenMode::Write)?;
+    let lake = open_lake_with(&args.lake, config, OpenMode::Write, lease_time(args.lease_secs)?)?;
     let engine = Arc::clone(&lake.engine);
     let metrics = Arc::new(Metrics::default());
     let started = Instant::now();
@@ -155,7 +161,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
             .spawn(move || maintenance_loop(&engine, &catalog, &metrics, &queries, &stop, &args))?
     };
 
-    let result = input_loop(&mut input, &mut sink, &engine, &metrics, &args, &stop);
+    let result = input_loop(&mut input, &mut sink, &engine, &metrics, &args, &stop, lake.lease.as_ref());
     // Acquire/Release: pairs with the maintenance loop's load.
     stop.store(true, Ordering::Release);
     let _ = maintenance.join();
@@ -227,6 +233,7 @@ fn input_loop(
     metrics: &Metrics,
     args: &ServeArgs,
     stop: &AtomicBool,
+    lease: Option<&fovea_core::lease::LeaseKeeper>,
 ) -> CliResult<()> {
     let checkpoint_every = Duration::from_secs_f64(args.checkpoint_secs);
     let mut last_checkpoint = Instant::now();
@@ -238,6 +245,10 @@ fn input_loop(
     }
     // Acquire: pairs with the signal handler's Release store.
     while !stop.load(Ordering::Acquire) {
+        // Another replayer took the lake over: stop before writing more.
+        if let Some(l) = lease {
+            l.check().inspect_err(|_| metrics.error("fenced"))?;
+        }
         let progressed = match input {
             Input::File(src) => {
                 let mut n = 0u64;
@@ -284,6 +295,14 @@ fn input_loop(
         }
     }
     Ok(())
+}
+
+/// The lease time of `--lease-secs`.
+pub fn lease_time(secs: f64) -> CliResult<Duration> {
+    if !(secs.is_finite() && secs >= 0.3) {
+        return Err(format!("--lease-secs {secs}: must be at least 0.3").into());
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Bytes of input not applied yet: of a plain file (a gzip file's size is
@@ -344,7 +363,7 @@ fn maintenance_loop(
             }
         }
         match engine.storage_gc_candidates(args.storage_gc_threshold).and_then(|files| {
-            catalog.set_storage_gc_queue(&files)?;
+            catalog.set_storage_gc_queue(engine.clock().epoch(), &files)?;
             Ok(files)
         }) {
             Ok(files) => {

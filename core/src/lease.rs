@@ -1,0 +1,218 @@
+//! The writer's lease on a lake: one replayer at a time.
+//!
+//! ```text
+//!  acquire ─▶ granted (epoch e) ─▶ renew every ttl/3 ─▶ … ─▶ release on drop
+//!     │ held by a live replayer: wait (log once), retry until it expires
+//!     │ held by a dead process on this host: take over at once (naming e)
+//!     ▼
+//!  every write of the holder names e (TxnStore, catalog commits): after a
+//!  take-over (epoch e+1) nothing the old holder writes lands — it is fenced
+//!  and stops with [`Error::Fenced`] when it notices (renewal or a write).
+//! ```
+//!
+//! Expiry is judged by wall clocks, so the hosts of two replayers must agree
+//! on the time within a fraction of the lease time; correctness never rests
+//! on it, only on the epoch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::catalog::now_us;
+use crate::error::{Error, Result};
+use crate::mvcc::{TxnStore, lock};
+
+/// Default lease time: a replayer that stops renewing is taken over this
+/// long after its last renewal.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+
+/// This process as a lease owner: `host/pid/start time`, so a replayer
+/// restarted on the same host can tell its dead predecessor from a live one.
+pub fn owner_id() -> String {
+    let pid = std::process::id();
+    format!("{}/{pid}/{}", host_name(), process_start(pid).unwrap_or_default())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".into())
+}
+
+/// The start time of process `pid` (clock ticks since boot), when known.
+fn process_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22; the command name (field 2) may hold spaces, so count from
+    // the closing parenthesis.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// Whether `owner` names a process of this host that no longer runs. An
+/// owner of another host, or one that cannot be checked, counts as alive.
+fn is_dead_local(owner: &str) -> bool {
+    let mut parts = owner.split('/');
+    let (Some(host), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else { return false };
+    if host != host_name() || start.is_empty() {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<u32>() else { return false };
+    process_start(pid).as_deref() != Some(start)
+}
+
+struct Shared {
+    store: Arc<dyn TxnStore>,
+    epoch: u64,
+    /// The epoch that fenced this holder (0 while it holds the lease).
+    fenced_by: AtomicU64,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// Holds a lake's lease: renews it on a thread, releases it on drop.
+pub struct LeaseKeeper {
+    shared: Arc<Shared>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+impl LeaseKeeper {
+    /// Acquires the lease of `store` for `ttl`, waiting while a live
+    /// replayer holds it (logged once) and taking over at once from a dead
+    /// process of this host.
+    pub fn acquire(store: Arc<dyn TxnStore>, ttl: Duration) -> Result<Self> {
+        let owner = owner_id();
+        let ttl_us = ttl.as_micros() as i64;
+        let mut logged = false;
+        let lease = loop {
+            let take_over = match store.lease()? {
+                Some(l) if l.expires_us > now_us() && is_dead_local(&l.owner) => Some(l.epoch),
+                _ => None,
+            };
+            match store.acquire_lease(&owner, ttl_us, now_us(), take_over) {
+                Ok(lease) => break lease,
+                Err(Error::LeaseHeld { owner: holder, epoch, remaining_ms }) => {
+                    if !logged {
+                        tracing::warn!(
+                            holder,
+                            epoch,
+                            remaining_ms,
+                            "waiting for the lake's lease: another replayer holds it; taking over when it expires"
+                        );
+                        logged = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(remaining_ms.clamp(10, 500) as u64));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if logged {
+            tracing::warn!(epoch = lease.epoch, "took over the lake's lease");
+        }
+        let shared = Arc::new(Shared {
+            store,
+            epoch: lease.epoch,
+            fenced_by: AtomicU64::new(0),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        let renewer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new().name("fovea-lease".into()).spawn(move || renew_loop(&shared, ttl))?
+        };
+        Ok(LeaseKeeper { shared, renewer: Some(renewer) })
+    }
+
+    /// The epoch every write of this holder names.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    /// [`Error::Fenced`] once another replayer took the lease over.
+    pub fn check(&self) -> Result<()> {
+        // Relaxed: a flag; the store's own checks are what fence writes.
+        match self.shared.fenced_by.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            current => Err(Error::Fenced { epoch: self.shared.epoch, current }),
+        }
+    }
+}
+
+fn renew_loop(shared: &Shared, ttl: Duration) {
+    let period = ttl / 3;
+    let mut stop = lock(&shared.stop);
+    loop {
+        stop = shared.wake.wait_timeout(stop, period).unwrap_or_else(|p| p.into_inner()).0;
+        if *stop {
+            return;
+        }
+        match shared.store.renew_lease(shared.epoch, ttl.as_micros() as i64, now_us()) {
+            Ok(_) => {}
+            Err(Error::Fenced { current, .. }) => {
+                tracing::error!(epoch = shared.epoch, current, "lost the lake's lease: another replayer took over");
+                // Relaxed: see `check`.
+                shared.fenced_by.store(current.max(1), Ordering::Relaxed);
+                return;
+            }
+            // A transient failure: the next period tries again (the lease
+            // lasts three of them).
+            Err(e) => tracing::warn!(error = %e, "renewing the lake's lease failed; retrying"),
+        }
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        *lock(&self.shared.stop) = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.renewer.take() {
+            let _ = t.join();
+        }
+        if self.check().is_ok()
+            && let Err(e) = self.shared.store.release_lease(self.shared.epoch)
+        {
+            tracing::warn!(error = %e, "releasing the lake's lease failed (the next replayer waits for it to expire)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::MemoryTxnStore;
+
+    #[test]
+    fn a_dead_local_owner_is_taken_over_at_once_a_live_one_is_waited_for() {
+        let store: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+        // A process of this host that no longer runs (pid 0's start differs).
+        let dead = format!("{}/999999999/1", host_name());
+        store.acquire_lease(&dead, 60_000_000, now_us(), None).unwrap();
+        let keeper = LeaseKeeper::acquire(Arc::clone(&store), Duration::from_secs(60)).unwrap();
+        assert_eq!(keeper.epoch(), 2);
+        keeper.check().unwrap();
+        // This process is alive: a second keeper waits until the first is
+        // released.
+        let waiter = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || LeaseKeeper::acquire(store, Duration::from_secs(60)).map(|k| k.epoch()))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!waiter.is_finished());
+        drop(keeper);
+        assert_eq!(waiter.join().unwrap().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_holder_taken_over_is_fenced() {
+        let store: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+        let keeper = LeaseKeeper::acquire(Arc::clone(&store), Duration::from_millis(60)).unwrap();
+        // Another host takes over (as after this one paused past its lease).
+        store.acquire_lease("other-host/1/1", 60_000_000, now_us(), Some(keeper.epoch())).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while keeper.check().is_ok() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(matches!(keeper.check(), Err(Error::Fenced { epoch: 1, current: 2 })));
+        assert!(matches!(store.reserve(1, crate::Ts(0), crate::Ts(5)), Err(Error::Fenced { .. })));
+    }
+}

@@ -1,0 +1,123 @@
+//! One writer per lake: a second `fovea serve` on the same lake waits for
+//! the lease; a replayer paused past its lease (SIGSTOP) is taken over, and
+//! when it resumes (SIGCONT) it is fenced: it exits with the fencing error
+//! and nothing it does after the take-over lands. A replayer killed on this
+//! host is taken over at once.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Server, eventually, wait_timeout};
+
+/// A Debezium transaction (BEGIN, inserts of `ids`, END) on `public.t (id, v)`.
+fn txn(xid: u64, ids: std::ops::Range<i64>) -> Vec<String> {
+    let ts = 1_800_000_000_000u64 + xid;
+    let n = ids.end - ids.start;
+    let mut out = vec![format!(
+        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"BEGIN","id":"{xid}","event_count":null,"data_collections":null,"ts_ms":{ts}}}}}"#
+    )];
+    for id in ids {
+        out.push(format!(
+            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":null,"after":{{"id":{id},"v":{xid}}},"source":{{"ts_ms":{ts},"schema":"public","table":"t","txId":{xid}}},"transaction":{{"id":"{xid}"}},"op":"c"}}}}"#
+        ));
+    }
+    out.push(format!(
+        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"END","id":"{xid}","event_count":{n},"data_collections":[{{"data_collection":"public.t","event_count":{n}}}],"ts_ms":{ts}}}}}"#
+    ));
+    out
+}
+
+fn append(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// Appends transactions `xids`, ten rows each (ids `10 * xid ..`).
+fn append_txns(path: &Path, xids: std::ops::Range<u64>) {
+    for xid in xids {
+        let first = 10 * xid as i64;
+        append(path, &txn(xid, first..first + 10));
+    }
+}
+
+fn count_and_sum(server: &Server) -> Option<String> {
+    server.sql("SELECT count(*), coalesce(sum(id), 0) FROM public.t").ok()
+}
+
+/// `count(*)` and `sum(id)` once transactions `1..n` are applied.
+fn expected(n: u64) -> String {
+    let ids: Vec<i64> = (1..n as i64).flat_map(|x| 10 * x..10 * x + 10).collect();
+    format!("{},{}\n", ids.len(), ids.iter().sum::<i64>())
+}
+
+fn signal(server: &Server, sig: &str) {
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+}
+
+#[test]
+fn a_paused_replayer_is_taken_over_and_fenced_when_it_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = dir.path().join("events.jsonl");
+    let spec = format!("file:{}", input.display());
+    let opts = ["--lease-secs", "1", "--checkpoint-secs", "0.2"];
+    append_txns(&input, 1..21);
+    let mut a = Server::start(&lake, &spec, &opts);
+    eventually(Duration::from_secs(60), "A replays the first transactions", || {
+        (count_and_sum(&a)? == expected(21)).then_some(())
+    });
+
+    // A pauses; more changes arrive; B starts on the same lake, waits for
+    // A's lease to expire, takes over and replays everything.
+    signal(&a, "-STOP");
+    append_txns(&input, 21..41);
+    let b = Server::start(&lake, &spec, &opts);
+    assert!(b.log().contains("waiting for the lake's lease"), "{}", b.log());
+    eventually(Duration::from_secs(60), "B replays everything", || (count_and_sum(&b)? == expected(41)).then_some(()));
+
+    // A resumes: it notices it was fenced and exits with the fencing error.
+    signal(&a, "-CONT");
+    let status = wait_timeout(&mut a.child, Duration::from_secs(30));
+    let log = a.log();
+    assert!(status.is_some_and(|s| !s.success()), "A did not stop: {status:?}\n{log}");
+    assert!(log.contains("fenced"), "{log}");
+
+    // B goes on; what it serves, and what a restart reads from the lake,
+    // is exactly the input, whatever A tried after the take-over.
+    append_txns(&input, 41..51);
+    eventually(Duration::from_secs(60), "B replays the rest", || (count_and_sum(&b)? == expected(51)).then_some(()));
+    let log = b.stop();
+    assert!(log.contains("took over the lake's lease"), "{log}");
+    // B released its lease on a clean stop: C does not wait for it.
+    let c = Server::start(&lake, &spec, &opts);
+    assert!(!c.log().contains("waiting for the lake's lease"), "{}", c.log());
+    assert_eq!(count_and_sum(&c).unwrap(), expected(51));
+    assert_eq!(c.sql("SELECT count(DISTINCT v) FROM public.t").unwrap(), "50\n");
+}
+
+#[test]
+fn a_killed_replayer_is_taken_over_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = dir.path().join("events.jsonl");
+    let spec = format!("file:{}", input.display());
+    append_txns(&input, 1..11);
+    // A long lease: only the dead-owner check lets B in quickly.
+    let opts = ["--lease-secs", "600", "--checkpoint-secs", "0.2"];
+    let a = Server::start(&lake, &spec, &opts);
+    eventually(Duration::from_secs(60), "A replays", || (count_and_sum(&a)? == expected(11)).then_some(()));
+    a.kill();
+    append_txns(&input, 11..21);
+    let began = std::time::Instant::now();
+    let b = Server::start(&lake, &spec, &opts);
+    assert!(began.elapsed() < Duration::from_secs(60), "B waited for a dead replayer's lease");
+    eventually(Duration::from_secs(60), "B replays everything", || (count_and_sum(&b)? == expected(21)).then_some(()));
+}
