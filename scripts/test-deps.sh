@@ -3,7 +3,8 @@
 # missing: Debian's PostgreSQL 15 server binaries (the serve tests start and
 # stop their own throwaway cluster) and a Python venv at /var/tmp/fovea-py
 # with a Flight SQL client (pyarrow, adbc_driver_flightsql), which the tests
-# use unless FOVEA_PYTHON names another interpreter.
+# use unless FOVEA_PYTHON names another interpreter, and moto (the local
+# S3/DynamoDB/Kinesis stand-in the AWS tests start with scripts/moto_serial.py).
 set -euo pipefail
 if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   echo "== installing PostgreSQL 15"
@@ -12,8 +13,8 @@ if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
 fi
 VENV=/var/tmp/fovea-py
-if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight" 2>/dev/null; then
-  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql) in $VENV"
+if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app" 2>/dev/null; then
+  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql) and moto in $VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql
+  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5'
 fi

@@ -113,6 +113,18 @@ pub enum Error {
         /// Until it expires unless renewed.
         remaining_ms: i64,
     },
+    /// A request to a state backend (DynamoDB) failed after its retries.
+    #[error("{backend} {operation} on {key}: {message}")]
+    Backend {
+        /// Which backend.
+        backend: &'static str,
+        /// The request.
+        operation: String,
+        /// The item, table or object it was about.
+        key: String,
+        /// What the backend said.
+        message: String,
+    },
     /// Corrupt or unsupported persisted bytes (index snapshot, metadata).
     #[error("corrupt {what}: {reason}")]
     Corrupt {

@@ -116,6 +116,18 @@ fn io_runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// Runs `fut` on the IO runtime and waits for its output. For the
+/// synchronous callers of asynchronous clients (object stores, the AWS
+/// SDK); never call it from a task of the IO runtime itself.
+pub fn block_on_io<F>(fut: F) -> Result<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    futures::executor::block_on(io_runtime().spawn(fut))
+        .map_err(|e| Error::invariant(format!("an IO task failed: {e}")))
+}
+
 /// The lake's object store with the blocking helpers the engine uses.
 #[derive(Clone)]
 pub struct Lake {
@@ -140,11 +152,7 @@ impl Lake {
         F: FnOnce(Arc<dyn ObjectStore>) -> Fut,
         Fut: std::future::Future<Output = object_store::Result<T>> + Send + 'static,
     {
-        let task = io_runtime().spawn(f(Arc::clone(&self.store)));
-        match futures::executor::block_on(task) {
-            Ok(r) => Ok(r?),
-            Err(e) => Err(Error::invariant(format!("an IO task failed: {e}"))),
-        }
+        Ok(block_on_io(f(Arc::clone(&self.store)))??)
     }
 
     /// Writes an object (in parts when large).

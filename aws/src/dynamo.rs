@@ -1,0 +1,416 @@
+//! State on DynamoDB (`--state dynamodb://TABLE`): the timestamp
+//! allocator, the watermarks and the writer's lease of one lake, with
+//! conditional writes.
+//!
+//! The table has a string partition key `pk` and sort key `sk` (created on
+//! first use with on-demand billing unless told not to). The clock is one
+//! item, `pk = sk = "clock"`, with `reserved`, `hwm`, `lwm`, `epoch`,
+//! `owner`, `expires_us`. Every write is one `UpdateItem` whose condition
+//! carries the whole rule of [`TxnStore`]'s contract (compare-and-set of
+//! the reservation, monotonic watermarks, the writer's epoch), so the check
+//! and the write are atomic in DynamoDB; a refused write returns the item
+//! as it is (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), which tells
+//! a fenced writer from a stale one.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValuesOnConditionCheckFailure,
+    ScalarAttributeType, TableStatus,
+};
+
+use fovea_core::lake::block_on_io;
+use fovea_core::mvcc::{Lease, PersistedClock, TxnStore};
+use fovea_core::{Error, Result, Ts};
+
+/// An item, as the SDK returns it.
+type Item = HashMap<String, AttributeValue>;
+
+/// The partition key of the clock item (and its sort key).
+const CLOCK: &str = "clock";
+
+/// A lake's state table on DynamoDB.
+#[derive(Clone, Debug)]
+pub struct DynamoState {
+    client: Client,
+    table: String,
+}
+
+/// The table named by a `dynamodb://TABLE` URL.
+pub fn parse_dynamodb_url(url: &str) -> Result<String> {
+    let table = url.strip_prefix("dynamodb://").map(|t| t.trim_end_matches('/')).unwrap_or("");
+    let valid = (3..=255).contains(&table.len())
+        && table.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return Err(Error::Input {
+            position: Default::default(),
+            table: None,
+            txid: None,
+            message: format!("--state {url}: expected dynamodb://TABLE (3–255 letters, digits, '_', '-' or '.')"),
+        });
+    }
+    Ok(table.to_owned())
+}
+
+fn backend_error(operation: &str, key: &str, e: impl std::fmt::Display) -> Error {
+    Error::Backend { backend: "DynamoDB", operation: operation.into(), key: key.into(), message: e.to_string() }
+}
+
+/// The message of an SDK error with its service code, if any.
+fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
+    match e.as_service_error() {
+        Some(s) => format!("{}: {}", s.code().unwrap_or("error"), s.message().unwrap_or("no message")),
+        None => format!("{e:?}"),
+    }
+}
+
+impl DynamoState {
+    /// Connects to the table of `url` (`dynamodb://TABLE`) with the
+    /// environment's AWS configuration, creating the table (on-demand
+    /// billing) when it is missing and `create` is set.
+    pub fn connect(url: &str, create: bool) -> Result<Self> {
+        let table = parse_dynamodb_url(url)?;
+        let config = block_on_io(async {
+            aws_config::defaults(BehaviorVersion::latest())
+                .retry_config(RetryConfig::standard().with_max_attempts(crate::RETRY_ATTEMPTS))
+                .load()
+                .await
+        })?;
+        let state = DynamoState { client: Client::new(&config), table };
+        state.ensure_table(create)?;
+        Ok(state)
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn ensure_table(&self, create: bool) -> Result<()> {
+        let (client, table) = (self.client.clone(), self.table.clone());
+        let described = block_on_io(async move { client.describe_table().table_name(table).send().await })?;
+        match described {
+            Ok(d) if d.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => {
+                if !create {
+                    return Err(backend_error(
+                        "DescribeTable",
+                        &self.table,
+                        "the table does not exist (create it, or let fovea create it: drop --no-create)",
+                    ));
+                }
+                let (client, table) = (self.client.clone(), self.table.clone());
+                let key =
+                    |name: &str, kind: KeyType| KeySchemaElement::builder().attribute_name(name).key_type(kind).build();
+                let attr = |name: &str| {
+                    AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build()
+                };
+                let created = block_on_io(async move {
+                    client
+                        .create_table()
+                        .table_name(table)
+                        .billing_mode(BillingMode::PayPerRequest)
+                        .key_schema(key("pk", KeyType::Hash).map_err(|e| e.to_string())?)
+                        .key_schema(key("sk", KeyType::Range).map_err(|e| e.to_string())?)
+                        .attribute_definitions(attr("pk").map_err(|e| e.to_string())?)
+                        .attribute_definitions(attr("sk").map_err(|e| e.to_string())?)
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .or_else(|e| {
+                            // Another process created it meanwhile: fine.
+                            if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) {
+                                Ok(())
+                            } else {
+                                Err(describe(&e))
+                            }
+                        })
+                })?;
+                created.map_err(|e| backend_error("CreateTable", &self.table, e))?;
+                tracing::info!(table = %self.table, "created the DynamoDB state table");
+            }
+            Err(e) => return Err(backend_error("DescribeTable", &self.table, describe(&e))),
+        }
+        // Wait until it is usable (real DynamoDB takes seconds).
+        for _ in 0..600 {
+            let (client, table) = (self.client.clone(), self.table.clone());
+            let d = block_on_io(async move { client.describe_table().table_name(table).send().await })?
+                .map_err(|e| backend_error("DescribeTable", &self.table, describe(&e)))?;
+            if d.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(backend_error("DescribeTable", &self.table, "the table did not become ACTIVE within 60 s"))
+    }
+
+    /// The lake's timestamp store in this table.
+    pub fn txn_store(&self) -> DynamoTxnStore {
+        DynamoTxnStore { state: self.clone() }
+    }
+
+    fn key(pk: &str, sk: &str) -> Item {
+        HashMap::from([
+            ("pk".to_owned(), AttributeValue::S(pk.into())),
+            ("sk".to_owned(), AttributeValue::S(sk.into())),
+        ])
+    }
+
+    /// Reads an item with a consistent read.
+    fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>> {
+        let (client, table, key) = (self.client.clone(), self.table.clone(), Self::key(pk, sk));
+        block_on_io(async move {
+            client.get_item().table_name(table).set_key(Some(key)).consistent_read(true).send().await
+        })?
+        .map(|out| out.item)
+        .map_err(|e| backend_error("GetItem", &format!("{}/{pk}/{sk}", self.table), describe(&e)))
+    }
+
+    /// One conditional `UpdateItem`: `Ok(Ok(()))` when written,
+    /// `Ok(Err(item))` when the condition failed (the item as it is).
+    fn update(
+        &self,
+        pk: &str,
+        sk: &str,
+        update: &str,
+        condition: &str,
+        values: Vec<(&str, AttributeValue)>,
+    ) -> Result<std::result::Result<(), Item>> {
+        let (client, table, key) = (self.client.clone(), self.table.clone(), Self::key(pk, sk));
+        let (update, condition) = (update.to_owned(), condition.to_owned());
+        let values: Item = values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        // Every attribute is named through `#name` (some, like `owner`, are
+        // reserved words in expressions).
+        let names: HashMap<String, String> = format!("{update} {condition}")
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '#'))
+            .filter_map(|w| w.strip_prefix('#'))
+            .map(|w| (format!("#{w}"), w.to_owned()))
+            .collect();
+        let out = block_on_io(async move {
+            client
+                .update_item()
+                .table_name(table)
+                .set_key(Some(key))
+                .update_expression(update)
+                .condition_expression(condition)
+                .set_expression_attribute_values(Some(values))
+                .set_expression_attribute_names(Some(names))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .send()
+                .await
+        })?;
+        match out {
+            Ok(_) => Ok(Ok(())),
+            Err(e) => match e.as_service_error() {
+                Some(s) if s.is_conditional_check_failed_exception() => {
+                    let item = match s {
+                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(
+                            c,
+                        ) => c.item().cloned().unwrap_or_default(),
+                        _ => Item::new(),
+                    };
+                    Ok(Err(item))
+                }
+                _ => Err(backend_error("UpdateItem", &format!("{}/{pk}/{sk}", self.table), describe(&e))),
+            },
+        }
+    }
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn ni(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+/// A numeric attribute (0 when absent).
+fn num(item: &Item, name: &str) -> Result<u64> {
+    match item.get(name) {
+        None => Ok(0),
+        Some(AttributeValue::N(s)) => s.parse().map_err(|_| corrupt(name, s)),
+        Some(other) => Err(corrupt(name, &format!("{other:?}"))),
+    }
+}
+
+fn num_i(item: &Item, name: &str) -> Result<i64> {
+    match item.get(name) {
+        None => Ok(0),
+        Some(AttributeValue::N(s)) => s.parse().map_err(|_| corrupt(name, s)),
+        Some(other) => Err(corrupt(name, &format!("{other:?}"))),
+    }
+}
+
+fn corrupt(name: &str, value: &str) -> Error {
+    Error::Corrupt { what: format!("DynamoDB clock attribute {name}"), reason: format!("not a number: {value}") }
+}
+
+/// The [`TxnStore`] of a lake on DynamoDB: one item, conditional updates.
+#[derive(Clone, Debug)]
+pub struct DynamoTxnStore {
+    state: DynamoState,
+}
+
+/// The condition "the caller's epoch is the lease's": a never-leased item
+/// accepts epoch 0 only.
+const EPOCH_HOLDS: &str = "(#epoch = :epoch OR (attribute_not_exists(#epoch) AND :epoch = :zero))";
+
+impl DynamoTxnStore {
+    fn read(&self) -> Result<(PersistedClock, Option<Lease>)> {
+        let item = self.state.get(CLOCK, CLOCK)?.unwrap_or_default();
+        Self::parse(&item)
+    }
+
+    fn parse(item: &Item) -> Result<(PersistedClock, Option<Lease>)> {
+        let clock = PersistedClock {
+            reserved: Ts(num(item, "reserved")?),
+            hwm: Ts(num(item, "hwm")?),
+            lwm: Ts(num(item, "lwm")?),
+        };
+        let epoch = num(item, "epoch")?;
+        let owner = match item.get("owner") {
+            Some(AttributeValue::S(s)) => s.clone(),
+            _ => String::new(),
+        };
+        let lease = (epoch > 0).then(|| Lease { owner, epoch, expires_us: num_i(item, "expires_us").unwrap_or(0) });
+        Ok((clock, lease))
+    }
+
+    /// The error of a refused write by `epoch`: fenced if the epoch moved,
+    /// `otherwise` if not.
+    fn refused(item: &Item, epoch: u64, otherwise: impl FnOnce(PersistedClock) -> Error) -> Result<Error> {
+        let (clock, lease) = Self::parse(item)?;
+        let current = lease.map_or(0, |l| l.epoch);
+        Ok(if current != epoch { Error::Fenced { epoch, current } } else { otherwise(clock) })
+    }
+}
+
+impl TxnStore for DynamoTxnStore {
+    fn load(&self) -> Result<PersistedClock> {
+        Ok(self.read()?.0)
+    }
+
+    fn lease(&self) -> Result<Option<Lease>> {
+        Ok(self.read()?.1)
+    }
+
+    fn acquire_lease(&self, owner: &str, ttl_us: i64, now_us: i64, take_over: Option<u64>) -> Result<Lease> {
+        let (_, current) = self.read()?;
+        if let Some(l) = &current
+            && l.expires_us > now_us
+            && take_over != Some(l.epoch)
+        {
+            return Err(Error::LeaseHeld {
+                owner: l.owner.clone(),
+                epoch: l.epoch,
+                remaining_ms: (l.expires_us - now_us) / 1000,
+            });
+        }
+        let cur = current.as_ref().map_or(0, |l| l.epoch);
+        let lease = Lease { owner: owner.to_owned(), epoch: cur + 1, expires_us: now_us + ttl_us };
+        // Granted only if nobody else was granted since the read above.
+        let written = self.state.update(
+            CLOCK,
+            CLOCK,
+            "SET #epoch = :new, #owner = :owner, #expires_us = :expires",
+            "(#epoch = :cur OR (attribute_not_exists(#epoch) AND :cur = :zero))",
+            vec![
+                (":new", n(lease.epoch)),
+                (":owner", AttributeValue::S(lease.owner.clone())),
+                (":expires", ni(lease.expires_us)),
+                (":cur", n(cur)),
+                (":zero", n(0)),
+            ],
+        );
+        match written {
+            Ok(Ok(())) => Ok(lease),
+            Ok(Err(item)) => {
+                let (_, now) = Self::parse(&item)?;
+                let l = now.unwrap_or(Lease { owner: String::new(), epoch: 0, expires_us: 0 });
+                Err(Error::LeaseHeld { owner: l.owner, epoch: l.epoch, remaining_ms: (l.expires_us - now_us) / 1000 })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn renew_lease(&self, epoch: u64, ttl_us: i64, now_us: i64) -> Result<Lease> {
+        let expires = now_us + ttl_us;
+        match self.state.update(
+            CLOCK,
+            CLOCK,
+            "SET #expires_us = :expires",
+            "#epoch = :epoch",
+            vec![(":expires", ni(expires)), (":epoch", n(epoch))],
+        )? {
+            Ok(()) => {
+                let (_, lease) = self.read()?;
+                lease.ok_or(Error::Fenced { epoch, current: 0 })
+            }
+            Err(item) => Err(Self::refused(&item, epoch, |_| Error::Fenced { epoch, current: 0 })?),
+        }
+    }
+
+    fn release_lease(&self, epoch: u64) -> Result<()> {
+        match self.state.update(
+            CLOCK,
+            CLOCK,
+            "SET #expires_us = :zero",
+            "#epoch = :epoch",
+            vec![(":zero", n(0)), (":epoch", n(epoch))],
+        )? {
+            Ok(()) => Ok(()),
+            Err(item) => Err(Self::refused(&item, epoch, |_| Error::Fenced { epoch, current: 0 })?),
+        }
+    }
+
+    fn reserve(&self, epoch: u64, from: Ts, upto: Ts) -> Result<()> {
+        if upto <= from {
+            return Err(Error::Invariant(format!("reservation from {from:?} to {upto:?} is empty")));
+        }
+        let condition =
+            format!("{EPOCH_HOLDS} AND (#reserved = :from OR (attribute_not_exists(#reserved) AND :from = :zero))");
+        match self.state.update(
+            CLOCK,
+            CLOCK,
+            "SET #reserved = :upto",
+            &condition,
+            vec![(":upto", n(upto.get())), (":from", n(from.get())), (":epoch", n(epoch)), (":zero", n(0))],
+        )? {
+            Ok(()) => Ok(()),
+            Err(item) => Err(Self::refused(&item, epoch, |clock| Error::Regression {
+                what: "timestamp reservation (another writer reserved meanwhile)",
+                current: clock.reserved.get(),
+                proposed: from.get(),
+            })?),
+        }
+    }
+
+    fn save_watermarks(&self, epoch: u64, hwm: Ts, lwm: Ts) -> Result<()> {
+        let condition = format!(
+            "{EPOCH_HOLDS} AND (attribute_not_exists(#hwm) OR #hwm <= :hwm) AND (attribute_not_exists(#lwm) OR #lwm <= :lwm)"
+        );
+        match self.state.update(
+            CLOCK,
+            CLOCK,
+            "SET #hwm = :hwm, #lwm = :lwm",
+            &condition,
+            vec![(":hwm", n(hwm.get())), (":lwm", n(lwm.get())), (":epoch", n(epoch)), (":zero", n(0))],
+        )? {
+            Ok(()) => Ok(()),
+            Err(item) => Err(Self::refused(&item, epoch, |clock| {
+                if clock.hwm > hwm {
+                    Error::Regression { what: "HWM", current: clock.hwm.get(), proposed: hwm.get() }
+                } else {
+                    Error::Regression { what: "LWM", current: clock.lwm.get(), proposed: lwm.get() }
+                }
+            })?),
+        }
+    }
+}

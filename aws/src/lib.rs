@@ -1,0 +1,30 @@
+//! fovea's AWS backends, kept out of `fovea-core` so its test loop does not
+//! compile the AWS SDK:
+//!
+//! | concern | module | trait |
+//! |---|---|---|
+//! | the lake on S3 (`s3://BUCKET/PREFIX`) | [`s3`] | `object_store::ObjectStore` |
+//! | timestamps, watermarks, the writer's lease (`dynamodb://TABLE`) | [`dynamo`] | [`fovea_core::mvcc::TxnStore`] |
+//!
+//! Everything is configured from the standard AWS environment (region,
+//! credential chain, `AWS_ENDPOINT_URL` and the per-service
+//! `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL_DYNAMODB` for local stand-ins).
+//! The SDK's asynchronous calls run on fovea's IO runtime
+//! ([`fovea_core::lake::block_on_io`]); throttling and 5xx answers are
+//! retried by the SDK with backoff and jitter ([`RETRY_ATTEMPTS`]), and a
+//! final failure is an error naming the operation and the item.
+
+pub mod dynamo;
+pub mod s3;
+
+/// Attempts (first try included) of a request the SDK retries.
+pub const RETRY_ATTEMPTS: u32 = 8;
+
+/// Whether `url`'s host is a loopback address (plain HTTP is allowed only
+/// there: local stand-ins).
+pub fn is_loopback(url: &str) -> bool {
+    url::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_owned)).is_some_and(|h| {
+        let h = h.trim_start_matches('[').trim_end_matches(']');
+        h == "localhost" || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    })
+}
