@@ -49,7 +49,7 @@ const CHECKPOINTS_PREFIX: &str = "_fovea/checkpoints";
 pub const MANIFEST_FORMAT: u32 = 1;
 
 /// The engine image of one checkpoint.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     /// Format version.
     pub format: u32,
@@ -68,7 +68,7 @@ pub struct Manifest {
 }
 
 /// A table.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TableManifest {
     /// Qualified name.
     pub name: String,
@@ -79,7 +79,7 @@ pub struct TableManifest {
 }
 
 /// A column.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ColumnManifest {
     /// Name.
     pub name: String,
@@ -90,7 +90,7 @@ pub struct ColumnManifest {
 }
 
 /// A shard.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardManifest {
     /// Next row id.
     pub next_row_id: u64,
@@ -105,7 +105,7 @@ pub struct ShardManifest {
 }
 
 /// A visibility slot (one file).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SlotManifest {
     /// File id.
     pub file: u64,
@@ -116,7 +116,7 @@ pub struct SlotManifest {
 }
 
 /// A table part.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PartManifest {
     /// Table id.
     pub table: u32,
@@ -127,7 +127,7 @@ pub struct PartManifest {
 }
 
 /// A file of a part.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FileManifest {
     /// File id.
     pub id: u64,
@@ -140,7 +140,7 @@ pub struct FileManifest {
 }
 
 /// A flushed block.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BlockManifest {
     /// Block index.
     pub index: u32,
@@ -155,7 +155,7 @@ pub struct BlockManifest {
 }
 
 /// A regular file.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RegularManifest {
     /// Object path.
     pub path: String,
@@ -164,7 +164,7 @@ pub struct RegularManifest {
 }
 
 /// Where a part continues.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OpenManifest {
     /// File id.
     pub file: u64,

@@ -113,6 +113,24 @@ pub enum Error {
         /// Until it expires unless renewed.
         remaining_ms: i64,
     },
+    /// A catalog version was written by another committer first (or the
+    /// version asked for is not the next one).
+    #[error("catalog version {version} is taken (the newest is {newest})")]
+    VersionExists {
+        /// The version asked for.
+        version: u64,
+        /// The newest version.
+        newest: u64,
+    },
+    /// A catalog commit conflicts with a version committed after the one
+    /// it read: it must be redone from the newer state.
+    #[error("catalog commit made at version {read_version} conflicts: {reason}")]
+    CatalogConflict {
+        /// The version the committer read.
+        read_version: u64,
+        /// What conflicts.
+        reason: String,
+    },
     /// A request to a state backend (DynamoDB) failed after its retries.
     #[error("{backend} {operation} on {key}: {message}")]
     Backend {

@@ -9,7 +9,8 @@ pub const TS_BITS_MASK: u64 = fovea_scan_wasm::TS_MASK;
 /// timestamp packs into a delete entry next to a 12-bit tile offset.
 ///
 /// `Ts(0)` is "before everything": the snapshot of an empty lake.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct Ts(pub u64);
 
 impl Ts {

@@ -23,6 +23,7 @@ pub mod engine;
 pub mod frozen;
 pub mod lake;
 pub mod lease;
+pub mod location;
 pub mod metered;
 pub mod replay;
 pub mod scan;

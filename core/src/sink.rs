@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::{DataType, Field, Schema};
 
-use crate::catalog::{Catalog, CatalogOperation, HistoryEntry, now_us};
+use crate::catalog::{Catalog, CatalogOperation, CheckpointRecord, HistoryEntry, SNAPSHOT_IDENTITY_PREFIX, now_us};
 use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::types::{infer_type, to_value};
@@ -87,6 +87,10 @@ pub struct SinkConfig {
     /// Run memory GC and combine right after each checkpoint (off when a
     /// maintenance thread does, as in `fovea serve`).
     pub maintain_on_checkpoint: bool,
+    /// Source transactions remembered for dedup: a transaction is skipped
+    /// when it reappears within this many later ones (snapshot runs are
+    /// always remembered). Memory is bounded by it, not by history.
+    pub dedup_window: usize,
 }
 
 impl Default for SinkConfig {
@@ -97,6 +101,7 @@ impl Default for SinkConfig {
             chunk_rows: 65_536,
             ddl: Vec::new(),
             maintain_on_checkpoint: true,
+            dedup_window: 1 << 20,
         }
     }
 }
@@ -152,6 +157,39 @@ enum SegmentState {
     Applied,
     /// Already applied by an earlier run: its records are dropped.
     Skipped,
+}
+
+/// The identities a sink dedups against: the newest `capacity` source
+/// transactions and every snapshot run.
+struct AppliedWindow {
+    capacity: usize,
+    set: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl AppliedWindow {
+    fn new(capacity: usize) -> Self {
+        AppliedWindow { capacity: capacity.max(1), set: HashSet::new(), order: VecDeque::new() }
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    fn insert(&mut self, id: String) {
+        if id.starts_with(SNAPSHOT_IDENTITY_PREFIX) {
+            self.set.insert(id);
+            return;
+        }
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+            if self.order.len() > self.capacity
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
+            }
+        }
+    }
 }
 
 /// Separates the table identities of one snapshot run in its history entry.
@@ -223,12 +261,12 @@ pub struct Sink {
     /// The transaction a shard failed on, and its first input line.
     failed_at: Option<(Ts, SourcePosition)>,
     last_flush: Instant,
-    catalog: Arc<Catalog>,
+    catalog: Arc<dyn Catalog>,
     input: String,
     config: SinkConfig,
     ddl: HashMap<String, TableDdl>,
     tables: FastMap<String, SinkTable>,
-    applied: HashSet<String>,
+    applied: AppliedWindow,
     seen_begin: bool,
     /// Records are grouped by transaction id (no BEGIN/END in this stream).
     grouping: bool,
@@ -247,13 +285,14 @@ pub struct Sink {
 
 impl Sink {
     /// A sink replaying `input` into `engine`, recording in `catalog`.
-    pub fn new(engine: Arc<Engine>, catalog: Arc<Catalog>, input: &str, config: SinkConfig) -> Result<Self> {
+    pub fn new(engine: Arc<Engine>, catalog: Arc<dyn Catalog>, input: &str, config: SinkConfig) -> Result<Self> {
         // A snapshot run's entry names each of its tables' identities.
-        let applied = catalog
-            .applied()?
-            .iter()
-            .flat_map(|id| id.split(SEGMENT_SEPARATOR).map(str::to_owned).collect::<Vec<_>>())
-            .collect();
+        let mut applied = AppliedWindow::new(config.dedup_window);
+        for id in catalog.applied_identities(config.dedup_window)? {
+            for part in id.split(SEGMENT_SEPARATOR) {
+                applied.insert(part.to_owned());
+            }
+        }
         let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
         let mut sink = Sink {
@@ -621,7 +660,7 @@ impl Sink {
             if only.is_some_and(|o| o != i) || !matches!(seg.state, SegmentState::Pending(_)) {
                 continue;
             }
-            let identity = format!("snapshot:{:016x}:{}", seg.digest.finish(), seg.table);
+            let identity = format!("{SNAPSHOT_IDENTITY_PREFIX}{:016x}:{}", seg.digest.finish(), seg.table);
             let state = if self.applied.contains(&identity) { SegmentState::Skipped } else { SegmentState::Applied };
             if let SegmentState::Pending(held) = std::mem::replace(&mut seg.state, state)
                 && matches!(seg.state, SegmentState::Applied)
@@ -829,15 +868,14 @@ impl Sink {
         if self.failed_at.is_none() {
             drained?;
         }
-        self.catalog.commit_checkpoint(
-            self.engine.clock().epoch(),
-            &manifest,
-            &self.input,
-            resume,
-            self.source_state.as_deref(),
-            &self.history,
-            &self.operations,
-        )?;
+        let record = CheckpointRecord {
+            manifest,
+            input: self.input.clone(),
+            position: resume,
+            source_state: self.source_state.clone(),
+        };
+        self.catalog.commit_checkpoint(self.engine.clock().epoch(), record.clone(), &self.history, &self.operations)?;
+        let manifest = record.manifest;
         self.engine.checkpoint_committed(&manifest);
         self.checkpointed_at = Some(resume);
         self.history.clear();

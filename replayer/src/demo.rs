@@ -132,7 +132,8 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
 /// Runs the demo and returns what it measured.
 pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
     prepare_lake(&o.lake)?;
-    let lake = fovea_core::catalog::open_lake(&o.lake, EngineConfig::default(), fovea_core::catalog::OpenMode::Write)?;
+    let lake =
+        fovea_core::location::open_lake(&o.lake, EngineConfig::default(), fovea_core::location::OpenMode::Write)?;
     let engine = Arc::clone(&lake.engine);
     let account = engine.create_table(
         "hybench.account",
@@ -356,15 +357,14 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
         })
         .into_iter()
         .collect();
-    lake.catalog.commit_checkpoint(
-        lake.engine.clock().epoch(),
-        &manifest,
-        "fovea demo",
-        Default::default(),
-        None,
-        &history,
-        &[],
-    )?;
+    let record = fovea_core::catalog::CheckpointRecord {
+        manifest,
+        input: "fovea demo".into(),
+        position: Default::default(),
+        source_state: None,
+    };
+    lake.catalog.commit_checkpoint(lake.engine.clock().epoch(), record.clone(), &history, &[])?;
+    let manifest = record.manifest;
     lake.engine.checkpoint_committed(&manifest);
 
     let rows = rows_done.load(Ordering::Relaxed);

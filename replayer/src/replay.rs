@@ -4,12 +4,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fovea_core::catalog::{OpenMode, open_lake, open_lake_with};
 use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::types::format_value;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
 use fovea_core::index::encode_key;
+use fovea_core::location::{OpenMode, open_lake, open_lake_with};
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
 use fovea_core::{EngineConfig, ScanOptions, Ts};
@@ -243,7 +243,7 @@ pub fn export(lake: &Path, table: &str, as_of: Option<u64>, out: &mut dyn Write)
 
 /// Opens an existing lake for reading beside a possibly running replayer;
 /// a folder that is not a lake is an error (nothing is created).
-pub fn open_read(lake: &Path) -> CliResult<fovea_core::catalog::OpenLake> {
+pub fn open_read(lake: &Path) -> CliResult<fovea_core::location::OpenLake> {
     if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
         return Err(
             format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()

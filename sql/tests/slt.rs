@@ -8,10 +8,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use fovea_core::catalog::{OpenMode, open_lake};
 use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::types::format_value;
 use fovea_core::cdc::{InputFormat, decode_line};
+use fovea_core::location::{OpenMode, open_lake};
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{Engine, EngineConfig, Ts};

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 
 /// Where a record came from: 1-based line and byte offset of the line start
 /// (in the decompressed stream), or, with line 0, a WAL position (LSN).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SourcePosition {
     /// 1-based line number.
     pub line: u64,

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use fovea_core::catalog::{OpenMode, open_lake};
 use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
+use fovea_core::location::{OpenMode, open_lake};
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
 use fovea_core::{EngineConfig, ScanOptions, Value};

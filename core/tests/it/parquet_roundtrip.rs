@@ -80,8 +80,10 @@ fn files_past_the_stale_threshold_are_queued_for_storage_gc() {
     assert_eq!((queued[0].rows, queued[0].deleted), (300, 120));
     assert!(engine.storage_gc_candidates(0.5).unwrap().is_empty());
     // The queue is kept in the catalog for the rewrite job.
+    use fovea_core::catalog::Catalog;
     let catalog =
-        fovea_core::catalog::Catalog::open(&dir.path().join("catalog.sqlite"), &dir.path().join("txn.sqlite")).unwrap();
+        fovea_core::catalog::SqliteCatalog::open(&dir.path().join("catalog.sqlite"), &dir.path().join("txn.sqlite"))
+            .unwrap();
     catalog.set_storage_gc_queue(0, &queued).unwrap();
     assert_eq!(catalog.storage_gc_queue().unwrap(), queued);
     catalog.set_storage_gc_queue(0, &[]).unwrap();

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use fovea_core::catalog::{OpenMode, open_lake};
 use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
+use fovea_core::location::{OpenMode, open_lake};
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{Engine, EngineConfig, ScanOptions, Value};

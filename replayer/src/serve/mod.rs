@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fovea_core::catalog::{OpenMode, open_lake_with};
 use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
+use fovea_core::location::{OpenMode, open_lake_with};
 use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{Engine, EngineConfig};
 
@@ -158,7 +158,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         );
         std::thread::Builder::new()
             .name("fovea-maintenance".into())
-            .spawn(move || maintenance_loop(&engine, &catalog, &metrics, &queries, &stop, &args))?
+            .spawn(move || maintenance_loop(&engine, catalog.as_ref(), &metrics, &queries, &stop, &args))?
     };
 
     let result = input_loop(&mut input, &mut sink, &engine, &metrics, &args, &stop, lake.lease.as_ref());
@@ -319,7 +319,7 @@ fn input_lag(input: &mut Input) -> Option<u64> {
 
 fn maintenance_loop(
     engine: &Engine,
-    catalog: &fovea_core::catalog::Catalog,
+    catalog: &dyn fovea_core::catalog::Catalog,
     metrics: &Metrics,
     queries: &QueryRegistry,
     stop: &AtomicBool,

@@ -1,0 +1,329 @@
+//! The embedded catalog: a SQLite file in the lake's metadata folder.
+//!
+//! | table | what |
+//! |---|---|
+//! | `catalog_versions` | one row per version: whether it made a checkpoint current, the files its actions changed |
+//! | `catalog_operations` | the operations of each version (create table, combine, …), DESIGN §6 |
+//! | `history` | every replayed source transaction: source id, commit time, mirror ts, tables, rows |
+//! | `checkpoints` | the current checkpoint manifest with the input and position it covers |
+//! | `storage_gc_queue` | regular files whose stale fraction passed the threshold |
+//!
+//! A version lands in one SQLite transaction. Fencing: the transaction
+//! first updates the timestamp store's lease row (attached as `txn`) on the
+//! condition that it still holds the writer's epoch; that takes the row's
+//! write lock until the commit, so a take-over cannot slip in between the
+//! check and the write, and a replayer that lost the lake writes nothing.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, VersionSummary, now_us};
+use crate::cdc::SourcePosition;
+use crate::engine::StaleFile;
+use crate::error::{Error, Result};
+use crate::ids::Ts;
+use crate::mvcc::lock;
+
+/// The catalog of one lake, in SQLite.
+pub struct SqliteCatalog {
+    conn: Mutex<Connection>,
+}
+
+fn corrupt(what: String, e: impl std::fmt::Display) -> Error {
+    Error::Corrupt { what, reason: e.to_string() }
+}
+
+fn to_json<T: serde::Serialize>(what: &str, v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::invariant(format!("{what} does not serialize: {e}")))
+}
+
+impl SqliteCatalog {
+    /// Opens (creating) the catalog at `path`, fenced by the lease of the
+    /// timestamp store at `txn` (a [`crate::mvcc::SqliteTxnStore`] file).
+    pub fn open(path: &Path, txn: &Path) -> Result<Self> {
+        // The store's tables exist before the catalog attaches them.
+        drop(crate::mvcc::SqliteTxnStore::open(txn)?);
+        let conn = crate::mvcc::open_durable_sqlite(path)?;
+        conn.execute("ATTACH DATABASE ?1 AS txn", params![txn.display().to_string()])?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS checkpoints (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, ts INTEGER NOT NULL, manifest TEXT NOT NULL,
+                 input TEXT NOT NULL, input_line INTEGER NOT NULL, input_offset INTEGER NOT NULL,
+                 created_us INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS history (
+                 ts INTEGER PRIMARY KEY, source_txid TEXT NOT NULL, commit_us INTEGER,
+                 tables TEXT NOT NULL, rows INTEGER NOT NULL, replayed_us INTEGER NOT NULL);
+             CREATE UNIQUE INDEX IF NOT EXISTS history_source ON history (source_txid);
+             CREATE TABLE IF NOT EXISTS catalog_versions (
+                 version INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, checkpoint INTEGER NOT NULL,
+                 files TEXT NOT NULL, created_us INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS catalog_operations (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, version INTEGER NOT NULL, description TEXT NOT NULL,
+                 actions TEXT NOT NULL, ts INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS storage_gc_queue (
+                 table_name TEXT NOT NULL, file_id INTEGER NOT NULL, rows INTEGER NOT NULL,
+                 deleted INTEGER NOT NULL, seen_us INTEGER NOT NULL, PRIMARY KEY (table_name, file_id));",
+        )?;
+        // Lakes written before sources had state lack the column.
+        let has_state =
+            conn.prepare("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'source_state'")?.exists([])?;
+        if !has_state {
+            conn.execute("ALTER TABLE checkpoints ADD COLUMN source_state TEXT", [])?;
+        }
+        // Lakes written before versions kept operations unversioned: they
+        // become version 0's.
+        let old_ops =
+            conn.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'operations'")?.exists([])?;
+        if old_ops {
+            conn.execute_batch(
+                "BEGIN IMMEDIATE;
+                 INSERT INTO catalog_operations (version, description, actions, ts)
+                     SELECT 0, description, actions, ts FROM operations ORDER BY version;
+                 DROP TABLE operations;
+                 COMMIT;",
+            )?;
+        }
+        Ok(Self { conn: Mutex::new(conn) })
+    }
+
+    /// Starts a write transaction holding lease `epoch` (see the module
+    /// docs).
+    fn fenced(conn: &mut Connection, epoch: u64) -> Result<rusqlite::Transaction<'_>> {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let held =
+            tx.execute("UPDATE txn.clock SET epoch = epoch WHERE id = 0 AND epoch = ?1", params![epoch as i64])?;
+        if held != 1 {
+            let current: i64 = tx.query_row("SELECT epoch FROM txn.clock WHERE id = 0", [], |r| r.get(0))?;
+            return Err(Error::Fenced { epoch, current: current as u64 });
+        }
+        Ok(tx)
+    }
+
+    fn newest(conn: &Connection) -> Result<u64> {
+        Ok(conn.query_row("SELECT coalesce(max(version), 0) FROM catalog_versions", [], |r| r.get::<_, i64>(0))? as u64)
+    }
+}
+
+impl Catalog for SqliteCatalog {
+    fn version(&self) -> Result<u64> {
+        Self::newest(&lock(&self.conn))
+    }
+
+    fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>> {
+        let conn = lock(&self.conn);
+        let mut stmt = conn
+            .prepare("SELECT version, checkpoint, files FROM catalog_versions WHERE version > ?1 ORDER BY version")?;
+        let rows = stmt.query_map(params![after as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        })?;
+        rows.map(|row| {
+            let (version, checkpoint, files) = row?;
+            let files: BTreeSet<u64> =
+                serde_json::from_str(&files).map_err(|e| corrupt(format!("files of catalog version {version}"), e))?;
+            Ok(VersionSummary { version: version as u64, checkpoint: checkpoint != 0, files })
+        })
+        .collect()
+    }
+
+    fn put_version(&self, epoch: u64, version: u64, commit: &CatalogCommit) -> Result<()> {
+        let mut conn = lock(&self.conn);
+        let tx = Self::fenced(&mut conn, epoch)?;
+        let newest = Self::newest(&tx)?;
+        if version != newest + 1 {
+            return Err(Error::VersionExists { version, newest });
+        }
+        let now = now_us();
+        tx.execute(
+            "INSERT INTO catalog_versions (version, epoch, checkpoint, files, created_us) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                version as i64,
+                epoch as i64,
+                i64::from(commit.checkpoint.is_some()),
+                to_json("files", &commit.files())?,
+                now
+            ],
+        )?;
+        for h in &commit.history {
+            tx.execute(
+                "INSERT INTO history (ts, source_txid, commit_us, tables, rows, replayed_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    h.ts.get() as i64,
+                    h.source_txid,
+                    h.commit_us,
+                    to_json("history tables", &h.tables)?,
+                    h.rows as i64,
+                    h.replayed_us
+                ],
+            )?;
+        }
+        for op in &commit.operations {
+            tx.execute(
+                "INSERT INTO catalog_operations (version, description, actions, ts) VALUES (?1, ?2, ?3, ?4)",
+                params![version as i64, op.description, op.actions.to_string(), op.ts.get() as i64],
+            )?;
+        }
+        if let Some(c) = &commit.checkpoint {
+            tx.execute(
+                "INSERT INTO checkpoints (ts, manifest, input, input_line, input_offset, created_us, source_state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    c.manifest.checkpoint_ts as i64,
+                    to_json("checkpoint manifest", &c.manifest)?,
+                    c.input,
+                    c.position.line as i64,
+                    c.position.offset as i64,
+                    now,
+                    c.source_state
+                ],
+            )?;
+            tx.execute("DELETE FROM checkpoints WHERE id < (SELECT max(id) FROM checkpoints)", [])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn latest_checkpoint(&self) -> Result<Option<CheckpointRecord>> {
+        let conn = lock(&self.conn);
+        let row = conn
+            .query_row(
+                "SELECT manifest, input, input_line, input_offset, source_state FROM checkpoints ORDER BY id DESC LIMIT 1",
+                [],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                    ))
+                },
+            )
+            .optional()?;
+        row.map(|(m, input, line, offset, source_state)| {
+            let manifest = serde_json::from_str(&m).map_err(|e| corrupt("checkpoint manifest".into(), e))?;
+            Ok(CheckpointRecord {
+                manifest,
+                input,
+                position: SourcePosition { line: line as u64, offset: offset as u64 },
+                source_state,
+            })
+        })
+        .transpose()
+    }
+
+    fn history(&self, table: Option<&str>, limit: usize) -> Result<Vec<HistoryEntry>> {
+        let conn = lock(&self.conn);
+        let mut stmt =
+            conn.prepare("SELECT ts, source_txid, commit_us, tables, rows, replayed_us FROM history ORDER BY ts DESC")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            if out.len() >= limit {
+                break;
+            }
+            let (ts, source_txid, commit_us, tables, n, replayed_us) = row?;
+            let tables: Vec<(String, u64)> = serde_json::from_str(&tables)
+                .map_err(|e| corrupt(format!("tables of the history entry at ts {ts}"), e))?;
+            if table.is_some_and(|t| !tables.iter().any(|(name, _)| name == t)) {
+                continue;
+            }
+            out.push(HistoryEntry { ts: Ts(ts as u64), source_txid, commit_us, tables, rows: n as u64, replayed_us });
+        }
+        Ok(out)
+    }
+
+    fn operations(&self, limit: usize) -> Result<Vec<(u64, CatalogOperation)>> {
+        let conn = lock(&self.conn);
+        let mut stmt =
+            conn.prepare("SELECT version, description, actions, ts FROM catalog_operations ORDER BY id DESC LIMIT ?1")?;
+        let rows = stmt.query_map(params![limit as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, i64>(3)?))
+        })?;
+        rows.map(|r| {
+            let (v, description, actions, ts) = r?;
+            let actions = serde_json::from_str(&actions)
+                .map_err(|e| corrupt(format!("actions of operation {description:?} (version {v})"), e))?;
+            Ok((v as u64, CatalogOperation { description, actions, ts: Ts(ts as u64) }))
+        })
+        .collect()
+    }
+
+    fn applied_identities(&self, window: usize) -> Result<HashSet<String>> {
+        let conn = lock(&self.conn);
+        let mut out = HashSet::new();
+        let mut newest = conn.prepare("SELECT source_txid FROM history ORDER BY ts DESC LIMIT ?1")?;
+        for id in newest.query_map(params![window as i64], |r| r.get::<_, String>(0))? {
+            out.insert(id?);
+        }
+        let mut snapshots = conn.prepare("SELECT source_txid FROM history WHERE source_txid LIKE ?1")?;
+        for id in snapshots.query_map(params![format!("{}%", super::SNAPSHOT_IDENTITY_PREFIX)], |r| r.get(0))? {
+            out.insert(id?);
+        }
+        Ok(out)
+    }
+
+    fn set_storage_gc_queue(&self, epoch: u64, files: &[StaleFile]) -> Result<()> {
+        let mut conn = lock(&self.conn);
+        let tx = Self::fenced(&mut conn, epoch)?;
+        tx.execute("DELETE FROM storage_gc_queue", [])?;
+        let now = now_us();
+        for f in files {
+            tx.execute(
+                "INSERT INTO storage_gc_queue (table_name, file_id, rows, deleted, seen_us) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![f.table, f.file.0 as i64, f.rows as i64, f.deleted as i64, now],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn storage_gc_queue(&self) -> Result<Vec<StaleFile>> {
+        let conn = lock(&self.conn);
+        let mut stmt = conn.prepare(
+            "SELECT table_name, file_id, rows, deleted FROM storage_gc_queue ORDER BY CAST(deleted AS REAL) / rows DESC",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(StaleFile {
+                    table: r.get(0)?,
+                    file: crate::ids::FileId(r.get::<_, i64>(1)? as u64),
+                    rows: r.get::<_, i64>(2)? as usize,
+                    deleted: r.get::<_, i64>(3)? as usize,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::mvcc::{SqliteTxnStore, TxnStore};
+
+    #[test]
+    fn sqlite_catalog_conformance() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = AtomicUsize::new(0);
+        super::super::conformance::check(&|| {
+            let d = dir.path().join(n.fetch_add(1, Ordering::Relaxed).to_string());
+            let txn = Arc::new(SqliteTxnStore::open(&d.join("txn.sqlite")).unwrap()) as Arc<dyn TxnStore>;
+            let catalog = Arc::new(SqliteCatalog::open(&d.join("catalog.sqlite"), &d.join("txn.sqlite")).unwrap());
+            (txn, catalog as Arc<dyn Catalog>)
+        });
+    }
+}

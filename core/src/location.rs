@@ -1,0 +1,123 @@
+//! Where a lake lives and how it is opened.
+//!
+//! A lake is three backends (DESIGN §2): an object store for its files, a
+//! [`TxnStore`] for timestamps, watermarks and the writer's lease, and a
+//! [`Catalog`]. The embedded default keeps all three in a local directory
+//! (`_fovea/txn.sqlite`, `_fovea/catalog.sqlite`); on AWS they are S3 and
+//! DynamoDB (`fovea_aws`), and any mix that implements the traits works the
+//! same way.
+//!
+//! Opening for writing takes the lease first (waiting while a live
+//! replayer holds it): the checkpoint read after it is then the newest one,
+//! and no replayer that lost the lake can commit another.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+
+use crate::catalog::{Catalog, CheckpointRecord, SqliteCatalog};
+use crate::engine::{Engine, EngineConfig, METADATA_DIR};
+use crate::error::Result;
+use crate::lease::{DEFAULT_LEASE_TTL, LeaseKeeper};
+use crate::mvcc::{Clock, SqliteTxnStore, TxnStore};
+
+/// The backends of one lake.
+#[derive(Clone)]
+pub struct LakeBackends {
+    /// Where its files are.
+    pub store: Arc<dyn ObjectStore>,
+    /// Its timestamps, watermarks and lease.
+    pub txn: Arc<dyn TxnStore>,
+    /// Its catalog.
+    pub catalog: Arc<dyn Catalog>,
+}
+
+impl LakeBackends {
+    /// The embedded lake in directory `dir` (created if missing).
+    pub fn local(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let meta = dir.join(METADATA_DIR);
+        let txn_path = meta.join("txn.sqlite");
+        let txn: Arc<dyn TxnStore> = Arc::new(SqliteTxnStore::open(&txn_path)?);
+        let catalog: Arc<dyn Catalog> = Arc::new(SqliteCatalog::open(&meta.join("catalog.sqlite"), &txn_path)?);
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?);
+        Ok(LakeBackends { store, txn, catalog })
+    }
+}
+
+/// A lake opened: the engine (restored from the newest checkpoint when
+/// there is one), its catalog, that checkpoint, and for a writer the lease.
+pub struct OpenLake {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The catalog.
+    pub catalog: Arc<dyn Catalog>,
+    /// The checkpoint it was restored from.
+    pub checkpoint: Option<CheckpointRecord>,
+    /// The lease a writer holds (renewed until dropped).
+    pub lease: Option<LeaseKeeper>,
+}
+
+/// How a lake is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The one writer: takes the lake's lease (waiting while a live
+    /// replayer holds it), then deletes unreferenced objects.
+    Write,
+    /// A reader beside a possibly running writer: nothing is deleted.
+    Read,
+}
+
+/// Opens the lake in directory `dir` (creating it), restoring its newest
+/// checkpoint.
+pub fn open_lake(dir: &Path, config: EngineConfig, mode: OpenMode) -> Result<OpenLake> {
+    open(LakeBackends::local(dir)?, config, mode, DEFAULT_LEASE_TTL)
+}
+
+/// [`open_lake`] with the lease time of a writer.
+pub fn open_lake_with(dir: &Path, config: EngineConfig, mode: OpenMode, lease_ttl: Duration) -> Result<OpenLake> {
+    open(LakeBackends::local(dir)?, config, mode, lease_ttl)
+}
+
+/// Opens the lake of `backends`; a writer's lease lasts `lease_ttl`.
+pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_ttl: Duration) -> Result<OpenLake> {
+    let LakeBackends { store, txn, catalog } = backends;
+    let lease = match mode {
+        OpenMode::Write => Some(LeaseKeeper::acquire(Arc::clone(&txn), lease_ttl)?),
+        OpenMode::Read => None,
+    };
+    let checkpoint = catalog.latest_checkpoint()?;
+    let clock = Clock::open(txn)?;
+    if let Some(l) = &lease {
+        clock.set_epoch(l.epoch());
+    }
+    let engine = match &checkpoint {
+        Some(c) => Engine::restore(store, clock, &c.manifest, mode == OpenMode::Write)?,
+        None if mode == OpenMode::Read => Engine::open(store, clock, config)?,
+        None => {
+            // Objects without a checkpoint were written by a run that died
+            // before its first one: nothing references them.
+            let engine = Engine::open(store, clock, config)?;
+            engine.vacuum(&HashSet::new())?;
+            engine
+        }
+    };
+    if let Some(l) = &lease {
+        engine.fence_file_ids(l.epoch());
+    }
+    if let Some(c) = &checkpoint {
+        engine.checkpoint_committed(&c.manifest);
+    }
+    // The newest replayed transaction of the checkpoint keeps freshness known.
+    if let Some(c) = &checkpoint
+        && let Some(h) = catalog.history(None, 1)?.into_iter().next()
+        && h.ts.get() <= c.manifest.checkpoint_ts
+        && let Some(us) = h.commit_us
+    {
+        engine.note_source_commit(h.ts, us);
+    }
+    Ok(OpenLake { engine, catalog, checkpoint, lease })
+}
