@@ -29,15 +29,15 @@ use fovea_core::mvcc::{Lease, PersistedClock, TxnStore};
 use fovea_core::{Error, Result, Ts};
 
 /// An item, as the SDK returns it.
-type Item = HashMap<String, AttributeValue>;
+pub(crate) type Item = HashMap<String, AttributeValue>;
 
 /// The partition key of the clock item (and its sort key).
-const CLOCK: &str = "clock";
+pub(crate) const CLOCK: &str = "clock";
 
 /// A lake's state table on DynamoDB.
 #[derive(Clone, Debug)]
 pub struct DynamoState {
-    client: Client,
+    pub(crate) client: Client,
     table: String,
 }
 
@@ -57,12 +57,12 @@ pub fn parse_dynamodb_url(url: &str) -> Result<String> {
     Ok(table.to_owned())
 }
 
-fn backend_error(operation: &str, key: &str, e: impl std::fmt::Display) -> Error {
+pub(crate) fn backend_error(operation: &str, key: &str, e: impl std::fmt::Display) -> Error {
     Error::Backend { backend: "DynamoDB", operation: operation.into(), key: key.into(), message: e.to_string() }
 }
 
 /// The message of an SDK error with its service code, if any.
-fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
+pub(crate) fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
     match e.as_service_error() {
         Some(s) => format!("{}: {}", s.code().unwrap_or("error"), s.message().unwrap_or("no message")),
         None => format!("{e:?}"),
@@ -155,7 +155,7 @@ impl DynamoState {
         DynamoTxnStore { state: self.clone() }
     }
 
-    fn key(pk: &str, sk: &str) -> Item {
+    pub(crate) fn key(pk: &str, sk: &str) -> Item {
         HashMap::from([
             ("pk".to_owned(), AttributeValue::S(pk.into())),
             ("sk".to_owned(), AttributeValue::S(sk.into())),
@@ -163,7 +163,7 @@ impl DynamoState {
     }
 
     /// Reads an item with a consistent read.
-    fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>> {
+    pub(crate) fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>> {
         let (client, table, key) = (self.client.clone(), self.table.clone(), Self::key(pk, sk));
         block_on_io(async move {
             client.get_item().table_name(table).set_key(Some(key)).consistent_read(true).send().await
@@ -223,7 +223,7 @@ impl DynamoState {
     }
 }
 
-fn n(v: u64) -> AttributeValue {
+pub(crate) fn n(v: u64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
@@ -232,7 +232,7 @@ fn ni(v: i64) -> AttributeValue {
 }
 
 /// A numeric attribute (0 when absent).
-fn num(item: &Item, name: &str) -> Result<u64> {
+pub(crate) fn num(item: &Item, name: &str) -> Result<u64> {
     match item.get(name) {
         None => Ok(0),
         Some(AttributeValue::N(s)) => s.parse().map_err(|_| corrupt(name, s)),
@@ -252,6 +252,14 @@ fn corrupt(name: &str, value: &str) -> Error {
     Error::Corrupt { what: format!("DynamoDB clock attribute {name}"), reason: format!("not a number: {value}") }
 }
 
+/// A value no other reservation request carries.
+fn reservation_nonce() -> String {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    // Relaxed: only uniqueness matters.
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}/{seq}/{}", fovea_core::lease::owner_id(), fovea_core::catalog::now_us())
+}
+
 /// The [`TxnStore`] of a lake on DynamoDB: one item, conditional updates.
 #[derive(Clone, Debug)]
 pub struct DynamoTxnStore {
@@ -260,7 +268,7 @@ pub struct DynamoTxnStore {
 
 /// The condition "the caller's epoch is the lease's": a never-leased item
 /// accepts epoch 0 only.
-const EPOCH_HOLDS: &str = "(#epoch = :epoch OR (attribute_not_exists(#epoch) AND :epoch = :zero))";
+pub(crate) const EPOCH_HOLDS: &str = "(#epoch = :epoch OR (attribute_not_exists(#epoch) AND :epoch = :zero))";
 
 impl DynamoTxnStore {
     fn read(&self) -> Result<(PersistedClock, Option<Lease>)> {
@@ -376,19 +384,33 @@ impl TxnStore for DynamoTxnStore {
         }
         let condition =
             format!("{EPOCH_HOLDS} AND (#reserved = :from OR (attribute_not_exists(#reserved) AND :from = :zero))");
+        // A nonce names this request in the item, so a retried request whose
+        // first attempt landed can tell its own write from a rival's.
+        let nonce = reservation_nonce();
         match self.state.update(
             CLOCK,
             CLOCK,
-            "SET #reserved = :upto",
+            "SET #reserved = :upto, #reserved_by = :nonce",
             &condition,
-            vec![(":upto", n(upto.get())), (":from", n(from.get())), (":epoch", n(epoch)), (":zero", n(0))],
+            vec![
+                (":upto", n(upto.get())),
+                (":from", n(from.get())),
+                (":epoch", n(epoch)),
+                (":zero", n(0)),
+                (":nonce", AttributeValue::S(nonce.clone())),
+            ],
         )? {
             Ok(()) => Ok(()),
-            Err(item) => Err(Self::refused(&item, epoch, |clock| Error::Regression {
-                what: "timestamp reservation (another writer reserved meanwhile)",
-                current: clock.reserved.get(),
-                proposed: from.get(),
-            })?),
+            Err(item) => {
+                if matches!(item.get("reserved_by"), Some(AttributeValue::S(s)) if *s == nonce) {
+                    return Ok(());
+                }
+                Err(Self::refused(&item, epoch, |clock| Error::Regression {
+                    what: "timestamp reservation (another writer reserved meanwhile)",
+                    current: clock.reserved.get(),
+                    proposed: from.get(),
+                })?)
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | the lake on S3 (`s3://BUCKET/PREFIX`) | [`s3`] | `object_store::ObjectStore` |
 //! | timestamps, watermarks, the writer's lease (`dynamodb://TABLE`) | [`dynamo`] | [`fovea_core::mvcc::TxnStore`] |
+//! | the catalog, in the same table (+ large payloads in the lake) | [`catalog`] | [`fovea_core::catalog::Catalog`] |
 //!
 //! Everything is configured from the standard AWS environment (region,
 //! credential chain, `AWS_ENDPOINT_URL` and the per-service
@@ -14,7 +15,9 @@
 //! retried by the SDK with backoff and jitter ([`RETRY_ATTEMPTS`]), and a
 //! final failure is an error naming the operation and the item.
 
+pub mod catalog;
 pub mod dynamo;
+pub mod moto;
 pub mod s3;
 
 /// Attempts (first try included) of a request the SDK retries.

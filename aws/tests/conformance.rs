@@ -1,27 +1,35 @@
-//! The backends on a local AWS (moto): the `TxnStore` conformance suite on
-//! DynamoDB (compare-and-set reservations under racing writers, monotonic
-//! watermarks, leases and fencing), the state table created on first use,
-//! and the S3 lake: range reads, multipart uploads, clear errors.
+//! The backends on a local AWS (moto): the `TxnStore` and `Catalog`
+//! conformance suites on DynamoDB (compare-and-set reservations and catalog
+//! commits under racing writers, monotonic watermarks, leases and fencing,
+//! conflicts and rebases, payloads too large for an item), the state table
+//! created on first use, and the S3 lake: range reads, multipart uploads,
+//! clear errors.
 //!
 //! One test: it sets the AWS environment before any other thread runs.
-
-mod moto;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
+use fovea_aws::catalog::DynamoCatalog;
 use fovea_aws::dynamo::DynamoState;
+use fovea_core::catalog::Catalog;
 use fovea_core::lake::Lake;
 use fovea_core::mvcc::{TxnStore, conformance};
 use object_store::path::Path;
 
 #[test]
 fn backends_on_a_local_aws() {
-    let _moto = moto::Moto::start();
+    let moto = fovea_aws::moto::Moto::start(&fovea_aws::moto::script()).unwrap();
+    for (k, v) in moto.env() {
+        // SAFETY: this binary has one test and this is its first statement:
+        // no other thread exists yet that could read the environment.
+        unsafe { std::env::set_var(k, v) };
+    }
     dynamodb_txn_store_conforms();
+    dynamodb_catalog_conforms(&moto);
     a_missing_table_without_create_is_a_clear_error();
-    s3_lake_reads_ranges_and_uploads_in_parts();
+    s3_lake_reads_ranges_and_uploads_in_parts(&moto);
     s3_errors_name_the_url();
 }
 
@@ -37,6 +45,19 @@ fn dynamodb_txn_store_conforms() {
     assert_eq!(again.txn_store().lease().unwrap().map(|l| l.epoch), Some(4));
 }
 
+fn dynamodb_catalog_conforms(moto: &fovea_aws::moto::Moto) {
+    moto.create_bucket("fovea-catalog").unwrap();
+    let n = AtomicUsize::new(0);
+    fovea_core::catalog::conformance::check(&|| {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        let state = DynamoState::connect(&format!("dynamodb://fovea-catalog-{i}"), true).unwrap();
+        let store = fovea_aws::s3::s3_store(&format!("s3://fovea-catalog/{i}")).unwrap();
+        let txn = Arc::new(state.txn_store()) as Arc<dyn TxnStore>;
+        let catalog = Arc::new(DynamoCatalog::new(state, store)) as Arc<dyn Catalog>;
+        (txn, catalog)
+    });
+}
+
 fn a_missing_table_without_create_is_a_clear_error() {
     let err = DynamoState::connect("dynamodb://fovea-missing", false).unwrap_err().to_string();
     assert!(err.contains("fovea-missing") && err.contains("does not exist"), "{err}");
@@ -44,20 +65,8 @@ fn a_missing_table_without_create_is_a_clear_error() {
     assert!(err.contains("expected dynamodb://TABLE"), "{err}");
 }
 
-fn create_bucket(name: &str) {
-    // moto creates a bucket on a plain PUT of the bucket's path.
-    use std::io::{Read, Write};
-    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap();
-    let host = endpoint.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(host).unwrap();
-    write!(s, "PUT /{name} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    assert!(answer.lines().next().is_some_and(|l| l.contains(" 200 ")), "creating bucket {name}: {answer}");
-}
-
-fn s3_lake_reads_ranges_and_uploads_in_parts() {
-    create_bucket("fovea-lake");
+fn s3_lake_reads_ranges_and_uploads_in_parts(moto: &fovea_aws::moto::Moto) {
+    moto.create_bucket("fovea-lake").unwrap();
     let store = fovea_aws::s3::s3_store("s3://fovea-lake/lakes/one").unwrap();
     let lake = Lake::new(store);
     // Above the multipart threshold: uploaded in parts, read back exactly.

@@ -354,7 +354,7 @@ pub fn replay(workload: crate::workload::Workload, txns: u64, json_out: bool) ->
     }
     let decode_s = started.elapsed().as_secs_f64();
     let args = crate::replay::ReplayArgs {
-        lake: dir.join("lake"),
+        lake: crate::lakes::LakeArgs::local(&dir.join("lake")),
         input: input.clone(),
         format: fovea_core::cdc::InputFormat::Auto,
         schema_file: None,

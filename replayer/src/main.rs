@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod lakes;
 mod query;
 mod replay;
 mod serve;
@@ -47,9 +48,8 @@ enum Command {
     /// Rerunning continues from the last checkpoint; a finished input
     /// changes nothing.
     Replay {
-        /// Lake directory.
-        #[arg(long)]
-        lake: PathBuf,
+        #[command(flatten)]
+        lake: lakes::LakeArgs,
         /// Input: a JSON-lines file (plain or .gz), or - for standard input.
         #[arg(long)]
         input: PathBuf,
@@ -71,9 +71,8 @@ enum Command {
     },
     /// Write a table's visible rows as CSV to standard output.
     Export {
-        /// Lake directory.
-        #[arg(long)]
-        lake: PathBuf,
+        #[command(flatten)]
+        lake: lakes::LakeArgs,
         /// Table, `schema.table`.
         #[arg(long)]
         table: String,
@@ -86,9 +85,16 @@ enum Command {
     },
     /// Run SQL against the lake's live tables (one snapshot for the whole query).
     Sql {
-        /// Lake directory (or --connect to a running `fovea serve`).
+        /// The lake: a directory or s3://BUCKET/PREFIX (or --connect to a
+        /// running `fovea serve`).
         #[arg(long, required_unless_present = "connect", conflicts_with = "connect")]
-        lake: Option<PathBuf>,
+        lake: Option<String>,
+        /// The lake's state: dynamodb://TABLE (see `fovea replay --help`).
+        #[arg(long, env = "FOVEA_STATE")]
+        state: Option<String>,
+        /// Fail instead of creating a missing DynamoDB state table.
+        #[arg(long)]
+        no_create: bool,
         /// A `fovea serve` Flight SQL address, e.g. grpc://127.0.0.1:50051.
         #[arg(long)]
         connect: Option<String>,
@@ -111,9 +117,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Replayed source transactions and catalog operations, newest first.
     History {
-        /// Lake directory.
-        #[arg(long)]
-        lake: PathBuf,
+        #[command(flatten)]
+        lake: lakes::LakeArgs,
         /// Only transactions touching this table.
         #[arg(long)]
         table: Option<String>,
@@ -261,7 +266,8 @@ fn main() -> ExitCode {
                 })
             }
         }
-        Command::Sql { lake, connect, token, as_of, format, sql } => {
+        Command::Sql { lake, state, no_create, connect, token, as_of, format, sql } => {
+            let lake = lake.map(|lake| lakes::LakeArgs { lake, state, no_create });
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             match (lake, connect, sql) {

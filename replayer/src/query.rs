@@ -8,7 +8,8 @@ use fovea_core::cdc::types::format_value;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::{Ts, Value};
 
-use crate::replay::{CliResult, csv_field, open_read};
+use crate::lakes::LakeArgs;
+use crate::replay::{CliResult, csv_field};
 
 /// Output format of `fovea sql`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -22,8 +23,14 @@ pub enum OutputFormat {
 }
 
 /// Runs one SQL statement against the lake at its newest (or a past) snapshot.
-pub fn sql(lake: &Path, as_of: Option<u64>, format: OutputFormat, text: &str, out: &mut dyn Write) -> CliResult<()> {
-    let lake = open_read(lake)?;
+pub fn sql(
+    lake: &LakeArgs,
+    as_of: Option<u64>,
+    format: OutputFormat,
+    text: &str,
+    out: &mut dyn Write,
+) -> CliResult<()> {
+    let lake = lake.open_read()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     run_one(&lake.engine, &runtime, as_of, format, text, out)
 }
@@ -73,8 +80,8 @@ fn freshness_line(engine: &fovea_core::Engine, qts: Ts, now_us: i64) -> String {
 /// An interactive prompt: statements end with `;`, each runs at a fresh
 /// snapshot (or at `--as-of`); `\q` or Ctrl-D quits. History is kept in
 /// `~/.fovea_history`.
-pub fn interactive(lake: &Path, as_of: Option<u64>, format: OutputFormat) -> CliResult<()> {
-    let opened = open_read(lake)?;
+pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, format: OutputFormat) -> CliResult<()> {
+    let opened = lake.open_read()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut editor = rustyline::DefaultEditor::new()?;
     let history = std::env::var_os("HOME").map(|h| Path::new(&h).join(".fovea_history"));
@@ -82,7 +89,7 @@ pub fn interactive(lake: &Path, as_of: Option<u64>, format: OutputFormat) -> Cli
         // A missing history file is the normal first run.
         let _ = editor.load_history(h);
     }
-    println!("fovea sql on {} — statements end with ';', \\q quits", lake.display());
+    println!("fovea sql on {} — statements end with ';', \\q quits", lake.lake);
     let mut statement = String::new();
     loop {
         let prompt = if statement.is_empty() { "fovea> " } else { "   ..> " };
@@ -168,8 +175,8 @@ fn write_batches(batches: &[RecordBatch], format: OutputFormat, out: &mut dyn Wr
 }
 
 /// Replayed source transactions and catalog operations, newest first.
-pub fn history(lake: &Path, table: Option<&str>, limit: usize, out: &mut dyn Write) -> CliResult<()> {
-    let opened = open_read(lake)?;
+pub fn history(lake: &LakeArgs, table: Option<&str>, limit: usize, out: &mut dyn Write) -> CliResult<()> {
+    let opened = lake.open_read()?;
     writeln!(out, "{}", freshness_line(&opened.engine, opened.engine.clock().latest(), fovea_core::catalog::now_us()))?;
     let catalog = opened.catalog;
     writeln!(

@@ -9,7 +9,6 @@ use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::types::format_value;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
 use fovea_core::index::encode_key;
-use fovea_core::location::{OpenMode, open_lake, open_lake_with};
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
 use fovea_core::{EngineConfig, ScanOptions, Ts};
@@ -19,8 +18,8 @@ pub type CliResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Options of `fovea replay`.
 pub struct ReplayArgs {
-    /// Lake directory.
-    pub lake: PathBuf,
+    /// The lake.
+    pub lake: crate::lakes::LakeArgs,
     /// Input file, or `-`.
     pub input: PathBuf,
     /// Input format.
@@ -59,7 +58,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }
-    let lake = open_lake_with(&args.lake, config, OpenMode::Write, args.lease)?;
+    let lake = args.lake.open_write(config, args.lease)?;
     let input_name = if args.input == Path::new("-") {
         "-".to_owned()
     } else {
@@ -217,8 +216,8 @@ fn decode_loop(
 
 /// Writes the visible rows of `table` as CSV (header, source columns in
 /// order, sorted by primary key, NULL as an empty field).
-pub fn export(lake: &Path, table: &str, as_of: Option<u64>, out: &mut dyn Write) -> CliResult<()> {
-    let lake = open_read(lake)?;
+pub fn export(lake: &crate::lakes::LakeArgs, table: &str, as_of: Option<u64>, out: &mut dyn Write) -> CliResult<()> {
+    let lake = lake.open_read()?;
     let engine = &lake.engine;
     let def = engine.table(table)?;
     let snapshot = match as_of {
@@ -239,17 +238,6 @@ pub fn export(lake: &Path, table: &str, as_of: Option<u64>, out: &mut dyn Write)
         writeln!(out, "{}", fields.join(","))?;
     }
     Ok(())
-}
-
-/// Opens an existing lake for reading beside a possibly running replayer;
-/// a folder that is not a lake is an error (nothing is created).
-pub fn open_read(lake: &Path) -> CliResult<fovea_core::location::OpenLake> {
-    if !lake.join(fovea_core::engine::METADATA_DIR).is_dir() {
-        return Err(
-            format!("{} is not a fovea lake (no {} folder)", lake.display(), fovea_core::engine::METADATA_DIR).into()
-        );
-    }
-    Ok(open_lake(lake, EngineConfig::default(), OpenMode::Read)?)
 }
 
 /// PostgreSQL CSV quoting: NULL is an empty field, an empty string is `""`.

@@ -2,7 +2,8 @@
 //! the lease; a replayer paused past its lease (SIGSTOP) is taken over, and
 //! when it resumes (SIGCONT) it is fenced: it exits with the fencing error
 //! and nothing it does after the take-over lands. A replayer killed on this
-//! host is taken over at once.
+//! host is taken over at once. The paused-replayer case runs on a local
+//! lake and on S3 + DynamoDB (moto).
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Server, eventually, wait_timeout};
+use common::{Server, eventually, free_port, wait_timeout};
 
 /// A Debezium transaction (BEGIN, inserts of `ids`, END) on `public.t (id, v)`.
 fn txn(xid: u64, ids: std::ops::Range<i64>) -> Vec<String> {
@@ -62,15 +63,30 @@ fn signal(server: &Server, sig: &str) {
     assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
 }
 
-#[test]
-fn a_paused_replayer_is_taken_over_and_fenced_when_it_resumes() {
+/// Starts `fovea serve` on the lake of `lake_args` (with `env`), logging
+/// to a file in `dir`.
+fn serve(dir: &Path, lake_args: &[String], env: &[(&'static str, String)], input: &str, extra: &[&str]) -> Server {
+    let port = free_port();
+    let stderr = dir.join(format!("serve-{port}.log"));
+    let mut cmd = common::fovea();
+    cmd.arg("serve")
+        .args(lake_args)
+        .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .envs(env.iter().cloned())
+        .env("FOVEA_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    Server::spawn(cmd, stderr, None)
+}
+
+fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]) {
     let dir = tempfile::tempdir().unwrap();
-    let lake = dir.path().join("lake");
     let input = dir.path().join("events.jsonl");
     let spec = format!("file:{}", input.display());
     let opts = ["--lease-secs", "1", "--checkpoint-secs", "0.2"];
     append_txns(&input, 1..21);
-    let mut a = Server::start(&lake, &spec, &opts);
+    let mut a = serve(dir.path(), lake_args, env, &spec, &opts);
     eventually(Duration::from_secs(60), "A replays the first transactions", || {
         (count_and_sum(&a)? == expected(21)).then_some(())
     });
@@ -79,7 +95,7 @@ fn a_paused_replayer_is_taken_over_and_fenced_when_it_resumes() {
     // A's lease to expire, takes over and replays everything.
     signal(&a, "-STOP");
     append_txns(&input, 21..41);
-    let b = Server::start(&lake, &spec, &opts);
+    let b = serve(dir.path(), lake_args, env, &spec, &opts);
     assert!(b.log().contains("waiting for the lake's lease"), "{}", b.log());
     eventually(Duration::from_secs(60), "B replays everything", || (count_and_sum(&b)? == expected(41)).then_some(()));
 
@@ -97,10 +113,25 @@ fn a_paused_replayer_is_taken_over_and_fenced_when_it_resumes() {
     let log = b.stop();
     assert!(log.contains("took over the lake's lease"), "{log}");
     // B released its lease on a clean stop: C does not wait for it.
-    let c = Server::start(&lake, &spec, &opts);
+    let c = serve(dir.path(), lake_args, env, &spec, &opts);
     assert!(!c.log().contains("waiting for the lake's lease"), "{}", c.log());
     assert_eq!(count_and_sum(&c).unwrap(), expected(51));
     assert_eq!(c.sql("SELECT count(DISTINCT v) FROM public.t").unwrap(), "50\n");
+}
+
+#[test]
+fn a_paused_replayer_is_taken_over_and_fenced_when_it_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake").display().to_string();
+    paused_replayer_scenario(&["--lake".into(), lake], &[]);
+}
+
+#[test]
+fn on_s3_and_dynamodb_too() {
+    let moto = fovea_aws::moto::Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("fenced").unwrap();
+    let args = ["--lake", "s3://fenced/lake", "--state", "dynamodb://fovea-fenced"].map(str::to_owned);
+    paused_replayer_scenario(&args, &moto.env());
 }
 
 #[test]

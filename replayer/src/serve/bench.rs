@@ -159,7 +159,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let lake = pg.dir.join("lake");
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
     let serve_args = super::ServeArgs {
-        lake: lake.clone(),
+        lake: crate::lakes::LakeArgs::local(&lake),
         input: format!(
             "postgres://postgres@127.0.0.1:{}/postgres?slot=fovea_bench&publication=fovea_bench&create_slot=true",
             pg.port

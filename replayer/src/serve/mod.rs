@@ -18,14 +18,12 @@ pub mod postgres;
 pub mod replication;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
-use fovea_core::location::{OpenMode, open_lake_with};
 use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{Engine, EngineConfig};
 
@@ -37,9 +35,8 @@ use crate::replay::CliResult;
 /// Options of `fovea serve`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Lake directory.
-    #[arg(long)]
-    pub lake: PathBuf,
+    #[command(flatten)]
+    pub lake: crate::lakes::LakeArgs,
     /// file:PATH, or postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true]
     #[arg(long)]
     pub input: String,
@@ -96,7 +93,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }
-    let lake = open_lake_with(&args.lake, config, OpenMode::Write, lease_time(args.lease_secs)?)?;
+    let lake = args.lake.open_write(config, lease_time(args.lease_secs)?)?;
     let engine = Arc::clone(&lake.engine);
     let metrics = Arc::new(Metrics::default());
     let started = Instant::now();

@@ -1,0 +1,469 @@
+//! The catalog on DynamoDB, in the lake's state table (beside the clock
+//! item of [`crate::dynamo`]).
+//!
+//! | item (`pk` / `sk`) | holds |
+//! |---|---|
+//! | `head` / `head` | `version`: the newest version |
+//! | `version` / 20-digit version | one version: `checkpoint` (bool), `files` (JSON), its operations and history (`payload`, JSON, or `payload_ref`: an object in the lake) |
+//! | `checkpoint` / `current` | the current checkpoint record (`record` or `record_ref`) and its `version` |
+//! | `snapshot` / identity | every snapshot run ever replayed (dedup keeps them forever) |
+//! | `gcqueue` / `queue` | the storage-GC queue (`files`, JSON) |
+//!
+//! A version lands in one `TransactWriteItems`: a condition check that the
+//! clock item still holds the writer's epoch, the head moved from `v − 1`
+//! to `v` on condition, the version item created on condition that it does
+//! not exist, the checkpoint item and the snapshot identities. So versions
+//! are contiguous, a version lands whole or not at all, and a fenced writer
+//! lands nothing. Payloads larger than [`INLINE_LIMIT`] (items hold 400 KB)
+//! are written to the lake first, under a name no other writer uses, and
+//! referenced; a commit that then fails deletes them again.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
+use bytes::Bytes;
+use object_store::ObjectStore;
+use object_store::path::Path;
+
+use fovea_core::catalog::{
+    Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, SNAPSHOT_IDENTITY_PREFIX, VersionSummary,
+    now_us,
+};
+use fovea_core::engine::StaleFile;
+use fovea_core::lake::{Lake, block_on_io};
+use fovea_core::{Error, Result};
+
+use crate::dynamo::{CLOCK, DynamoState, EPOCH_HOLDS, Item, backend_error, describe, n, num};
+
+/// Largest payload kept inside an item; larger ones go to the lake.
+pub const INLINE_LIMIT: usize = 300 << 10;
+
+/// Where referenced payloads live in the lake.
+const PAYLOAD_PREFIX: &str = "_fovea/catalog";
+
+/// The catalog of a lake on DynamoDB.
+pub struct DynamoCatalog {
+    state: DynamoState,
+    lake: Lake,
+}
+
+/// A version's operations and history, as stored.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Payload {
+    operations: Vec<CatalogOperation>,
+    history: Vec<HistoryEntry>,
+}
+
+fn version_key(v: u64) -> String {
+    format!("{v:020}")
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn string(item: &Item, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(AttributeValue::S(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn corrupt(what: String, e: impl std::fmt::Display) -> Error {
+    Error::Corrupt { what, reason: e.to_string() }
+}
+
+/// A name for a payload object that no other writer picks.
+fn payload_path(kind: &str, version: u64) -> Path {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: only uniqueness within this process matters; the owner id
+    // tells processes apart.
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let owner = fovea_core::lease::owner_id().replace('/', "-");
+    Path::from(format!("{PAYLOAD_PREFIX}/{kind}-{}-{owner}-{seq}.json", version_key(version)))
+}
+
+impl DynamoCatalog {
+    /// The catalog in `state`'s table; large payloads go to `store` (the
+    /// lake's object store).
+    pub fn new(state: DynamoState, store: Arc<dyn ObjectStore>) -> Self {
+        DynamoCatalog { state, lake: Lake::new(store) }
+    }
+
+    fn key_str(&self, pk: &str, sk: &str) -> String {
+        format!("{}/{pk}/{sk}", self.state.table())
+    }
+
+    /// Items of partition `pk` with sort keys above `after` (all with
+    /// `None`), ascending or newest first, up to `limit`.
+    fn query(&self, pk: &str, after: Option<&str>, newest_first: bool, limit: Option<usize>) -> Result<Vec<Item>> {
+        let mut out = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
+            let (pk_owned, after_owned, start_key) = (pk.to_owned(), after.map(str::to_owned), start.take());
+            let page = block_on_io(async move {
+                let mut q = client
+                    .query()
+                    .table_name(table)
+                    .consistent_read(true)
+                    .scan_index_forward(!newest_first)
+                    .expression_attribute_values(":pk", AttributeValue::S(pk_owned))
+                    .set_exclusive_start_key(start_key);
+                q = match after_owned {
+                    Some(a) => q
+                        .key_condition_expression("pk = :pk AND sk > :after")
+                        .expression_attribute_values(":after", AttributeValue::S(a)),
+                    None => q.key_condition_expression("pk = :pk"),
+                };
+                q.send().await
+            })?
+            .map_err(|e| backend_error("Query", &self.key_str(pk, "*"), describe(&e)))?;
+            out.extend(page.items().iter().cloned());
+            if limit.is_some_and(|l| out.len() >= l) {
+                out.truncate(limit.unwrap_or(usize::MAX));
+                return Ok(out);
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// The payload of a version item (inline or in the lake).
+    fn payload(&self, item: &Item) -> Result<(u64, Payload)> {
+        let version = num(item, "version")?;
+        let text = match (string(item, "payload"), string(item, "payload_ref")) {
+            (Some(p), _) => p,
+            (None, Some(r)) => String::from_utf8(self.lake.get(&Path::from(r.as_str()))?.to_vec())
+                .map_err(|e| corrupt(format!("payload of catalog version {version} at {r}"), e))?,
+            (None, None) => return Err(corrupt(format!("catalog version {version}"), "no payload")),
+        };
+        let payload =
+            serde_json::from_str(&text).map_err(|e| corrupt(format!("payload of catalog version {version}"), e))?;
+        Ok((version, payload))
+    }
+
+    /// Versions newest first, with their payloads, while `more` says so.
+    fn newest_payloads(&self, mut more: impl FnMut(u64, Payload) -> bool) -> Result<()> {
+        let mut after: Option<String> = None;
+        loop {
+            // Pages of 64, newest first: a query with `sk < before`.
+            let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
+            let before = after.clone();
+            let page = block_on_io(async move {
+                let mut q = client
+                    .query()
+                    .table_name(table)
+                    .consistent_read(true)
+                    .scan_index_forward(false)
+                    .limit(64)
+                    .expression_attribute_values(":pk", AttributeValue::S("version".into()));
+                q = match before {
+                    Some(b) => q
+                        .key_condition_expression("pk = :pk AND sk < :before")
+                        .expression_attribute_values(":before", AttributeValue::S(b)),
+                    None => q.key_condition_expression("pk = :pk"),
+                };
+                q.send().await
+            })?
+            .map_err(|e| backend_error("Query", &self.key_str("version", "*"), describe(&e)))?;
+            if page.items().is_empty() {
+                return Ok(());
+            }
+            for item in page.items() {
+                after = string(item, "sk");
+                let (version, payload) = self.payload(item)?;
+                if !more(version, payload) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Stores `text` inline under `attr`, or in the lake under
+    /// `attr_ref` when large; returns the attribute and the object written.
+    fn inline_or_ref(
+        &self,
+        attr: &str,
+        kind: &str,
+        version: u64,
+        text: String,
+    ) -> Result<((String, AttributeValue), Option<Path>)> {
+        if text.len() <= INLINE_LIMIT {
+            return Ok(((attr.to_owned(), s(text)), None));
+        }
+        let path = payload_path(kind, version);
+        self.lake.put(&path, Bytes::from(text))?;
+        Ok(((format!("{attr}_ref"), s(path.to_string())), Some(path)))
+    }
+
+    /// Runs one transaction: `Ok(Err(reasons))` when it was cancelled by
+    /// its conditions (one code per item). A cancellation by a concurrent
+    /// transaction on the same items (`TransactionConflict`) is retried.
+    fn transact(
+        &self,
+        items: Vec<TransactWriteItem>,
+        what: &str,
+    ) -> Result<std::result::Result<(), Vec<Option<String>>>> {
+        let mut delay = std::time::Duration::from_millis(20);
+        for attempt in 0.. {
+            // The SDK gives the request an idempotency token, kept across
+            // its own retries: a retried commit that had landed is no
+            // failure.
+            let (client, items) = (self.state.client.clone(), items.clone());
+            let out =
+                block_on_io(async move { client.transact_write_items().set_transact_items(Some(items)).send().await })?;
+            let reasons = match out {
+                Ok(_) => return Ok(Ok(())),
+                Err(e) => match e.as_service_error() {
+                    Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
+                        c.cancellation_reasons().iter().map(|r| r.code().map(str::to_owned)).collect::<Vec<_>>()
+                    }
+                    _ => return Err(backend_error("TransactWriteItems", &self.key_str(what, "*"), describe(&e))),
+                },
+            };
+            let conflict = reasons.iter().any(|r| r.as_deref() == Some("TransactionConflict"));
+            if !conflict || attempt >= 10 {
+                return Ok(Err(reasons));
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(std::time::Duration::from_secs(1));
+        }
+        unreachable!("the loop returns")
+    }
+
+    fn epoch_check(&self, epoch: u64) -> Result<TransactWriteItem> {
+        let check = ConditionCheck::builder()
+            .table_name(self.state.table())
+            .set_key(Some(DynamoState::key(CLOCK, CLOCK)))
+            .condition_expression(EPOCH_HOLDS)
+            .expression_attribute_names("#epoch", "epoch")
+            .expression_attribute_values(":epoch", n(epoch))
+            .expression_attribute_values(":zero", n(0))
+            .build()
+            .map_err(|e| Error::Invariant(e.to_string()))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    fn current_epoch(&self) -> Result<u64> {
+        self.state.get(CLOCK, CLOCK)?.map_or(Ok(0), |i| num(&i, "epoch"))
+    }
+
+    fn put(&self, item: Item, condition: Option<&str>) -> Result<TransactWriteItem> {
+        let mut put = Put::builder().table_name(self.state.table()).set_item(Some(item));
+        if let Some(c) = condition {
+            put = put.condition_expression(c);
+        }
+        Ok(TransactWriteItem::builder().put(put.build().map_err(|e| Error::Invariant(e.to_string()))?).build())
+    }
+}
+
+impl Catalog for DynamoCatalog {
+    fn version(&self) -> Result<u64> {
+        self.state.get("head", "head")?.map_or(Ok(0), |i| num(&i, "version"))
+    }
+
+    fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>> {
+        self.query("version", Some(&version_key(after)), false, None)?
+            .iter()
+            .map(|item| {
+                let version = num(item, "version")?;
+                let files: BTreeSet<u64> = serde_json::from_str(&string(item, "files").unwrap_or_else(|| "[]".into()))
+                    .map_err(|e| corrupt(format!("files of catalog version {version}"), e))?;
+                let checkpoint = matches!(item.get("checkpoint"), Some(AttributeValue::Bool(true)));
+                Ok(VersionSummary { version, checkpoint, files })
+            })
+            .collect()
+    }
+
+    fn put_version(&self, epoch: u64, version: u64, commit: &CatalogCommit) -> Result<()> {
+        let mut written = Vec::new();
+        let result = (|| {
+            let payload = serde_json::to_string(&Payload {
+                operations: commit.operations.clone(),
+                history: commit.history.clone(),
+            })
+            .map_err(|e| Error::Invariant(e.to_string()))?;
+            let (payload_attr, object) = self.inline_or_ref("payload", "version", version, payload)?;
+            written.extend(object);
+            let mut item = DynamoState::key("version", &version_key(version));
+            item.insert("version".into(), n(version));
+            item.insert("checkpoint".into(), AttributeValue::Bool(commit.checkpoint.is_some()));
+            item.insert(
+                "files".into(),
+                s(serde_json::to_string(&commit.files()).map_err(|e| Error::Invariant(e.to_string()))?),
+            );
+            item.insert("epoch".into(), n(epoch));
+            item.insert("created_us".into(), AttributeValue::N(now_us().to_string()));
+            item.insert(payload_attr.0, payload_attr.1);
+            let head = Update::builder()
+                .table_name(self.state.table())
+                .set_key(Some(DynamoState::key("head", "head")))
+                .update_expression("SET #version = :v")
+                .condition_expression("#version = :prev OR (attribute_not_exists(#version) AND :prev = :zero)")
+                .expression_attribute_names("#version", "version")
+                .expression_attribute_values(":v", n(version))
+                .expression_attribute_values(":prev", n(version.saturating_sub(1)))
+                .expression_attribute_values(":zero", n(0))
+                .build()
+                .map_err(|e| Error::Invariant(e.to_string()))?;
+            let mut items = vec![
+                self.epoch_check(epoch)?,
+                TransactWriteItem::builder().update(head).build(),
+                self.put(item, Some("attribute_not_exists(pk)"))?,
+            ];
+            if let Some(c) = &commit.checkpoint {
+                let text = serde_json::to_string(c).map_err(|e| Error::Invariant(e.to_string()))?;
+                let (record_attr, object) = self.inline_or_ref("record", "checkpoint", version, text)?;
+                written.extend(object);
+                let mut cp = DynamoState::key("checkpoint", "current");
+                cp.insert("version".into(), n(version));
+                cp.insert(record_attr.0, record_attr.1);
+                items.push(self.put(cp, None)?);
+            }
+            let snapshots: Vec<&str> = commit
+                .history
+                .iter()
+                .map(|h| h.source_txid.as_str())
+                .filter(|id| id.starts_with(SNAPSHOT_IDENTITY_PREFIX))
+                .collect();
+            if items.len() + snapshots.len() > 100 {
+                return Err(Error::Invariant(format!(
+                    "one catalog commit holds {} snapshot runs; at most {} fit one DynamoDB transaction",
+                    snapshots.len(),
+                    100 - items.len()
+                )));
+            }
+            for id in snapshots {
+                let mut it = DynamoState::key("snapshot", id);
+                it.insert("version".into(), n(version));
+                items.push(self.put(it, None)?);
+            }
+            match self.transact(items, "version")? {
+                Ok(()) => Ok(()),
+                Err(reasons) => {
+                    let failed = |i: usize| reasons.get(i).and_then(Option::as_deref) == Some("ConditionalCheckFailed");
+                    if failed(0) {
+                        Err(Error::Fenced { epoch, current: self.current_epoch()? })
+                    } else if failed(1) || failed(2) {
+                        Err(Error::VersionExists { version, newest: self.version()? })
+                    } else {
+                        Err(backend_error(
+                            "TransactWriteItems",
+                            &self.key_str("version", &version_key(version)),
+                            format!("cancelled: {reasons:?}"),
+                        ))
+                    }
+                }
+            }
+        })();
+        if result.is_err() {
+            // Payloads of a commit that did not land are nobody's.
+            for p in written {
+                let _ = self.lake.delete(&p);
+            }
+        }
+        result
+    }
+
+    fn latest_checkpoint(&self) -> Result<Option<CheckpointRecord>> {
+        let Some(item) = self.state.get("checkpoint", "current")? else { return Ok(None) };
+        let text = match (string(&item, "record"), string(&item, "record_ref")) {
+            (Some(r), _) => r,
+            (None, Some(r)) => String::from_utf8(self.lake.get(&Path::from(r.as_str()))?.to_vec())
+                .map_err(|e| corrupt(format!("checkpoint record at {r}"), e))?,
+            (None, None) => return Err(corrupt("the current checkpoint item".into(), "no record")),
+        };
+        serde_json::from_str(&text).map(Some).map_err(|e| corrupt("the current checkpoint record".into(), e))
+    }
+
+    fn history(&self, table: Option<&str>, limit: usize) -> Result<Vec<HistoryEntry>> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        self.newest_payloads(|_, payload| {
+            for h in payload.history.into_iter().rev() {
+                if table.is_none_or(|t| h.tables.iter().any(|(name, _)| name == t)) {
+                    out.push(h);
+                }
+                if out.len() >= limit {
+                    return false;
+                }
+            }
+            true
+        })?;
+        Ok(out)
+    }
+
+    fn operations(&self, limit: usize) -> Result<Vec<(u64, CatalogOperation)>> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        self.newest_payloads(|version, payload| {
+            for op in payload.operations.into_iter().rev() {
+                out.push((version, op));
+                if out.len() >= limit {
+                    return false;
+                }
+            }
+            true
+        })?;
+        Ok(out)
+    }
+
+    fn applied_identities(&self, window: usize) -> Result<HashSet<String>> {
+        let mut out = HashSet::new();
+        let mut seen = 0usize;
+        if window > 0 {
+            self.newest_payloads(|_, payload| {
+                for h in payload.history.into_iter().rev() {
+                    out.insert(h.source_txid);
+                    seen += 1;
+                    if seen >= window {
+                        return false;
+                    }
+                }
+                true
+            })?;
+        }
+        for item in self.query("snapshot", None, false, None)? {
+            if let Some(id) = string(&item, "sk") {
+                out.insert(id);
+            }
+        }
+        Ok(out)
+    }
+
+    fn set_storage_gc_queue(&self, epoch: u64, files: &[StaleFile]) -> Result<()> {
+        let rows: Vec<(String, u64, usize, usize)> =
+            files.iter().map(|f| (f.table.clone(), f.file.0, f.rows, f.deleted)).collect();
+        let mut item = DynamoState::key("gcqueue", "queue");
+        item.insert("files".into(), s(serde_json::to_string(&rows).map_err(|e| Error::Invariant(e.to_string()))?));
+        match self.transact(vec![self.epoch_check(epoch)?, self.put(item, None)?], "gcqueue")? {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Error::Fenced { epoch, current: self.current_epoch()? }),
+        }
+    }
+
+    fn storage_gc_queue(&self) -> Result<Vec<StaleFile>> {
+        let Some(item) = self.state.get("gcqueue", "queue")? else { return Ok(Vec::new()) };
+        let rows: Vec<(String, u64, usize, usize)> = serde_json::from_str(&string(&item, "files").unwrap_or_default())
+            .map_err(|e| corrupt("the storage-GC queue".into(), e))?;
+        let mut files: Vec<StaleFile> = rows
+            .into_iter()
+            .map(|(table, file, rows, deleted)| StaleFile { table, file: fovea_core::FileId(file), rows, deleted })
+            .collect();
+        files.sort_by(|a, b| {
+            let f = |x: &StaleFile| x.deleted as f64 / x.rows.max(1) as f64;
+            f(b).total_cmp(&f(a))
+        });
+        Ok(files)
+    }
+}

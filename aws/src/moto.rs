@@ -1,0 +1,97 @@
+//! A local AWS stand-in for tests and benchmarks: moto (S3, DynamoDB,
+//! Kinesis on one port), started on a free loopback port with
+//! `scripts/moto_serial.py`, which serves one request at a time so that
+//! DynamoDB's conditional writes are atomic. `scripts/test-deps.sh`
+//! installs moto in `/var/tmp/fovea-py`; `FOVEA_PYTHON` names another
+//! interpreter.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running moto server; stopped on drop.
+pub struct Moto {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+/// The interpreter with moto: `FOVEA_PYTHON`, else the test venv, else `python3`.
+pub fn python() -> String {
+    let venv = "/var/tmp/fovea-py/bin/python";
+    std::env::var("FOVEA_PYTHON")
+        .unwrap_or_else(|_| if Path::new(venv).exists() { venv.into() } else { "python3".into() })
+}
+
+impl Moto {
+    /// Starts moto; `script` is `scripts/moto_serial.py` of the source tree.
+    pub fn start(script: &Path) -> std::io::Result<Moto> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = std::env::temp_dir().join(format!("fovea-moto-{port}.log"));
+        let python = python();
+        let child = Command::new(&python)
+            .arg(script)
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start moto with {python} (run scripts/test-deps.sh): {e}"),
+                )
+            })?;
+        let mut moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let began = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if began.elapsed() > Duration::from_secs(60) || moto.child.try_wait()?.is_some() {
+                return Err(std::io::Error::other(format!(
+                    "moto did not start (run scripts/test-deps.sh):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(moto)
+    }
+
+    /// The AWS environment that points clients at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_DEFAULT_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+        ]
+    }
+
+    /// Creates bucket `name` (moto takes a plain PUT of its path).
+    pub fn create_bucket(&self, name: &str) -> std::io::Result<()> {
+        let host = self.endpoint.trim_start_matches("http://");
+        let mut s = TcpStream::connect(host)?;
+        write!(s, "PUT /{name} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        if answer.lines().next().is_some_and(|l| l.contains(" 200 ")) {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("creating bucket {name}: {answer}")))
+        }
+    }
+}
+
+/// `scripts/moto_serial.py` of this source tree.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/moto_serial.py")
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

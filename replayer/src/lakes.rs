@@ -1,0 +1,93 @@
+//! The lake named on the command line: `--lake DIR|s3://BUCKET/PREFIX`
+//! with `--state dynamodb://TABLE` (required for an `s3://` lake; a local
+//! lake keeps its state in SQLite files under `DIR/_fovea` by default).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fovea_aws::catalog::DynamoCatalog;
+use fovea_aws::dynamo::DynamoState;
+use fovea_core::EngineConfig;
+use fovea_core::engine::METADATA_DIR;
+use fovea_core::location::{LakeBackends, OpenLake, OpenMode};
+use object_store::ObjectStore;
+
+use crate::replay::CliResult;
+
+/// `--lake`, `--state` and `--no-create`, as every lake command takes them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LakeArgs {
+    /// The lake: a directory, or s3://BUCKET/PREFIX.
+    #[arg(long)]
+    pub lake: String,
+    /// Where the lake's timestamps, lease and catalog live:
+    /// dynamodb://TABLE (required for an s3:// lake; a local lake keeps
+    /// them in SQLite files in its _fovea folder by default).
+    #[arg(long, env = "FOVEA_STATE")]
+    pub state: Option<String>,
+    /// Fail instead of creating a missing DynamoDB state table.
+    #[arg(long)]
+    pub no_create: bool,
+}
+
+impl LakeArgs {
+    /// A local lake directory with its embedded state.
+    pub fn local(dir: &Path) -> Self {
+        LakeArgs { lake: dir.display().to_string(), state: None, no_create: false }
+    }
+
+    /// The lake's directory, when it is local.
+    pub fn dir(&self) -> Option<PathBuf> {
+        (!self.lake.starts_with("s3://")).then(|| PathBuf::from(&self.lake))
+    }
+
+    /// The lake's backends.
+    pub fn backends(&self) -> CliResult<LakeBackends> {
+        let store: Arc<dyn ObjectStore> = match self.dir() {
+            None => fovea_aws::s3::s3_store(&self.lake)?,
+            Some(dir) => match &self.state {
+                None => return Ok(LakeBackends::local(&dir)?),
+                Some(_) => {
+                    std::fs::create_dir_all(&dir)?;
+                    Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&dir)?)
+                }
+            },
+        };
+        let state = self.state.as_deref().ok_or_else(|| {
+            format!("the lake {} needs --state dynamodb://TABLE (its timestamps, lease and catalog)", self.lake)
+        })?;
+        if !state.starts_with("dynamodb://") {
+            return Err(format!("--state {state}: expected dynamodb://TABLE").into());
+        }
+        let dynamo = DynamoState::connect(state, !self.no_create)?;
+        Ok(LakeBackends {
+            txn: Arc::new(dynamo.txn_store()),
+            catalog: Arc::new(DynamoCatalog::new(dynamo, Arc::clone(&store))),
+            store,
+        })
+    }
+
+    /// Opens the lake as its one writer (waiting for its lease).
+    pub fn open_write(&self, config: EngineConfig, lease: Duration) -> CliResult<OpenLake> {
+        Ok(fovea_core::location::open(self.backends()?, config, OpenMode::Write, lease)?)
+    }
+
+    /// Opens an existing lake for reading beside a possibly running
+    /// replayer; a local folder that is not a lake is an error (nothing is
+    /// created).
+    pub fn open_read(&self) -> CliResult<OpenLake> {
+        if let Some(dir) = self.dir()
+            && self.state.is_none()
+            && !dir.join(METADATA_DIR).is_dir()
+        {
+            return Err(format!("{} is not a fovea lake (no {METADATA_DIR} folder)", dir.display()).into());
+        }
+        Ok(fovea_core::location::open(
+            self.backends()?,
+            EngineConfig::default(),
+            OpenMode::Read,
+            fovea_core::lease::DEFAULT_LEASE_TTL,
+        )?)
+    }
+}

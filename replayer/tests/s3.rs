@@ -1,0 +1,149 @@
+//! The lake on S3 with its state on DynamoDB (a local moto), as a user runs
+//! it: pg-tiny replayed into `s3://…` equals PostgreSQL's tables, read back
+//! by fresh processes (`fovea export`, `fovea sql`, `fovea history`) with no
+//! local state, and equals the local-lake replay; a replay into S3 killed
+//! with SIGKILL several times and restarted ends exact.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use fovea_aws::moto::Moto;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
+}
+
+fn fovea(moto: &Moto) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
+    c.envs(moto.env());
+    c
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn gunzip(p: &Path) -> String {
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();
+    s
+}
+
+fn tables() -> Vec<String> {
+    std::fs::read_to_string(data().join("final_tables/row_counts.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+fn export(moto: &Moto, lake: &[&str], table: &str) -> String {
+    ok(fovea(moto).args(["export", "--table", table]).args(lake).output().unwrap())
+}
+
+#[test]
+fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let input = data().join("debezium_events.precise_schemas.jsonl.gz");
+    let s3 = ["--lake", "s3://lake/pg-tiny", "--state", "dynamodb://fovea-pg-tiny"];
+    let out = ok(fovea(&moto).arg("replay").args(s3).arg("--input").arg(&input).output().unwrap());
+    assert!(out.contains("replayed"), "{out}");
+
+    // Fresh processes, no local state: every table equals PostgreSQL's.
+    for t in tables() {
+        let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        assert_eq!(export(&moto, &s3, &t), expected, "{t}");
+    }
+    // And equals the same replay into a local lake.
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let local_args = ["--lake", local.to_str().unwrap()];
+    ok(fovea(&moto).arg("replay").args(local_args).arg("--input").arg(&input).output().unwrap());
+    for t in tables() {
+        assert_eq!(export(&moto, &s3, &t), export(&moto, &local_args, &t), "{t}");
+    }
+    let count = |lake: &[&str]| {
+        ok(fovea(&moto)
+            .args(["sql", "--format", "csv"])
+            .args(lake)
+            .arg("SELECT count(*) AS n, sum(abalance) AS s FROM public.pgbench_accounts")
+            .output()
+            .unwrap())
+    };
+    assert_eq!(count(&s3), count(&local_args));
+    let history = ok(fovea(&moto).args(["history", "--limit", "3"]).args(s3).output().unwrap());
+    assert!(history.contains("catalog operations") && history.contains("create table"), "{history}");
+    // Rerunning changes nothing.
+    let again = ok(fovea(&moto).arg("replay").args(s3).arg("--input").arg(&input).output().unwrap());
+    assert!(again.contains("replayed 0 transactions"), "{again}");
+
+    // Errors name what is wrong.
+    let err =
+        fovea(&moto).args(["export", "--table", "public.pgbench_accounts", "--lake", "s3://lake/x"]).output().unwrap();
+    assert!(!err.status.success());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("needs --state dynamodb://TABLE"));
+    let err = fovea(&moto)
+        .args(["export", "--table", "t", "--lake", "s3://no-such-bucket/x", "--state", "dynamodb://fovea-x"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&err.stderr).contains("s3://no-such-bucket/x"),
+        "{}",
+        String::from_utf8_lossy(&err.stderr)
+    );
+
+    // SIGKILL during a replay into S3, restarted each time: the same as an
+    // uninterrupted replay.
+    let stream = dir.path().join("stream.jsonl");
+    ok(fovea(&moto)
+        .args(["gen", "hybench", "--txns", "4000", "--seed", "5", "--output"])
+        .arg(&stream)
+        .output()
+        .unwrap());
+    let reference = dir.path().join("reference");
+    let reference_args = ["--lake", reference.to_str().unwrap()];
+    ok(fovea(&moto).arg("replay").args(reference_args).arg("--input").arg(&stream).output().unwrap());
+    let killed = ["--lake", "s3://lake/killed", "--state", "dynamodb://fovea-killed"];
+    let replay = || {
+        let mut c = fovea(&moto);
+        c.arg("replay").args(killed).arg("--input").arg(&stream).args(["--checkpoint-txns", "300"]);
+        c
+    };
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut kills = 0;
+    for _ in 0..20 {
+        let mut child = replay().stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
+        match child.try_wait().unwrap() {
+            None => {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+            }
+            Some(status) => {
+                let mut err = String::new();
+                child.stderr.as_mut().unwrap().read_to_string(&mut err).unwrap();
+                assert!(status.success(), "a restarted replay failed: {err}");
+                break;
+            }
+        }
+        if kills == 4 {
+            break;
+        }
+    }
+    assert!(kills >= 2, "the replay finished before it could be killed twice");
+    ok(replay().output().unwrap());
+    for t in ["hybench.account", "hybench.transfer"] {
+        assert_eq!(export(&moto, &killed, t), export(&moto, &reference_args, t), "{t}");
+    }
+}
