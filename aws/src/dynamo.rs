@@ -13,6 +13,8 @@
 //! a fenced writer from a stale one.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
@@ -39,6 +41,8 @@ pub(crate) const CLOCK: &str = "clock";
 pub struct DynamoState {
     pub(crate) client: Client,
     table: String,
+    /// Write requests sent (the cost driver), shared by clones.
+    writes: Arc<AtomicU64>,
 }
 
 /// The table named by a `dynamodb://TABLE` URL.
@@ -81,7 +85,7 @@ impl DynamoState {
                 .load()
                 .await
         })?;
-        let state = DynamoState { client: Client::new(&config), table };
+        let state = DynamoState { client: Client::new(&config), table, writes: Arc::default() };
         state.ensure_table(create)?;
         Ok(state)
     }
@@ -89,6 +93,18 @@ impl DynamoState {
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    /// Write requests sent so far (updates and transactions, each counted
+    /// once however many items it writes).
+    pub fn writes(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_write(&self) {
+        // Relaxed: a statistic.
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
     fn ensure_table(&self, create: bool) -> Result<()> {
@@ -182,6 +198,7 @@ impl DynamoState {
         condition: &str,
         values: Vec<(&str, AttributeValue)>,
     ) -> Result<std::result::Result<(), Item>> {
+        self.count_write();
         let (client, table, key) = (self.client.clone(), self.table.clone(), Self::key(pk, sk));
         let (update, condition) = (update.to_owned(), condition.to_owned());
         let values: Item = values.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();

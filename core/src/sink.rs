@@ -877,6 +877,8 @@ impl Sink {
         self.catalog.commit_checkpoint(self.engine.clock().epoch(), record.clone(), &self.history, &self.operations)?;
         let manifest = record.manifest;
         self.engine.checkpoint_committed(&manifest);
+        // Published for readers on other hosts (monotonic, fenced).
+        self.engine.clock().persist_watermarks()?;
         self.checkpointed_at = Some(resume);
         self.history.clear();
         self.operations.clear();

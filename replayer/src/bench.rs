@@ -332,8 +332,59 @@ pub fn components(sizes: ComponentSizes, json_out: bool) {
     }
 }
 
-/// `fovea bench replay`: generate, then replay into a fresh lake.
-pub fn replay(workload: crate::workload::Workload, txns: u64, json_out: bool) -> crate::replay::CliResult<()> {
+/// Where `fovea bench replay` replays besides the local baseline.
+pub struct RemoteLake {
+    /// `s3://BUCKET/PREFIX` (or a directory) of the lake to compare.
+    pub lake: String,
+    /// `dynamodb://TABLE` of its state.
+    pub state: Option<String>,
+}
+
+/// One measured replay.
+struct ReplayRun {
+    rows: u64,
+    txns: u64,
+    seconds: f64,
+    store: fovea_core::metered::StoreCounts,
+    dynamo_writes: Option<u64>,
+}
+
+fn replay_into(
+    lake: crate::lakes::LakeArgs,
+    input: &std::path::Path,
+    progress: bool,
+) -> crate::replay::CliResult<ReplayRun> {
+    let meter = Arc::new(fovea_core::metered::StoreMeter::default());
+    let (backends, dynamo) = lake.backends_metered(Some(Arc::clone(&meter)))?;
+    let args = crate::replay::ReplayArgs {
+        lake,
+        backends: Some(backends),
+        input: input.to_path_buf(),
+        format: fovea_core::cdc::InputFormat::Auto,
+        schema_file: None,
+        checkpoint_txns: 50_000,
+        shards: None,
+        lease: fovea_core::lease::DEFAULT_LEASE_TTL,
+        progress,
+    };
+    let summary = crate::replay::replay(&args)?;
+    Ok(ReplayRun {
+        rows: summary.stats.rows,
+        txns: summary.stats.applied,
+        seconds: summary.elapsed.as_secs_f64(),
+        store: meter.counts(),
+        dynamo_writes: dynamo.map(|d| d.writes()),
+    })
+}
+
+/// `fovea bench replay`: generate, then replay into a fresh local lake
+/// and, with `remote`, into a fresh lake there too (same stream, same run).
+pub fn replay(
+    workload: crate::workload::Workload,
+    txns: u64,
+    remote: Option<RemoteLake>,
+    json_out: bool,
+) -> crate::replay::CliResult<()> {
     let dir = std::env::temp_dir().join(format!("fovea-bench-replay-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let input = dir.join("stream.jsonl");
@@ -353,41 +404,68 @@ pub fn replay(workload: crate::workload::Workload, txns: u64, json_out: bool) ->
         records += 1;
     }
     let decode_s = started.elapsed().as_secs_f64();
-    let args = crate::replay::ReplayArgs {
-        lake: crate::lakes::LakeArgs::local(&dir.join("lake")),
-        input: input.clone(),
-        format: fovea_core::cdc::InputFormat::Auto,
-        schema_file: None,
-        checkpoint_txns: 50_000,
-        shards: None,
-        lease: fovea_core::lease::DEFAULT_LEASE_TTL,
-        progress: !json_out,
-    };
-    let summary = crate::replay::replay(&args)?;
-    let elapsed = summary.elapsed.as_secs_f64();
-    let rows_per_s = summary.stats.rows as f64 / elapsed;
-    let result = json!({
+    let local = replay_into(crate::lakes::LakeArgs::local(&dir.join("lake")), &input, !json_out)?;
+    let rows_per_s = local.rows as f64 / local.seconds;
+    let mut result = json!({
         "workload": format!("{workload:?}").to_lowercase(),
-        "txns": summary.stats.applied,
-        "rows": summary.stats.rows,
+        "txns": local.txns,
+        "rows": local.rows,
         "input_bytes": bytes,
-        "seconds": (elapsed * 1000.0).round() / 1000.0,
+        "seconds": (local.seconds * 1000.0).round() / 1000.0,
         "rows_per_s": rows_per_s.round(),
-        "txns_per_s": (summary.stats.applied as f64 / elapsed).round(),
-        "decode_share": ((decode_s / elapsed) * 1000.0).round() / 1000.0,
+        "txns_per_s": (local.txns as f64 / local.seconds).round(),
+        "decode_share": ((decode_s / local.seconds) * 1000.0).round() / 1000.0,
         "records": records,
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
+    if let Some(remote) = remote {
+        // A fresh lake and state table for this run.
+        let run = std::process::id();
+        let lake = crate::lakes::LakeArgs {
+            lake: format!("{}/bench-{run}", remote.lake.trim_end_matches('/')),
+            state: remote.state.map(|s| format!("{s}-bench-{run}")),
+            no_create: false,
+        };
+        let name = lake.lake.clone();
+        let r = replay_into(lake, &input, !json_out)?;
+        let remote_rows_per_s = r.rows as f64 / r.seconds;
+        let per_1000 = |n: u64| (n as f64 * 1000.0 / r.rows.max(1) as f64 * 100.0).round() / 100.0;
+        result["remote"] = json!({
+            "lake": name,
+            "rows_per_s": remote_rows_per_s.round(),
+            "over_local": ((remote_rows_per_s / rows_per_s) * 1000.0).round() / 1000.0,
+            "store_requests_per_1000_rows": per_1000(r.store.requests()),
+            "store_puts_per_1000_rows": per_1000(r.store.puts),
+            "store_gets_per_1000_rows": per_1000(r.store.gets),
+            "store_bytes_written": r.store.bytes_written,
+            "dynamodb_writes": r.dynamo_writes,
+            "dynamodb_writes_per_s": r.dynamo_writes.map(|w| (w as f64 / r.seconds * 100.0).round() / 100.0),
+        });
+        if r.rows != local.rows {
+            return Err(format!("the remote replay applied {} rows, the local one {}", r.rows, local.rows).into());
+        }
+    }
     std::fs::remove_dir_all(&dir)?;
     if json_out {
         println!("{result}");
     } else {
         println!(
-            "replayed {} rows in {} transactions in {elapsed:.2} s: {rows_per_s:.0} rows/s (decoding alone takes {:.0}% of that time)",
-            summary.stats.rows,
-            summary.stats.applied,
-            decode_s / elapsed * 100.0
+            "replayed {} rows in {} transactions in {:.2} s: {rows_per_s:.0} rows/s (decoding alone takes {:.0}% of that time)",
+            local.rows,
+            local.txns,
+            local.seconds,
+            decode_s / local.seconds * 100.0
         );
+        if let Some(r) = result.get("remote") {
+            println!(
+                "into {}: {} rows/s ({}× local), {} store requests per 1000 rows, {} DynamoDB writes/s",
+                r["lake"].as_str().unwrap_or(""),
+                r["rows_per_s"],
+                r["over_local"],
+                r["store_requests_per_1000_rows"],
+                r["dynamodb_writes_per_s"]
+            );
+        }
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use fovea_aws::dynamo::DynamoState;
 use fovea_core::EngineConfig;
 use fovea_core::engine::METADATA_DIR;
 use fovea_core::location::{LakeBackends, OpenLake, OpenMode};
+use fovea_core::metered::{MeteredStore, StoreMeter};
 use object_store::ObjectStore;
 
 use crate::replay::CliResult;
@@ -44,15 +45,30 @@ impl LakeArgs {
 
     /// The lake's backends.
     pub fn backends(&self) -> CliResult<LakeBackends> {
+        Ok(self.backends_metered(None)?.0)
+    }
+
+    /// The lake's backends, its object store counted in `meter`, and the
+    /// DynamoDB state when it has one (to count its writes).
+    pub fn backends_metered(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
         let store: Arc<dyn ObjectStore> = match self.dir() {
             None => fovea_aws::s3::s3_store(&self.lake)?,
-            Some(dir) => match &self.state {
-                None => return Ok(LakeBackends::local(&dir)?),
-                Some(_) => {
+            Some(dir) => match (&self.state, &meter) {
+                (None, None) => return Ok((LakeBackends::local(&dir)?, None)),
+                (None, Some(m)) => {
+                    let mut b = LakeBackends::local(&dir)?;
+                    b.store = Arc::new(MeteredStore::new(b.store, Arc::clone(m)));
+                    return Ok((b, None));
+                }
+                (Some(_), _) => {
                     std::fs::create_dir_all(&dir)?;
                     Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&dir)?)
                 }
             },
+        };
+        let store: Arc<dyn ObjectStore> = match meter {
+            Some(m) => Arc::new(MeteredStore::new(store, m)),
+            None => store,
         };
         let state = self.state.as_deref().ok_or_else(|| {
             format!("the lake {} needs --state dynamodb://TABLE (its timestamps, lease and catalog)", self.lake)
@@ -61,16 +77,17 @@ impl LakeArgs {
             return Err(format!("--state {state}: expected dynamodb://TABLE").into());
         }
         let dynamo = DynamoState::connect(state, !self.no_create)?;
-        Ok(LakeBackends {
+        let backends = LakeBackends {
             txn: Arc::new(dynamo.txn_store()),
-            catalog: Arc::new(DynamoCatalog::new(dynamo, Arc::clone(&store))),
+            catalog: Arc::new(DynamoCatalog::new(dynamo.clone(), Arc::clone(&store))),
             store,
-        })
+        };
+        Ok((backends, Some(dynamo)))
     }
 
     /// Opens the lake as its one writer (waiting for its lease).
     pub fn open_write(&self, config: EngineConfig, lease: Duration) -> CliResult<OpenLake> {
-        Ok(fovea_core::location::open(self.backends()?, config, OpenMode::Write, lease)?)
+        open_write(self.backends()?, config, lease)
     }
 
     /// Opens an existing lake for reading beside a possibly running
@@ -90,4 +107,9 @@ impl LakeArgs {
             fovea_core::lease::DEFAULT_LEASE_TTL,
         )?)
     }
+}
+
+/// Opens the lake of `backends` as its one writer (waiting for its lease).
+pub fn open_write(backends: LakeBackends, config: EngineConfig, lease: Duration) -> CliResult<OpenLake> {
+    Ok(fovea_core::location::open(backends, config, OpenMode::Write, lease)?)
 }

@@ -214,6 +214,13 @@ enum BenchCommand {
         /// Transactions.
         #[arg(long, default_value_t = 200_000)]
         txns: u64,
+        /// Also replay into this lake (s3://BUCKET/PREFIX; a fresh prefix
+        /// per run) and compare with the local lake of the same run.
+        #[arg(long)]
+        lake: Option<String>,
+        /// The state of --lake: dynamodb://TABLE (a fresh table per run).
+        #[arg(long)]
+        state: Option<String>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -232,6 +239,7 @@ fn main() -> ExitCode {
             serve::lease_time(lease_secs).and_then(|lease| {
                 let args = replay::ReplayArgs {
                     lake,
+                    backends: None,
                     input,
                     format,
                     schema_file,
@@ -306,7 +314,9 @@ fn main() -> ExitCode {
             };
             result.map_err(Into::into)
         }
-        Command::Bench { which: BenchCommand::Replay { workload, txns, json } } => bench::replay(workload, txns, json),
+        Command::Bench { which: BenchCommand::Replay { workload, txns, lake, state, json } } => {
+            bench::replay(workload, txns, lake.map(|lake| bench::RemoteLake { lake, state }), json)
+        }
         Command::Bench { which: BenchCommand::Freshness { rate, seconds, json } } => {
             bench::freshness(rate, seconds, json)
         }

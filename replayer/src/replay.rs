@@ -20,6 +20,8 @@ pub type CliResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 pub struct ReplayArgs {
     /// The lake.
     pub lake: crate::lakes::LakeArgs,
+    /// Backends already made for `lake` (benchmarks count their traffic).
+    pub backends: Option<fovea_core::location::LakeBackends>,
     /// Input file, or `-`.
     pub input: PathBuf,
     /// Input format.
@@ -58,7 +60,10 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }
-    let lake = args.lake.open_write(config, args.lease)?;
+    let lake = match &args.backends {
+        Some(b) => crate::lakes::open_write(b.clone(), config, args.lease)?,
+        None => args.lake.open_write(config, args.lease)?,
+    };
     let input_name = if args.input == Path::new("-") {
         "-".to_owned()
     } else {
