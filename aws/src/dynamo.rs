@@ -27,7 +27,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use fovea_core::lake::block_on_io;
-use fovea_core::mvcc::{Lease, PersistedClock, TxnStore};
+use fovea_core::mvcc::{Lease, PersistedClock, ReaderLease, TxnStore};
 use fovea_core::{Error, Result, Ts};
 
 /// An item, as the SDK returns it.
@@ -35,6 +35,9 @@ pub(crate) type Item = HashMap<String, AttributeValue>;
 
 /// The partition key of the clock item (and its sort key).
 pub(crate) const CLOCK: &str = "clock";
+
+/// The partition of reader registrations (sort key: the reader's id).
+const READER: &str = "reader";
 
 /// A lake's state table on DynamoDB.
 #[derive(Clone, Debug)]
@@ -450,6 +453,60 @@ impl TxnStore for DynamoTxnStore {
                     Error::Regression { what: "LWM", current: clock.lwm.get(), proposed: lwm.get() }
                 }
             })?),
+        }
+    }
+
+    fn register_reader(&self, id: &str, qts: Ts, expires_us: i64) -> Result<()> {
+        let mut item = DynamoState::key(READER, id);
+        item.insert("qts".into(), n(qts.get()));
+        item.insert("expires_us".into(), ni(expires_us));
+        self.state.count_write();
+        let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
+        block_on_io(async move { client.put_item().table_name(table).set_item(Some(item)).send().await })?
+            .map(|_| ())
+            .map_err(|e| backend_error("PutItem", &format!("{}/{READER}/{id}", self.state.table()), describe(&e)))
+    }
+
+    fn deregister_reader(&self, id: &str) -> Result<()> {
+        self.state.count_write();
+        let (client, table, key) =
+            (self.state.client.clone(), self.state.table().to_owned(), DynamoState::key(READER, id));
+        block_on_io(async move { client.delete_item().table_name(table).set_key(Some(key)).send().await })?
+            .map(|_| ())
+            .map_err(|e| backend_error("DeleteItem", &format!("{}/{READER}/{id}", self.state.table()), describe(&e)))
+    }
+
+    fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
+        let mut out = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let (client, table, start_key) = (self.state.client.clone(), self.state.table().to_owned(), start.take());
+            let page = block_on_io(async move {
+                client
+                    .query()
+                    .table_name(table)
+                    .consistent_read(true)
+                    .key_condition_expression("pk = :pk")
+                    .expression_attribute_values(":pk", AttributeValue::S(READER.into()))
+                    .set_exclusive_start_key(start_key)
+                    .send()
+                    .await
+            })?
+            .map_err(|e| backend_error("Query", &format!("{}/{READER}", self.state.table()), describe(&e)))?;
+            for item in page.items() {
+                let expires_us = num_i(item, "expires_us")?;
+                if expires_us > now_us {
+                    let id = match item.get("sk") {
+                        Some(AttributeValue::S(s)) => s.clone(),
+                        _ => String::new(),
+                    };
+                    out.push(ReaderLease { id, qts: Ts(num(item, "qts")?), expires_us });
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(out),
+            }
         }
     }
 }

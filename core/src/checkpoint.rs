@@ -576,6 +576,11 @@ impl Engine {
 
     /// Deletes checkpoint objects that `current` does not name.
     pub fn drop_old_checkpoints(&self, current: &Manifest) -> Result<usize> {
+        // A reader on another host still restoring an older checkpoint
+        // keeps it (and every one after it) until it is done.
+        if self.refresh_readers()?.is_some_and(|q| q.get() < current.checkpoint_ts) {
+            return Ok(0);
+        }
         let mut named = HashSet::new();
         for s in &current.shards {
             named.insert(s.index.clone());

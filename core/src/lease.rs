@@ -1,4 +1,5 @@
-//! The writer's lease on a lake: one replayer at a time.
+//! Leases on a lake: the writer's (one replayer at a time), and readers'
+//! registrations (a query on another host keeps what it reads).
 //!
 //! ```text
 //!  acquire ─▶ granted (epoch e) ─▶ renew every ttl/3 ─▶ … ─▶ release on drop
@@ -172,6 +173,86 @@ impl Drop for LeaseKeeper {
             && let Err(e) = self.shared.store.release_lease(self.shared.epoch)
         {
             tracing::warn!(error = %e, "releasing the lake's lease failed (the next replayer waits for it to expire)");
+        }
+    }
+}
+
+/// A reader's registration: the snapshot it reads, renewed on a thread
+/// until dropped, so the writer keeps the objects of that snapshot (and a
+/// reader that dies stops holding them once the registration lapses).
+pub struct ReaderRegistration {
+    shared: Arc<ReaderShared>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+struct ReaderShared {
+    store: Arc<dyn TxnStore>,
+    id: String,
+    qts: AtomicU64,
+    ttl: Duration,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl ReaderShared {
+    fn register(&self) -> Result<()> {
+        // Relaxed: the value itself is the message.
+        let qts = crate::Ts(self.qts.load(Ordering::Relaxed));
+        self.store.register_reader(&self.id, qts, now_us() + self.ttl.as_micros() as i64)
+    }
+}
+
+impl ReaderRegistration {
+    /// Registers this process as a reader of `store`'s lake at snapshot 0
+    /// (keeping everything) until [`Self::set_qts`] names what it reads.
+    pub fn register(store: Arc<dyn TxnStore>, ttl: Duration) -> Result<Self> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        // Relaxed: only uniqueness matters.
+        let id = format!("{}/{}", owner_id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let shared = Arc::new(ReaderShared {
+            store,
+            id,
+            qts: AtomicU64::new(0),
+            ttl,
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        shared.register()?;
+        let renewer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new().name("fovea-reader".into()).spawn(move || {
+                let mut stop = lock(&shared.stop);
+                loop {
+                    stop = shared.wake.wait_timeout(stop, shared.ttl / 3).unwrap_or_else(|p| p.into_inner()).0;
+                    if *stop {
+                        return;
+                    }
+                    if let Err(e) = shared.register() {
+                        tracing::warn!(error = %e, "renewing this reader's registration failed; retrying");
+                    }
+                }
+            })?
+        };
+        Ok(ReaderRegistration { shared, renewer: Some(renewer) })
+    }
+
+    /// Names the snapshot this reader reads from now on.
+    pub fn set_qts(&self, qts: crate::Ts) -> Result<()> {
+        // Relaxed: see `ReaderShared::register`.
+        self.shared.qts.store(qts.get(), Ordering::Relaxed);
+        self.shared.register()
+    }
+}
+
+impl Drop for ReaderRegistration {
+    fn drop(&mut self) {
+        *lock(&self.shared.stop) = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.renewer.take() {
+            let _ = t.join();
+        }
+        if let Err(e) = self.shared.store.deregister_reader(&self.shared.id) {
+            tracing::warn!(error = %e, "ending this reader's registration failed (it lapses by itself)");
         }
     }
 }

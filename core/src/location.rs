@@ -9,7 +9,9 @@
 //!
 //! Opening for writing takes the lease first (waiting while a live
 //! replayer holds it): the checkpoint read after it is then the newest one,
-//! and no replayer that lost the lake can commit another.
+//! and no replayer that lost the lake can commit another. Opening for
+//! reading registers the reader first (see [`ReaderRegistration`]), so the
+//! writer keeps the checkpoint and files it reads.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -21,7 +23,7 @@ use object_store::ObjectStore;
 use crate::catalog::{Catalog, CheckpointRecord, SqliteCatalog};
 use crate::engine::{Engine, EngineConfig, METADATA_DIR};
 use crate::error::Result;
-use crate::lease::{DEFAULT_LEASE_TTL, LeaseKeeper};
+use crate::lease::{DEFAULT_LEASE_TTL, LeaseKeeper, ReaderRegistration};
 use crate::mvcc::{Clock, SqliteTxnStore, TxnStore};
 
 /// The backends of one lake.
@@ -59,6 +61,8 @@ pub struct OpenLake {
     pub checkpoint: Option<CheckpointRecord>,
     /// The lease a writer holds (renewed until dropped).
     pub lease: Option<LeaseKeeper>,
+    /// A reader's registration: the writer keeps what it reads.
+    pub reader: Option<ReaderRegistration>,
 }
 
 /// How a lake is opened.
@@ -85,11 +89,16 @@ pub fn open_lake_with(dir: &Path, config: EngineConfig, mode: OpenMode, lease_tt
 /// Opens the lake of `backends`; a writer's lease lasts `lease_ttl`.
 pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_ttl: Duration) -> Result<OpenLake> {
     let LakeBackends { store, txn, catalog } = backends;
-    let lease = match mode {
-        OpenMode::Write => Some(LeaseKeeper::acquire(Arc::clone(&txn), lease_ttl)?),
-        OpenMode::Read => None,
+    let (lease, reader) = match mode {
+        OpenMode::Write => (Some(LeaseKeeper::acquire(Arc::clone(&txn), lease_ttl)?), None),
+        // Registered before the catalog is read, so the writer cannot drop
+        // the checkpoint this reader is about to restore.
+        OpenMode::Read => (None, Some(ReaderRegistration::register(Arc::clone(&txn), lease_ttl)?)),
     };
     let checkpoint = catalog.latest_checkpoint()?;
+    if let (Some(r), Some(c)) = (&reader, &checkpoint) {
+        r.set_qts(crate::Ts(c.manifest.checkpoint_ts))?;
+    }
     let clock = Clock::open(txn)?;
     if let Some(l) = &lease {
         clock.set_epoch(l.epoch());
@@ -119,5 +128,5 @@ pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_
     {
         engine.note_source_commit(h.ts, us);
     }
-    Ok(OpenLake { engine, catalog, checkpoint, lease })
+    Ok(OpenLake { engine, catalog, checkpoint, lease, reader })
 }

@@ -60,6 +60,13 @@ pub struct Lease {
 ///   agree within a fraction of the lease time; safety never depends on it
 ///   (the epoch fences a holder that outlived its lease).
 ///
+/// * **Readers**: a query on another host registers the snapshot it reads
+///   ([`register_reader`](TxnStore::register_reader)) with an expiry it
+///   keeps renewing; [`readers`](TxnStore::readers) lists the unexpired
+///   ones, so the writer keeps what they read, and a dead reader stops
+///   holding anything back once its registration expires. Readers are not
+///   fenced (they write nothing of the lake).
+///
 /// The embedded implementation is [`SqliteTxnStore`]; the AWS one uses
 /// DynamoDB conditional writes with the same contract. Every implementation
 /// passes `conformance::check` (this module's tests).
@@ -79,6 +86,24 @@ pub trait TxnStore: Send + Sync {
     fn reserve(&self, epoch: u64, from: Ts, upto: Ts) -> Result<()>;
     /// Durably raises HWM and LWM.
     fn save_watermarks(&self, epoch: u64, hwm: Ts, lwm: Ts) -> Result<()>;
+    /// Registers (or renews) reader `id` reading snapshot `qts` until
+    /// `expires_us`.
+    fn register_reader(&self, id: &str, qts: Ts, expires_us: i64) -> Result<()>;
+    /// Ends reader `id`'s registration (a missing one is no error).
+    fn deregister_reader(&self, id: &str) -> Result<()>;
+    /// The readers registered and not expired at `now_us`.
+    fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>>;
+}
+
+/// A query on another host, registered with the snapshot it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderLease {
+    /// Who reads.
+    pub id: String,
+    /// The snapshot it reads (the checkpoint ts of what it restored).
+    pub qts: Ts,
+    /// When the registration lapses unless renewed, µs since the epoch.
+    pub expires_us: i64,
 }
 
 fn check_monotonic(what: &'static str, current: Ts, proposed: Ts) -> Result<()> {
@@ -126,6 +151,7 @@ fn check_reservation(current: Ts, from: Ts, upto: Ts) -> Result<()> {
 #[derive(Debug, Default)]
 pub struct MemoryTxnStore {
     state: Mutex<(PersistedClock, Option<Lease>)>,
+    readers: Mutex<std::collections::BTreeMap<String, ReaderLease>>,
 }
 
 impl MemoryTxnStore {
@@ -186,6 +212,20 @@ impl TxnStore for MemoryTxnStore {
         s.0.lwm = lwm;
         Ok(())
     }
+
+    fn register_reader(&self, id: &str, qts: Ts, expires_us: i64) -> Result<()> {
+        lock(&self.readers).insert(id.to_owned(), ReaderLease { id: id.to_owned(), qts, expires_us });
+        Ok(())
+    }
+
+    fn deregister_reader(&self, id: &str) -> Result<()> {
+        lock(&self.readers).remove(id);
+        Ok(())
+    }
+
+    fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
+        Ok(lock(&self.readers).values().filter(|r| r.expires_us > now_us).cloned().collect())
+    }
 }
 
 /// Opens (creating the folder) a SQLite file for metadata that must
@@ -225,6 +265,10 @@ impl SqliteTxnStore {
                 lwm INTEGER NOT NULL
              );
              INSERT OR IGNORE INTO clock (id, reserved, hwm, lwm) VALUES (0, 0, 0, 0);",
+        )?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS readers (
+                id TEXT PRIMARY KEY, qts INTEGER NOT NULL, expires_us INTEGER NOT NULL);",
         )?;
         // Lakes written before leases lack the lease columns.
         let has_lease = conn.prepare("SELECT 1 FROM pragma_table_info('clock') WHERE name = 'epoch'")?.exists([])?;
@@ -333,6 +377,32 @@ impl TxnStore for SqliteTxnStore {
             Ok(())
         })
     }
+
+    fn register_reader(&self, id: &str, qts: Ts, expires_us: i64) -> Result<()> {
+        let conn = lock(&self.conn);
+        conn.execute(
+            "INSERT INTO readers (id, qts, expires_us) VALUES (?1, ?2, ?3)
+             ON CONFLICT (id) DO UPDATE SET qts = excluded.qts, expires_us = excluded.expires_us",
+            params![id, qts.get() as i64, expires_us],
+        )?;
+        // Registrations lapsed long ago are nobody's.
+        conn.execute("DELETE FROM readers WHERE expires_us < ?1", params![expires_us - 3_600_000_000])?;
+        Ok(())
+    }
+
+    fn deregister_reader(&self, id: &str) -> Result<()> {
+        lock(&self.conn).execute("DELETE FROM readers WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
+    fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
+        let conn = lock(&self.conn);
+        let mut stmt = conn.prepare("SELECT id, qts, expires_us FROM readers WHERE expires_us > ?1 ORDER BY id")?;
+        let rows = stmt.query_map(params![now_us], |r| {
+            Ok(ReaderLease { id: r.get(0)?, qts: Ts(r.get::<_, i64>(1)? as u64), expires_us: r.get(2)? })
+        })?;
+        Ok(rows.collect::<std::result::Result<_, _>>()?)
+    }
 }
 
 /// The conformance suite every [`TxnStore`] passes (public so that stores
@@ -340,7 +410,7 @@ impl TxnStore for SqliteTxnStore {
 pub mod conformance {
     use std::sync::Arc;
 
-    use super::{Lease, PersistedClock, TxnStore};
+    use super::{Lease, PersistedClock, ReaderLease, TxnStore};
     use crate::error::Error;
     use crate::ids::Ts;
 
@@ -350,6 +420,26 @@ pub mod conformance {
         values_and_monotonicity(new().as_ref());
         leases_and_fencing(new().as_ref());
         concurrent_reservations_never_overlap(new());
+        readers_register_renew_and_expire(new().as_ref());
+    }
+
+    fn readers_register_renew_and_expire(store: &dyn TxnStore) {
+        assert!(store.readers(0).unwrap().is_empty());
+        store.register_reader("a", Ts(5), 1_000).unwrap();
+        store.register_reader("b", Ts(3), 2_000).unwrap();
+        let r = |id: &str, qts, expires_us| ReaderLease { id: id.into(), qts: Ts(qts), expires_us };
+        assert_eq!(store.readers(500).unwrap(), vec![r("a", 5, 1_000), r("b", 3, 2_000)]);
+        // Expired: no longer listed; renewed: listed again.
+        assert_eq!(store.readers(1_500).unwrap(), vec![r("b", 3, 2_000)]);
+        store.register_reader("a", Ts(6), 3_000).unwrap();
+        assert_eq!(store.readers(1_500).unwrap(), vec![r("a", 6, 3_000), r("b", 3, 2_000)]);
+        store.deregister_reader("b").unwrap();
+        store.deregister_reader("b").unwrap();
+        assert_eq!(store.readers(1_500).unwrap(), vec![r("a", 6, 3_000)]);
+        // Readers write nothing of the lake: a lease does not fence them.
+        store.acquire_lease("w", 1_000, 0, None).unwrap();
+        store.register_reader("c", Ts(1), 5_000).unwrap();
+        assert_eq!(store.readers(4_000).unwrap().len(), 1);
     }
 
     fn values_and_monotonicity(store: &dyn TxnStore) {

@@ -6,4 +6,5 @@ mod model;
 mod oracle;
 mod parquet_roundtrip;
 mod range_reads;
+mod readers;
 mod sink;
