@@ -97,41 +97,14 @@ impl DynamoCatalog {
         format!("{}/{pk}/{sk}", self.state.table())
     }
 
-    /// Items of partition `pk` with sort keys above `after` (all with
-    /// `None`), ascending or newest first, up to `limit`.
-    fn query(&self, pk: &str, after: Option<&str>, newest_first: bool, limit: Option<usize>) -> Result<Vec<Item>> {
+    /// Every item of partition `pk` with a sort key above `after`, ascending.
+    fn query(&self, pk: &str, after: Option<&str>) -> Result<Vec<Item>> {
         let mut out = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
-            let (pk_owned, after_owned, start_key) = (pk.to_owned(), after.map(str::to_owned), start.take());
-            let page = block_on_io(async move {
-                let mut q = client
-                    .query()
-                    .table_name(table)
-                    .consistent_read(true)
-                    .scan_index_forward(!newest_first)
-                    .expression_attribute_values(":pk", AttributeValue::S(pk_owned))
-                    .set_exclusive_start_key(start_key);
-                q = match after_owned {
-                    Some(a) => q
-                        .key_condition_expression("pk = :pk AND sk > :after")
-                        .expression_attribute_values(":after", AttributeValue::S(a)),
-                    None => q.key_condition_expression("pk = :pk"),
-                };
-                q.send().await
-            })?
-            .map_err(|e| backend_error("Query", &self.key_str(pk, "*"), describe(&e)))?;
-            out.extend(page.items().iter().cloned());
-            if limit.is_some_and(|l| out.len() >= l) {
-                out.truncate(limit.unwrap_or(usize::MAX));
-                return Ok(out);
-            }
-            match page.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => return Ok(out),
-            }
-        }
+        self.state.visit(pk, after, false, |item| {
+            out.push(item.clone());
+            Ok(true)
+        })?;
+        Ok(out)
     }
 
     /// The payload of a version item (inline or in the lake).
@@ -150,39 +123,10 @@ impl DynamoCatalog {
 
     /// Versions newest first, with their payloads, while `more` says so.
     fn newest_payloads(&self, mut more: impl FnMut(u64, Payload) -> bool) -> Result<()> {
-        let mut after: Option<String> = None;
-        loop {
-            // Pages of 64, newest first: a query with `sk < before`.
-            let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
-            let before = after.clone();
-            let page = block_on_io(async move {
-                let mut q = client
-                    .query()
-                    .table_name(table)
-                    .consistent_read(true)
-                    .scan_index_forward(false)
-                    .limit(64)
-                    .expression_attribute_values(":pk", AttributeValue::S("version".into()));
-                q = match before {
-                    Some(b) => q
-                        .key_condition_expression("pk = :pk AND sk < :before")
-                        .expression_attribute_values(":before", AttributeValue::S(b)),
-                    None => q.key_condition_expression("pk = :pk"),
-                };
-                q.send().await
-            })?
-            .map_err(|e| backend_error("Query", &self.key_str("version", "*"), describe(&e)))?;
-            if page.items().is_empty() {
-                return Ok(());
-            }
-            for item in page.items() {
-                after = string(item, "sk");
-                let (version, payload) = self.payload(item)?;
-                if !more(version, payload) {
-                    return Ok(());
-                }
-            }
-        }
+        self.state.visit("version", None, true, |item| {
+            let (version, payload) = self.payload(item)?;
+            Ok(more(version, payload))
+        })
     }
 
     /// Stores `text` inline under `attr`, or in the lake under
@@ -269,7 +213,7 @@ impl Catalog for DynamoCatalog {
     }
 
     fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>> {
-        self.query("version", Some(&version_key(after)), false, None)?
+        self.query("version", Some(&version_key(after)))?
             .iter()
             .map(|item| {
                 let version = num(item, "version")?;
@@ -433,7 +377,7 @@ impl Catalog for DynamoCatalog {
                 true
             })?;
         }
-        for item in self.query("snapshot", None, false, None)? {
+        for item in self.query("snapshot", None)? {
             if let Some(id) = string(&item, "sk") {
                 out.insert(id);
             }

@@ -191,6 +191,50 @@ impl DynamoState {
         .map_err(|e| backend_error("GetItem", &format!("{}/{pk}/{sk}", self.table), describe(&e)))
     }
 
+    /// Visits the items of partition `pk` (with sort keys above `after`,
+    /// when given), ascending or newest first, page by page, while `visit`
+    /// says so.
+    pub(crate) fn visit(
+        &self,
+        pk: &str,
+        after: Option<&str>,
+        newest_first: bool,
+        mut visit: impl FnMut(&Item) -> Result<bool>,
+    ) -> Result<()> {
+        let mut start: Option<Item> = None;
+        loop {
+            let (client, table) = (self.client.clone(), self.table.clone());
+            let (pk_owned, after_owned, start_key) = (pk.to_owned(), after.map(str::to_owned), start.take());
+            let page = block_on_io(async move {
+                let mut q = client
+                    .query()
+                    .table_name(table)
+                    .consistent_read(true)
+                    .scan_index_forward(!newest_first)
+                    .limit(64)
+                    .expression_attribute_values(":pk", AttributeValue::S(pk_owned))
+                    .set_exclusive_start_key(start_key);
+                q = match after_owned {
+                    Some(a) => q
+                        .key_condition_expression("pk = :pk AND sk > :after")
+                        .expression_attribute_values(":after", AttributeValue::S(a)),
+                    None => q.key_condition_expression("pk = :pk"),
+                };
+                q.send().await
+            })?
+            .map_err(|e| backend_error("Query", &format!("{}/{pk}/*", self.table), describe(&e)))?;
+            for item in page.items() {
+                if !visit(item)? {
+                    return Ok(());
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(()),
+            }
+        }
+    }
+
     /// One conditional `UpdateItem`: `Ok(Ok(()))` when written,
     /// `Ok(Err(item))` when the condition failed (the item as it is).
     fn update(
@@ -478,35 +522,17 @@ impl TxnStore for DynamoTxnStore {
 
     fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
         let mut out = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let (client, table, start_key) = (self.state.client.clone(), self.state.table().to_owned(), start.take());
-            let page = block_on_io(async move {
-                client
-                    .query()
-                    .table_name(table)
-                    .consistent_read(true)
-                    .key_condition_expression("pk = :pk")
-                    .expression_attribute_values(":pk", AttributeValue::S(READER.into()))
-                    .set_exclusive_start_key(start_key)
-                    .send()
-                    .await
-            })?
-            .map_err(|e| backend_error("Query", &format!("{}/{READER}", self.state.table()), describe(&e)))?;
-            for item in page.items() {
-                let expires_us = num_i(item, "expires_us")?;
-                if expires_us > now_us {
-                    let id = match item.get("sk") {
-                        Some(AttributeValue::S(s)) => s.clone(),
-                        _ => String::new(),
-                    };
-                    out.push(ReaderLease { id, qts: Ts(num(item, "qts")?), expires_us });
-                }
+        self.state.visit(READER, None, false, |item| {
+            let expires_us = num_i(item, "expires_us")?;
+            if expires_us > now_us {
+                let id = match item.get("sk") {
+                    Some(AttributeValue::S(s)) => s.clone(),
+                    _ => String::new(),
+                };
+                out.push(ReaderLease { id, qts: Ts(num(item, "qts")?), expires_us });
             }
-            match page.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => return Ok(out),
-            }
-        }
+            Ok(true)
+        })?;
+        Ok(out)
     }
 }

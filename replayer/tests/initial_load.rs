@@ -5,9 +5,12 @@
 //! process exits, from fresh processes (`fovea sql`, `fovea export`); then
 //! the same load as one file per table; then a re-snapshot.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output};
+
+use common::{fovea, ok};
 
 const SCHEMA: &str = "CREATE TABLE public.checking (id bigint PRIMARY KEY, owner text, balance bigint);
 CREATE TABLE public.savings (id bigint PRIMARY KEY, owner text, balance bigint);
@@ -16,20 +19,6 @@ CREATE TABLE public.audit (id bigint PRIMARY KEY, owner text, balance bigint);";
 
 /// The load: `checking` alone fills the first chunk.
 const LOAD: [(&str, i64); 3] = [("checking", 70_000), ("savings", 10_000), ("transfer", 80_000)];
-
-fn fovea() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fovea"))
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// Writes snapshot records of `tables` (balance = id + `bump`) to `path`.
 fn write_load(path: &Path, tables: &[(&str, i64)], ts_ms: i64, bump: i64) {

@@ -2,50 +2,20 @@
 //! (tests/data/pg-tiny, captured under pgbench and a TPC-C-style load):
 //! every table must equal what PostgreSQL itself reported at the end.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::Path;
+use std::process::Output;
+
+use common::{fovea, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_core::cdc::types::{parse_date, parse_decimal, parse_timestamp};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
-}
-
-fn fovea() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fovea"))
-}
 
 fn replay(lake: &Path, input: &Path, extra: &[&str]) -> Output {
     fovea().arg("replay").arg("--lake").arg(lake).arg("--input").arg(input).args(extra).output().unwrap()
 }
 
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn export(lake: &Path, table: &str) -> String {
     ok(fovea().args(["export", "--format", "csv", "--table", table, "--lake"]).arg(lake).output().unwrap())
-}
-
-fn gunzip(p: &Path) -> String {
-    let mut s = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();
-    s
-}
-
-fn tables() -> Vec<String> {
-    std::fs::read_to_string(data().join("final_tables/row_counts.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| l.split_whitespace().next().unwrap().to_owned())
-        .collect()
 }
 
 fn expected(table: &str) -> String {

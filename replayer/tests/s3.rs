@@ -4,46 +4,20 @@
 //! local state, and equals the local-lake replay; a replay into S3 killed
 //! with SIGKILL several times and restarted ends exact.
 
+mod common;
+
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_aws::moto::Moto;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
-}
 
 fn fovea(moto: &Moto) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
     c.envs(moto.env());
     c
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn gunzip(p: &Path) -> String {
-    let mut s = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();
-    s
-}
-
-fn tables() -> Vec<String> {
-    std::fs::read_to_string(data().join("final_tables/row_counts.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| l.split_whitespace().next().unwrap().to_owned())
-        .collect()
 }
 
 fn export(moto: &Moto, lake: &[&str], table: &str) -> String {

@@ -146,20 +146,21 @@ fn multi_table_load_over_many_chunks_survives_the_process() {
     }
 }
 
+/// Loads each table of [`LOAD`] from a file of its own; each replay must
+/// count `(applied, skipped)`.
+fn load_one_file_per_table(dir: &Path, each: (u64, u64)) {
+    for (i, table) in LOAD.iter().enumerate() {
+        let run = snapshot_run(&[*table], 1_700_000_000_000, |id| id);
+        let stats = replay(dir, &format!("file-{i}"), &run, config(1000), 2);
+        assert_eq!((stats.applied, stats.skipped), each, "{}", table.0);
+    }
+}
+
 #[test]
 fn one_file_per_table_is_one_load_each() {
     let dir = tempfile::tempdir().unwrap();
-    for (i, table) in LOAD.iter().enumerate() {
-        // Every file starts at byte 0: the same position as the others.
-        let stats = replay(
-            dir.path(),
-            &format!("file-{i}"),
-            &snapshot_run(&[*table], 1_700_000_000_000, |id| id),
-            config(1000),
-            2,
-        );
-        assert_eq!((stats.applied, stats.skipped), (1, 0), "{}", table.0);
-    }
+    // Every file starts at byte 0: the same position as the others.
+    load_one_file_per_table(dir.path(), (1, 0));
     assert_same(&tables(dir.path()), &expect(&LOAD, |id| id));
 }
 
@@ -239,15 +240,6 @@ fn a_table_loaded_alone_then_inside_a_bigger_load_is_applied_once() {
     want.get_mut("public.checking").unwrap().insert(1, 111);
     assert_same(&tables(dir.path()), &want);
     // And every table again, one file each: all skipped.
-    for (i, table) in LOAD.iter().enumerate() {
-        let stats = replay(
-            dir.path(),
-            &format!("file-{i}"),
-            &snapshot_run(&[*table], 1_700_000_000_000, |id| id),
-            config(1000),
-            2,
-        );
-        assert_eq!((stats.applied, stats.skipped), (0, 1), "{}", table.0);
-    }
+    load_one_file_per_table(dir.path(), (0, 1));
     assert_same(&tables(dir.path()), &want);
 }

@@ -12,6 +12,40 @@ pub fn fovea() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fovea"))
 }
 
+/// The stdout of a command that must have succeeded (else both streams in
+/// the panic).
+pub fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The text of a gzip file.
+pub fn gunzip(p: &Path) -> String {
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();
+    s
+}
+
+/// The pg-tiny data set: a change stream captured from PostgreSQL 15 and
+/// the tables PostgreSQL reported at the end.
+pub fn pg_tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
+}
+
+/// pg-tiny's tables, `schema.table`.
+pub fn pg_tiny_tables() -> Vec<String> {
+    std::fs::read_to_string(pg_tiny().join("final_tables/row_counts.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
