@@ -48,6 +48,12 @@ impl LakeArgs {
         Ok(self.backends_metered(None)?.0)
     }
 
+    /// The backends of a lake that must exist already: a reader creates
+    /// nothing (a missing state table is an error naming it).
+    fn existing_backends(&self) -> CliResult<LakeBackends> {
+        LakeArgs { no_create: true, ..self.clone() }.backends()
+    }
+
     /// The lake's backends, its object store counted in `meter`, and the
     /// DynamoDB state when it has one (to count its writes).
     pub fn backends_metered(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
@@ -101,7 +107,7 @@ impl LakeArgs {
             return Err(format!("{} is not a fovea lake (no {METADATA_DIR} folder)", dir.display()).into());
         }
         Ok(fovea_core::location::open(
-            self.backends()?,
+            self.existing_backends()?,
             EngineConfig::default(),
             OpenMode::Read,
             fovea_core::lease::DEFAULT_LEASE_TTL,

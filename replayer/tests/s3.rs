@@ -75,6 +75,16 @@ fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
         "{}",
         String::from_utf8_lossy(&err.stderr)
     );
+    // A reader creates nothing: a state table that does not exist is named.
+    let err = fovea(&moto)
+        .args(["export", "--table", "t", "--lake", "s3://lake/other", "--state", "dynamodb://fovea-nothing-here"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(
+        !err.status.success() && stderr.contains("fovea-nothing-here") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
 
     // SIGKILL during a replay into S3, restarted each time: the same as an
     // uninterrupted replay.
