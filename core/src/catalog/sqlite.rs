@@ -56,7 +56,8 @@ impl SqliteCatalog {
              CREATE TABLE IF NOT EXISTS history (
                  ts INTEGER PRIMARY KEY, source_txid TEXT NOT NULL, commit_us INTEGER,
                  tables TEXT NOT NULL, rows INTEGER NOT NULL, replayed_us INTEGER NOT NULL);
-             CREATE UNIQUE INDEX IF NOT EXISTS history_source ON history (source_txid);
+             DROP INDEX IF EXISTS history_source;
+             CREATE INDEX IF NOT EXISTS history_source_txid ON history (source_txid);
              CREATE TABLE IF NOT EXISTS catalog_versions (
                  version INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, checkpoint INTEGER NOT NULL,
                  files TEXT NOT NULL, created_us INTEGER NOT NULL);
