@@ -110,15 +110,21 @@ impl DynamoCatalog {
     /// The payload of a version item (inline or in the lake).
     fn payload(&self, item: &Item) -> Result<(u64, Payload)> {
         let version = num(item, "version")?;
-        let text = match (string(item, "payload"), string(item, "payload_ref")) {
-            (Some(p), _) => p,
-            (None, Some(r)) => String::from_utf8(self.lake.get(&Path::from(r.as_str()))?.to_vec())
-                .map_err(|e| corrupt(format!("payload of catalog version {version} at {r}"), e))?,
-            (None, None) => return Err(corrupt(format!("catalog version {version}"), "no payload")),
-        };
+        let text = self.text_of(item, "payload", &format!("payload of catalog version {version}"))?;
         let payload =
             serde_json::from_str(&text).map_err(|e| corrupt(format!("payload of catalog version {version}"), e))?;
         Ok((version, payload))
+    }
+
+    /// The text [`Self::inline_or_ref`] stored under `attr`: inline, or
+    /// read from the lake object `<attr>_ref` names.
+    fn text_of(&self, item: &Item, attr: &str, what: &str) -> Result<String> {
+        match (string(item, attr), string(item, &format!("{attr}_ref"))) {
+            (Some(text), _) => Ok(text),
+            (None, Some(r)) => String::from_utf8(self.lake.get(&Path::from(r.as_str()))?.to_vec())
+                .map_err(|e| corrupt(format!("{what} at {r}"), e)),
+            (None, None) => Err(corrupt(what.to_owned(), format!("neither {attr} nor {attr}_ref"))),
+        }
     }
 
     /// Versions newest first, with their payloads, while `more` says so.
@@ -317,12 +323,7 @@ impl Catalog for DynamoCatalog {
 
     fn latest_checkpoint(&self) -> Result<Option<CheckpointRecord>> {
         let Some(item) = self.state.get("checkpoint", "current")? else { return Ok(None) };
-        let text = match (string(&item, "record"), string(&item, "record_ref")) {
-            (Some(r), _) => r,
-            (None, Some(r)) => String::from_utf8(self.lake.get(&Path::from(r.as_str()))?.to_vec())
-                .map_err(|e| corrupt(format!("checkpoint record at {r}"), e))?,
-            (None, None) => return Err(corrupt("the current checkpoint item".into(), "no record")),
-        };
+        let text = self.text_of(&item, "record", "the current checkpoint record")?;
         serde_json::from_str(&text).map(Some).map_err(|e| corrupt("the current checkpoint record".into(), e))
     }
 

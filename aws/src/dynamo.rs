@@ -375,16 +375,7 @@ impl TxnStore for DynamoTxnStore {
 
     fn acquire_lease(&self, owner: &str, ttl_us: i64, now_us: i64, take_over: Option<u64>) -> Result<Lease> {
         let (_, current) = self.read()?;
-        if let Some(l) = &current
-            && l.expires_us > now_us
-            && take_over != Some(l.epoch)
-        {
-            return Err(Error::LeaseHeld {
-                owner: l.owner.clone(),
-                epoch: l.epoch,
-                remaining_ms: (l.expires_us - now_us) / 1000,
-            });
-        }
+        fovea_core::mvcc::may_grant(current.as_ref(), now_us, take_over)?;
         let cur = current.as_ref().map_or(0, |l| l.epoch);
         let lease = Lease { owner: owner.to_owned(), epoch: cur + 1, expires_us: now_us + ttl_us };
         // Granted only if nobody else was granted since the read above.

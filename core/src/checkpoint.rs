@@ -578,7 +578,7 @@ impl Engine {
     pub fn drop_old_checkpoints(&self, current: &Manifest) -> Result<usize> {
         // A reader on another host still restoring an older checkpoint
         // keeps it (and every one after it) until it is done.
-        if self.refresh_readers()?.is_some_and(|q| q.get() < current.checkpoint_ts) {
+        if self.oldest_reader()?.is_some_and(|q| q.get() < current.checkpoint_ts) {
             return Ok(0);
         }
         let mut named = HashSet::new();

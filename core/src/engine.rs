@@ -199,9 +199,6 @@ pub struct Engine {
     /// One past the ts of the newest checkpoint committed to the catalog
     /// (0: none yet).
     committed_checkpoint: AtomicU64,
-    /// The oldest snapshot readers on other hosts registered
-    /// (`u64::MAX`: none): what they read is kept.
-    readers_floor: AtomicU64,
     /// Set once the engine writes checkpoints: retired objects then wait
     /// for the next checkpoint as well as for old snapshots.
     pub(crate) checkpointing: std::sync::atomic::AtomicBool,
@@ -238,7 +235,6 @@ impl Engine {
             flush_thread: Mutex::new(Some(thread)),
             retired: Mutex::new(Vec::new()),
             committed_checkpoint: AtomicU64::new(0),
-            readers_floor: AtomicU64::new(u64::MAX),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             source_commits: Mutex::new(std::collections::BTreeMap::new()),
         }))
@@ -713,15 +709,13 @@ impl Engine {
             }
         }
         let oldest = self.clock.oldest_registration();
-        self.refresh_readers()?;
+        let floor = self.oldest_reader()?.map_or(u64::MAX, Ts::get);
         let ready: Vec<Path> = {
             let mut retired = lock(&self.retired);
             // Acquire: pairs with the Release in `write_checkpoint`.
             let checkpointing = self.checkpointing.load(std::sync::atomic::Ordering::Acquire);
             // Acquire: pairs with the Release in `checkpoint_committed`.
             let committed = self.committed_checkpoint.load(std::sync::atomic::Ordering::Acquire);
-            // Relaxed: refreshed above by this thread.
-            let floor = self.readers_floor.load(std::sync::atomic::Ordering::Relaxed);
             // Left out of a committed checkpoint, and no registered reader
             // reads an older one.
             let covered = |r: &Retired| r.left_out_at.is_some_and(|c| c < committed && c <= floor);
@@ -737,15 +731,12 @@ impl Engine {
         Ok(report)
     }
 
-    /// Reads the registrations of readers on other hosts (see
-    /// [`crate::mvcc::TxnStore::readers`]) and returns the oldest snapshot
-    /// they read (`None`: none). GC and checkpoint clean-up keep what they
-    /// read.
-    pub fn refresh_readers(&self) -> Result<Option<Ts>> {
-        let floor = self.clock.store().readers(crate::catalog::now_us())?.iter().map(|r| r.qts).min();
-        // Relaxed: read back by the same maintenance paths that call this.
-        self.readers_floor.store(floor.map_or(u64::MAX, Ts::get), std::sync::atomic::Ordering::Relaxed);
-        Ok(floor)
+    /// The oldest snapshot registered readers on other hosts read (`None`:
+    /// none), from the timestamp store (see
+    /// [`crate::mvcc::TxnStore::readers`]). GC and checkpoint clean-up keep
+    /// what they read.
+    pub fn oldest_reader(&self) -> Result<Option<Ts>> {
+        Ok(self.clock.store().readers(crate::catalog::now_us())?.iter().map(|r| r.qts).min())
     }
 
     /// Tells the engine that `manifest` (written by

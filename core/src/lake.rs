@@ -285,17 +285,19 @@ impl Lake {
     /// Reads a flushed block back, the named columns only (`None`: all).
     pub fn read_block_columns(&self, path: &Path, columns: Option<&[&str]>) -> Result<RecordBatch> {
         let footer = self.read_footer(path)?;
-        let projection = match columns {
-            None => ProjectionMask::all(),
-            Some(names) => {
-                let stored = footer.metadata.schema();
-                let roots = names.iter().filter_map(|n| stored.index_of(n).ok()).collect::<Vec<_>>();
-                ProjectionMask::roots(footer.metadata.metadata().file_metadata().schema_descr(), roots)
-            }
-        };
+        let projection = columns.map_or_else(ProjectionMask::all, |names| projection_by_name(&footer.metadata, names));
         let groups = (0..footer.metadata.metadata().num_row_groups()).collect();
         self.read_row_groups(path, &footer.metadata, groups, projection, Some(&footer.tail))
     }
+}
+
+/// The projection of the stored columns named `names` (columns a file
+/// does not have, written before they were added, are left out: readers
+/// match columns by name and read them as NULL).
+pub fn projection_by_name(metadata: &ArrowReaderMetadata, names: &[&str]) -> ProjectionMask {
+    let stored = metadata.schema();
+    let roots: Vec<usize> = names.iter().filter_map(|n| stored.index_of(n).ok()).collect();
+    ProjectionMask::roots(metadata.metadata().file_metadata().schema_descr(), roots)
 }
 
 /// Writer settings of fovea files: statistics on every column (the hidden

@@ -62,19 +62,50 @@ fn is_dead_local(owner: &str) -> bool {
     process_start(pid).as_deref() != Some(start)
 }
 
-struct Shared {
-    store: Arc<dyn TxnStore>,
-    epoch: u64,
-    /// The epoch that fenced this holder (0 while it holds the lease).
-    fenced_by: AtomicU64,
-    stop: Mutex<bool>,
-    wake: Condvar,
+/// A thread that calls its tick every `period` until the tick says stop or
+/// the `Renewal` is dropped (which wakes it and waits for it).
+struct Renewal {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Renewal {
+    fn spawn(name: &str, period: Duration, mut tick: impl FnMut() -> bool + Send + 'static) -> Result<Self> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new().name(name.into()).spawn(move || {
+                let (flag, wake) = &*stop;
+                let mut stopped = lock(flag);
+                loop {
+                    stopped = wake.wait_timeout(stopped, period).unwrap_or_else(|p| p.into_inner()).0;
+                    if *stopped || !tick() {
+                        return;
+                    }
+                }
+            })?
+        };
+        Ok(Renewal { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        *lock(&self.stop.0) = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Holds a lake's lease: renews it on a thread, releases it on drop.
 pub struct LeaseKeeper {
-    shared: Arc<Shared>,
-    renewer: Option<JoinHandle<()>>,
+    store: Arc<dyn TxnStore>,
+    epoch: u64,
+    /// The epoch that fenced this holder (0 while it holds the lease).
+    fenced_by: Arc<AtomicU64>,
+    renewal: Option<Renewal>,
 }
 
 impl LeaseKeeper {
@@ -110,67 +141,50 @@ impl LeaseKeeper {
         if logged {
             tracing::warn!(epoch = lease.epoch, "took over the lake's lease");
         }
-        let shared = Arc::new(Shared {
-            store,
-            epoch: lease.epoch,
-            fenced_by: AtomicU64::new(0),
-            stop: Mutex::new(false),
-            wake: Condvar::new(),
-        });
-        let renewer = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new().name("fovea-lease".into()).spawn(move || renew_loop(&shared, ttl))?
+        let epoch = lease.epoch;
+        let fenced_by = Arc::new(AtomicU64::new(0));
+        let renewal = {
+            let (store, fenced_by) = (Arc::clone(&store), Arc::clone(&fenced_by));
+            Renewal::spawn("fovea-lease", ttl / 3, move || match store.renew_lease(epoch, ttl_us, now_us()) {
+                Ok(_) => true,
+                Err(Error::Fenced { current, .. }) => {
+                    tracing::error!(epoch, current, "lost the lake's lease: another replayer took over");
+                    // Relaxed: see `check`.
+                    fenced_by.store(current.max(1), Ordering::Relaxed);
+                    false
+                }
+                // A transient failure: the next period tries again (the
+                // lease lasts three of them).
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewing the lake's lease failed; retrying");
+                    true
+                }
+            })?
         };
-        Ok(LeaseKeeper { shared, renewer: Some(renewer) })
+        Ok(LeaseKeeper { store, epoch, fenced_by, renewal: Some(renewal) })
     }
 
     /// The epoch every write of this holder names.
     pub fn epoch(&self) -> u64 {
-        self.shared.epoch
+        self.epoch
     }
 
     /// [`Error::Fenced`] once another replayer took the lease over.
     pub fn check(&self) -> Result<()> {
         // Relaxed: a flag; the store's own checks are what fence writes.
-        match self.shared.fenced_by.load(Ordering::Relaxed) {
+        match self.fenced_by.load(Ordering::Relaxed) {
             0 => Ok(()),
-            current => Err(Error::Fenced { epoch: self.shared.epoch, current }),
-        }
-    }
-}
-
-fn renew_loop(shared: &Shared, ttl: Duration) {
-    let period = ttl / 3;
-    let mut stop = lock(&shared.stop);
-    loop {
-        stop = shared.wake.wait_timeout(stop, period).unwrap_or_else(|p| p.into_inner()).0;
-        if *stop {
-            return;
-        }
-        match shared.store.renew_lease(shared.epoch, ttl.as_micros() as i64, now_us()) {
-            Ok(_) => {}
-            Err(Error::Fenced { current, .. }) => {
-                tracing::error!(epoch = shared.epoch, current, "lost the lake's lease: another replayer took over");
-                // Relaxed: see `check`.
-                shared.fenced_by.store(current.max(1), Ordering::Relaxed);
-                return;
-            }
-            // A transient failure: the next period tries again (the lease
-            // lasts three of them).
-            Err(e) => tracing::warn!(error = %e, "renewing the lake's lease failed; retrying"),
+            current => Err(Error::Fenced { epoch: self.epoch, current }),
         }
     }
 }
 
 impl Drop for LeaseKeeper {
     fn drop(&mut self) {
-        *lock(&self.shared.stop) = true;
-        self.shared.wake.notify_all();
-        if let Some(t) = self.renewer.take() {
-            let _ = t.join();
-        }
+        // No renewal after the release.
+        drop(self.renewal.take());
         if self.check().is_ok()
-            && let Err(e) = self.shared.store.release_lease(self.shared.epoch)
+            && let Err(e) = self.store.release_lease(self.epoch)
         {
             tracing::warn!(error = %e, "releasing the lake's lease failed (the next replayer waits for it to expire)");
         }
@@ -182,7 +196,7 @@ impl Drop for LeaseKeeper {
 /// reader that dies stops holding them once the registration lapses).
 pub struct ReaderRegistration {
     shared: Arc<ReaderShared>,
-    renewer: Option<JoinHandle<()>>,
+    renewal: Option<Renewal>,
 }
 
 struct ReaderShared {
@@ -190,8 +204,6 @@ struct ReaderShared {
     id: String,
     qts: AtomicU64,
     ttl: Duration,
-    stop: Mutex<bool>,
-    wake: Condvar,
 }
 
 impl ReaderShared {
@@ -209,31 +221,18 @@ impl ReaderRegistration {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         // Relaxed: only uniqueness matters.
         let id = format!("{}/{}", owner_id(), SEQ.fetch_add(1, Ordering::Relaxed));
-        let shared = Arc::new(ReaderShared {
-            store,
-            id,
-            qts: AtomicU64::new(0),
-            ttl,
-            stop: Mutex::new(false),
-            wake: Condvar::new(),
-        });
+        let shared = Arc::new(ReaderShared { store, id, qts: AtomicU64::new(0), ttl });
         shared.register()?;
-        let renewer = {
+        let renewal = {
             let shared = Arc::clone(&shared);
-            std::thread::Builder::new().name("fovea-reader".into()).spawn(move || {
-                let mut stop = lock(&shared.stop);
-                loop {
-                    stop = shared.wake.wait_timeout(stop, shared.ttl / 3).unwrap_or_else(|p| p.into_inner()).0;
-                    if *stop {
-                        return;
-                    }
-                    if let Err(e) = shared.register() {
-                        tracing::warn!(error = %e, "renewing this reader's registration failed; retrying");
-                    }
+            Renewal::spawn("fovea-reader", ttl / 3, move || {
+                if let Err(e) = shared.register() {
+                    tracing::warn!(error = %e, "renewing this reader's registration failed; retrying");
                 }
+                true
             })?
         };
-        Ok(ReaderRegistration { shared, renewer: Some(renewer) })
+        Ok(ReaderRegistration { shared, renewal: Some(renewal) })
     }
 
     /// Names the snapshot this reader reads from now on.
@@ -246,11 +245,8 @@ impl ReaderRegistration {
 
 impl Drop for ReaderRegistration {
     fn drop(&mut self) {
-        *lock(&self.shared.stop) = true;
-        self.shared.wake.notify_all();
-        if let Some(t) = self.renewer.take() {
-            let _ = t.join();
-        }
+        // No renewal after the deregistration.
+        drop(self.renewal.take());
         if let Err(e) = self.shared.store.deregister_reader(&self.shared.id) {
             tracing::warn!(error = %e, "ending this reader's registration failed (it lapses by itself)");
         }

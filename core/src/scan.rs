@@ -25,7 +25,6 @@ use arrow::compute::kernels::cmp;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use fovea_scan_wasm as kernel;
-use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
 use crate::buffer::{ActiveRows, Block, BlockData, FileKind, PartView};
@@ -301,9 +300,7 @@ impl Scan {
     /// One row group of a regular file: only the byte ranges of the read
     /// columns' chunks are fetched (the footer is cached in the file).
     fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<RecordBatch> {
-        let stored = file.metadata.schema();
-        let roots: Vec<usize> = self.stored_columns().iter().filter_map(|n| stored.index_of(n).ok()).collect();
-        let mask = ProjectionMask::roots(file.metadata.metadata().file_metadata().schema_descr(), roots);
+        let mask = crate::lake::projection_by_name(&file.metadata, &self.stored_columns());
         let batch = self.lake.read_row_groups(&file.path, &file.metadata, vec![rg], mask, None)?;
         self.project_decoded(&batch)
     }

@@ -44,7 +44,9 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::{DataType, Field, Schema};
 
-use crate::catalog::{Catalog, CatalogOperation, CheckpointRecord, HistoryEntry, SNAPSHOT_IDENTITY_PREFIX, now_us};
+use crate::catalog::{
+    Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, SNAPSHOT_IDENTITY_PREFIX, now_us,
+};
 use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::types::{infer_type, to_value};
@@ -143,11 +145,17 @@ pub const SNAPSHOT_IDENTITY_ROWS: u64 = 4096;
 /// what became of them.
 struct Segment {
     table: String,
+    /// No longer fed once the segment is settled.
     digest: XxHash64,
     rows: u64,
-    /// `snapshot:<digest>:<table>`, once settled.
-    identity: Option<String>,
     state: SegmentState,
+}
+
+impl Segment {
+    /// `snapshot:<digest>:<table>` (final once the segment is settled).
+    fn identity(&self) -> String {
+        format!("{SNAPSHOT_IDENTITY_PREFIX}{:016x}:{}", self.digest.finish(), self.table)
+    }
 }
 
 enum SegmentState {
@@ -174,6 +182,14 @@ impl AppliedWindow {
 
     fn contains(&self, id: &str) -> bool {
         self.set.contains(id)
+    }
+
+    /// Remembers a history entry's identity: a snapshot run's names each
+    /// of its tables' identities.
+    fn insert_entry(&mut self, entry: &str) {
+        for id in entry.split(SEGMENT_SEPARATOR) {
+            self.insert(id.to_owned());
+        }
     }
 
     fn insert(&mut self, id: String) {
@@ -286,12 +302,9 @@ pub struct Sink {
 impl Sink {
     /// A sink replaying `input` into `engine`, recording in `catalog`.
     pub fn new(engine: Arc<Engine>, catalog: Arc<dyn Catalog>, input: &str, config: SinkConfig) -> Result<Self> {
-        // A snapshot run's entry names each of its tables' identities.
         let mut applied = AppliedWindow::new(config.dedup_window);
-        for id in catalog.applied_identities(config.dedup_window)? {
-            for part in id.split(SEGMENT_SEPARATOR) {
-                applied.insert(part.to_owned());
-            }
+        for entry in catalog.applied_identities(config.dedup_window)? {
+            applied.insert_entry(&entry);
         }
         let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
@@ -606,7 +619,6 @@ impl Sink {
                         table: row.table.clone(),
                         digest: XxHash64::with_seed(0),
                         rows: 0,
-                        identity: None,
                         state: SegmentState::Pending(Vec::new()),
                     });
                     segments.len() - 1
@@ -660,8 +672,8 @@ impl Sink {
             if only.is_some_and(|o| o != i) || !matches!(seg.state, SegmentState::Pending(_)) {
                 continue;
             }
-            let identity = format!("{SNAPSHOT_IDENTITY_PREFIX}{:016x}:{}", seg.digest.finish(), seg.table);
-            let state = if self.applied.contains(&identity) { SegmentState::Skipped } else { SegmentState::Applied };
+            let state =
+                if self.applied.contains(&seg.identity()) { SegmentState::Skipped } else { SegmentState::Applied };
             if let SegmentState::Pending(held) = std::mem::replace(&mut seg.state, state)
                 && matches!(seg.state, SegmentState::Applied)
             {
@@ -671,7 +683,6 @@ impl Sink {
                     open.op_positions.push(position);
                 }
             }
-            seg.identity = Some(identity);
         }
     }
 
@@ -787,11 +798,8 @@ impl Sink {
             && let Some(segments) = &open.segments
         {
             // A snapshot run is named by the tables it applied.
-            let applied: Vec<&str> = segments
-                .iter()
-                .filter(|s| matches!(s.state, SegmentState::Applied))
-                .filter_map(|s| s.identity.as_deref())
-                .collect();
+            let applied: Vec<String> =
+                segments.iter().filter(|s| matches!(s.state, SegmentState::Applied)).map(Segment::identity).collect();
             open.skip = applied.is_empty();
             open.identity = applied.join(SEGMENT_SEPARATOR);
         }
@@ -831,9 +839,7 @@ impl Sink {
                 replayed_us: now_us(),
             });
         }
-        for identity in open.identity.split(SEGMENT_SEPARATOR) {
-            self.applied.insert(identity.to_owned());
-        }
+        self.applied.insert_entry(&open.identity);
         self.stats.applied += 1;
         self.since_checkpoint += 1;
         Ok(())
@@ -868,20 +874,30 @@ impl Sink {
         if self.failed_at.is_none() {
             drained?;
         }
-        let record = CheckpointRecord {
-            manifest,
-            input: self.input.clone(),
-            position: resume,
-            source_state: self.source_state.clone(),
+        // The sink is the only committer of checkpoints: it reads the newest
+        // version. History and operations move into the commit and back if
+        // it fails (a later checkpoint still owes them).
+        let commit = CatalogCommit {
+            operations: std::mem::take(&mut self.operations),
+            history: std::mem::take(&mut self.history),
+            checkpoint: Some(CheckpointRecord {
+                manifest,
+                input: self.input.clone(),
+                position: resume,
+                source_state: self.source_state.clone(),
+            }),
         };
-        self.catalog.commit_checkpoint(self.engine.clock().epoch(), record.clone(), &self.history, &self.operations)?;
-        let manifest = record.manifest;
+        let epoch = self.engine.clock().epoch();
+        if let Err(e) = self.catalog.version().and_then(|v| self.catalog.commit(epoch, v, &commit)) {
+            self.operations = commit.operations;
+            self.history = commit.history;
+            return Err(e);
+        }
+        let Some(CheckpointRecord { manifest, .. }) = commit.checkpoint else { unreachable!("set above") };
         self.engine.checkpoint_committed(&manifest);
         // Published for readers on other hosts (monotonic, fenced).
         self.engine.clock().persist_watermarks()?;
         self.checkpointed_at = Some(resume);
-        self.history.clear();
-        self.operations.clear();
         let committed = began.elapsed();
         self.engine.drop_old_checkpoints(&manifest)?;
         if self.config.maintain_on_checkpoint {

@@ -57,24 +57,22 @@ impl LakeArgs {
     /// The lake's backends, its object store counted in `meter`, and the
     /// DynamoDB state when it has one (to count its writes).
     pub fn backends_metered(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
-        let store: Arc<dyn ObjectStore> = match self.dir() {
-            None => fovea_aws::s3::s3_store(&self.lake)?,
-            Some(dir) => match (&self.state, &meter) {
-                (None, None) => return Ok((LakeBackends::local(&dir)?, None)),
-                (None, Some(m)) => {
-                    let mut b = LakeBackends::local(&dir)?;
-                    b.store = Arc::new(MeteredStore::new(b.store, Arc::clone(m)));
-                    return Ok((b, None));
-                }
-                (Some(_), _) => {
-                    std::fs::create_dir_all(&dir)?;
-                    Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&dir)?)
-                }
-            },
+        let metered = |store: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
+            match &meter {
+                Some(m) => Arc::new(MeteredStore::new(store, Arc::clone(m))),
+                None => store,
+            }
         };
-        let store: Arc<dyn ObjectStore> = match meter {
-            Some(m) => Arc::new(MeteredStore::new(store, m)),
-            None => store,
+        let store = match (self.dir(), &self.state) {
+            (Some(dir), None) => {
+                let local = LakeBackends::local(&dir)?;
+                return Ok((LakeBackends { store: metered(local.store), ..local }, None));
+            }
+            (Some(dir), Some(_)) => {
+                std::fs::create_dir_all(&dir)?;
+                metered(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&dir)?))
+            }
+            (None, _) => metered(fovea_aws::s3::s3_store(&self.lake)?),
         };
         let state = self.state.as_deref().ok_or_else(|| {
             format!("the lake {} needs --state dynamodb://TABLE (its timestamps, lease and catalog)", self.lake)

@@ -72,16 +72,12 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
             .display()
             .to_string()
     };
-    let resumed = lake.checkpoint.as_ref().filter(|c| c.input == input_name);
-    // A file resumes where the checkpoint stopped if it is still the file
-    // the checkpoint read (its fingerprint); standard input never resumes.
+    // Standard input never resumes.
     let (source, fingerprint) = if input_name == "-" {
         (LineSource::open(&args.input, SourcePosition::default())?, None)
     } else {
-        let (position, state) =
-            resumed.map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
-        let (source, fingerprint) = LineSource::resume(&args.input, position, state)?;
-        (source, Some(fingerprint.to_state()))
+        let (source, fingerprint) = resume_file(&args.input, &input_name, lake.checkpoint.as_ref())?;
+        (source, Some(fingerprint))
     };
     let start = source.position();
     let sink_config = SinkConfig { checkpoint_txns: args.checkpoint_txns, ddl, ..SinkConfig::default() };
@@ -154,6 +150,22 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     }
     lake.engine.flush()?;
     Ok(ReplaySummary { stats: sink.stats(), elapsed: began.elapsed() })
+}
+
+/// Opens the input file at `path` (named `name` in checkpoints) where
+/// `checkpoint` stopped, if it read this input and the file is still the one
+/// it read (its fingerprint); returns the source and the state the next
+/// checkpoints record.
+pub fn resume_file(
+    path: &Path,
+    name: &str,
+    checkpoint: Option<&fovea_core::catalog::CheckpointRecord>,
+) -> fovea_core::Result<(LineSource, String)> {
+    let (position, state) = checkpoint
+        .filter(|c| c.input == name)
+        .map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
+    let (source, fingerprint) = LineSource::resume(path, position, state)?;
+    Ok((source, fingerprint.to_state()))
 }
 
 /// Threads decoding lines (besides the reader and the applying thread).

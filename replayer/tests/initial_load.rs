@@ -62,6 +62,13 @@ fn expect(rows: i64, bump: i64) -> String {
     format!("n,s\n{rows},{}\n", (0..rows).map(|id| id + bump).sum::<i64>())
 }
 
+/// Every table of [`LOAD`] in `lake` has all its rows, balances `id + bump`.
+fn assert_load(lake: &Path, bump: i64) {
+    for (table, rows) in LOAD {
+        assert_eq!(count_and_sum(lake, &format!("public.{table}")), expect(rows, bump), "{table}");
+    }
+}
+
 #[test]
 fn a_large_multi_table_load_keeps_every_table() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,9 +81,7 @@ fn a_large_multi_table_load_keeps_every_table() {
     write_load(&input, &LOAD, 1_700_000_000_000, 0);
     let out = replay(&lake, &input, &schema);
     assert!(out.contains("160000 rows"), "{out}");
-    for (table, rows) in LOAD {
-        assert_eq!(count_and_sum(&lake, &format!("public.{table}")), expect(rows, 0), "{table}");
-    }
+    assert_load(&lake, 0);
     // The declared table without rows exists, empty.
     assert_eq!(count_and_sum(&lake, "public.audit"), expect(0, 0));
     let csv = ok(fovea().args(["export", "--table", "public.transfer", "--lake"]).arg(&lake).output().unwrap());
@@ -91,9 +96,7 @@ fn a_large_multi_table_load_keeps_every_table() {
         let out = replay(&lake2, &file, &schema);
         assert!(out.contains("replayed 1 transactions"), "{table}: {out}");
     }
-    for (table, rows) in LOAD {
-        assert_eq!(count_and_sum(&lake2, &format!("public.{table}")), expect(rows, 0), "{table}");
-    }
+    assert_load(&lake2, 0);
 
     // Read again: skipped; a re-snapshot later (new source time, new
     // balances) replaces every row.
@@ -103,7 +106,5 @@ fn a_large_multi_table_load_keeps_every_table() {
     write_load(&again, &LOAD, 1_700_000_900_000, 3);
     let out = replay(&lake, &again, &schema);
     assert!(out.contains("replayed 1 transactions"), "{out}");
-    for (table, rows) in LOAD {
-        assert_eq!(count_and_sum(&lake, &format!("public.{table}")), expect(rows, 3), "{table}");
-    }
+    assert_load(&lake, 3);
 }

@@ -22,7 +22,7 @@
 mod store;
 
 pub(crate) use store::open_durable_sqlite;
-pub use store::{Lease, MemoryTxnStore, PersistedClock, ReaderLease, SqliteTxnStore, TxnStore, conformance};
+pub use store::{Lease, MemoryTxnStore, PersistedClock, ReaderLease, SqliteTxnStore, TxnStore, conformance, may_grant};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};

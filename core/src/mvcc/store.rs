@@ -121,8 +121,10 @@ fn check_epoch(current: u64, epoch: u64) -> Result<()> {
     Ok(())
 }
 
-/// The granting rule of [`TxnStore::acquire_lease`], on the current lease.
-fn may_grant(current: Option<&Lease>, now_us: i64, take_over: Option<u64>) -> Result<()> {
+/// The granting rule of [`TxnStore::acquire_lease`], on the current lease
+/// (for every implementation: its write must then be conditioned on the
+/// lease not having changed since it was read).
+pub fn may_grant(current: Option<&Lease>, now_us: i64, take_over: Option<u64>) -> Result<()> {
     match current {
         Some(l) if l.expires_us > now_us && take_over != Some(l.epoch) => Err(Error::LeaseHeld {
             owner: l.owner.clone(),

@@ -98,12 +98,12 @@ fn a_registered_reader_keeps_what_it_reads() {
     // A registration that lapsed (a dead reader) holds nothing back.
     let txn = LakeBackends::local(dir.path()).unwrap().txn;
     txn.register_reader("dead", fovea_core::Ts(1), fovea_core::catalog::now_us() - 1).unwrap();
-    assert_eq!(writer.engine.refresh_readers().unwrap(), None);
+    assert_eq!(writer.engine.oldest_reader().unwrap(), None);
     // A live one does, until deregistered.
     let b = LakeBackends::local(dir.path()).unwrap();
     let live = open(b, EngineConfig::default(), OpenMode::Read, Duration::from_secs(60)).unwrap();
-    assert!(writer.engine.refresh_readers().unwrap().is_some());
+    assert!(writer.engine.oldest_reader().unwrap().is_some());
     drop(live);
-    assert_eq!(writer.engine.refresh_readers().unwrap(), None);
+    assert_eq!(writer.engine.oldest_reader().unwrap(), None);
     let _ = writer.catalog.version().unwrap();
 }

@@ -182,11 +182,8 @@ fn open_input(
     if let Some(path) = spec.strip_prefix("file:") {
         let name =
             std::fs::canonicalize(path).map_err(|e| format!("cannot open input {path}: {e}"))?.display().to_string();
-        let (position, state) = checkpoint
-            .filter(|c| c.input == name)
-            .map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
-        let (source, fingerprint) = LineSource::resume(std::path::Path::new(path), position, state)?;
-        Ok((name, Input::File(source.follow()), Some(fingerprint.to_state())))
+        let (source, fingerprint) = crate::replay::resume_file(std::path::Path::new(path), &name, checkpoint)?;
+        Ok((name, Input::File(source.follow()), Some(fingerprint)))
     } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
         let pg = PgInput::parse(spec)?;
         let name = pg.name();
