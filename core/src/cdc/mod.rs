@@ -16,6 +16,7 @@
 //! | PostgreSQL logical replication (`pgoutput`) | [`pgoutput`] |
 
 pub mod ddl;
+pub mod ordering;
 pub mod debezium;
 pub mod dms;
 pub mod pgoutput;

@@ -3,6 +3,7 @@
 mod concurrency;
 mod initial_load;
 mod model;
+mod ordering;
 mod oracle;
 mod parquet_roundtrip;
 mod range_reads;
