@@ -17,6 +17,7 @@
 
 pub mod catalog;
 pub mod dynamo;
+pub mod kinesis;
 pub mod moto;
 pub mod s3;
 

@@ -131,6 +131,15 @@ pub enum Error {
         /// What conflicts.
         reason: String,
     },
+    /// The input failed outside any record (a connection, a stream's
+    /// shards, the producer's configuration).
+    #[error("input {input}: {message}")]
+    Source {
+        /// The input, as its checkpoints name it.
+        input: String,
+        /// What went wrong, and what to change.
+        message: String,
+    },
     /// A request to a state backend (DynamoDB) failed after its retries.
     #[error("{backend} {operation} on {key}: {message}")]
     Backend {

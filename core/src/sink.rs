@@ -845,6 +845,17 @@ impl Sink {
         Ok(())
     }
 
+    /// Whether a source transaction with this identity was applied (it is
+    /// within the dedup window of the history, or applied by this sink).
+    pub fn is_applied(&self, identity: &str) -> bool {
+        self.applied.contains(identity)
+    }
+
+    /// Source transactions applied since the last checkpoint.
+    pub fn since_checkpoint(&self) -> u64 {
+        self.since_checkpoint
+    }
+
     /// Writes a checkpoint when one is due (or `force`), resuming at `next`
     /// or at the first record still pending, whichever is earlier.
     pub fn maybe_checkpoint(&mut self, next: SourcePosition, force: bool) -> Result<()> {
@@ -853,6 +864,20 @@ impl Sink {
         if !force && !due {
             return Ok(());
         }
+        self.checkpoint_with(next, &mut |_| Ok(None))
+    }
+
+    /// Writes a checkpoint now, resuming at `next` or at the first record
+    /// still pending, whichever is earlier; `state` gives the input's state
+    /// for the position the checkpoint resumes at (`None`: the state set
+    /// with [`Self::set_source_state`]). A source that hands whole
+    /// transactions over (Kinesis) needs the position: after a failed
+    /// transaction, the checkpoint resumes before it.
+    pub fn checkpoint_with(
+        &mut self,
+        next: SourcePosition,
+        state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
+    ) -> Result<()> {
         // Everything handed to the shards is applied and committed first;
         // after a failure the image stops before the failing transaction.
         let drained = self.drain();
@@ -867,6 +892,9 @@ impl Sink {
             if let Some((p, _)) = rows.first() {
                 resume = resume.min(*p);
             }
+        }
+        if let Some(at) = state(resume)? {
+            self.source_state = Some(at);
         }
         let began = Instant::now();
         let manifest = self.engine.write_checkpoint()?;

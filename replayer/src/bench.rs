@@ -359,7 +359,7 @@ fn replay_into(
     let args = crate::replay::ReplayArgs {
         lake,
         backends: Some(backends),
-        input: input.to_path_buf(),
+        input: input.display().to_string(),
         format: fovea_core::cdc::InputFormat::Auto,
         schema_file: None,
         checkpoint_txns: 50_000,

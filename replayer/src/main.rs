@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod input;
 mod lakes;
 mod query;
 mod replay;
@@ -50,9 +51,11 @@ enum Command {
     Replay {
         #[command(flatten)]
         lake: lakes::LakeArgs,
-        /// Input: a JSON-lines file (plain or .gz), or - for standard input.
+        /// Input: a JSON-lines file (plain or .gz), - for standard input, or
+        /// kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
+        /// (read until every shard is at its tip).
         #[arg(long)]
-        input: PathBuf,
+        input: String,
         /// Input format.
         #[arg(long, default_value = "auto")]
         format: fovea_core::cdc::InputFormat,

@@ -1,13 +1,12 @@
 //! `fovea replay` and `fovea export`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use fovea_core::cdc::InputFormat;
 use fovea_core::cdc::ddl::parse_ddl;
-use fovea_core::cdc::source::LineSource;
 use fovea_core::cdc::types::format_value;
-use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
 use fovea_core::index::encode_key;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
@@ -22,8 +21,9 @@ pub struct ReplayArgs {
     pub lake: crate::lakes::LakeArgs,
     /// Backends already made for `lake` (benchmarks count their traffic).
     pub backends: Option<fovea_core::location::LakeBackends>,
-    /// Input file, or `-`.
-    pub input: PathBuf,
+    /// Input: a file (plain or gzip), `-` for standard input, or
+    /// `kinesis://STREAM…` (see [`crate::input`]).
+    pub input: String,
     /// Input format.
     pub format: InputFormat,
     /// DDL overriding inferred types.
@@ -64,171 +64,36 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         Some(b) => crate::lakes::open_write(b.clone(), config, args.lease)?,
         None => args.lake.open_write(config, args.lease)?,
     };
-    let input_name = if args.input == Path::new("-") {
-        "-".to_owned()
-    } else {
-        std::fs::canonicalize(&args.input)
-            .map_err(|e| format!("cannot open input {}: {e}", args.input.display()))?
-            .display()
-            .to_string()
+    let mut source = crate::input::open_source(
+        &args.input,
+        lake.checkpoint.as_ref(),
+        args.format,
+        false,
+        Duration::from_millis(50),
+        &lake.engine,
+        None,
+    )?;
+    let input_name = source.name().to_owned();
+    let sink_config = SinkConfig {
+        // The input loop decides when to checkpoint.
+        checkpoint_txns: u64::MAX,
+        checkpoint_interval: Duration::MAX,
+        ddl,
+        ..SinkConfig::default()
     };
-    // Standard input never resumes.
-    let (source, fingerprint) = if input_name == "-" {
-        (LineSource::open(&args.input, SourcePosition::default())?, None)
-    } else {
-        let (source, fingerprint) = resume_file(&args.input, &input_name, lake.checkpoint.as_ref())?;
-        (source, Some(fingerprint))
-    };
-    let start = source.position();
-    let sink_config = SinkConfig { checkpoint_txns: args.checkpoint_txns, ddl, ..SinkConfig::default() };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;
-    sink.set_source_state(fingerprint);
     let began = Instant::now();
-    let mut last_progress = Instant::now();
-    // A reader thread hands batches of lines round-robin to decoder
-    // threads; this thread takes the decoded batches back in the same order
-    // and applies them, so reading, decoding and applying overlap.
-    let format = args.format;
-    let mut workers = Vec::new();
-    let mut to_decoders = Vec::new();
-    let mut from_decoders = Vec::new();
-    for i in 0..DECODERS {
-        let (line_tx, line_rx) = std::sync::mpsc::sync_channel::<LineBatch>(8);
-        let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<DecodedBatch>(8);
-        to_decoders.push(line_tx);
-        from_decoders.push(done_rx);
-        workers.push(
-            std::thread::Builder::new()
-                .name(format!("fovea-decode-{i}"))
-                .spawn(move || decode_loop(line_rx, format, done_tx))?,
-        );
-    }
-    let reader = std::thread::Builder::new().name("fovea-read".into()).spawn(move || read_loop(source, to_decoders))?;
-    let mut resume = start;
-    let result = (|| -> fovea_core::Result<()> {
-        for i in 0.. {
-            let Ok(batch) = from_decoders[i % DECODERS].recv() else { break };
-            for (pos, next, record) in batch.records {
-                resume = next;
-                sink.push(record?, pos, next)?;
-            }
-            if let Some(end) = batch.end {
-                resume = end;
-                return sink.finish_input(end);
-            }
-            if args.progress && last_progress.elapsed() >= Duration::from_millis(500) {
-                last_progress = Instant::now();
-                let s = sink.stats();
-                eprint!(
-                    "\r[{:>6.1} s] line {:>10}  {:>9} txns  {:>11} rows  {:>10.0} rows/s",
-                    began.elapsed().as_secs_f64(),
-                    resume.line,
-                    s.applied,
-                    s.rows,
-                    s.rows as f64 / began.elapsed().as_secs_f64()
-                );
-            }
-        }
-        Err(fovea_core::Error::Invariant("the decode thread stopped without an end".into()))
-    })();
-    // Dropping the receivers (on error) stops the threads at their next send.
-    drop(from_decoders);
-    let _ = reader.join();
-    for w in workers {
-        let _ = w.join();
-    }
-    if args.progress {
-        eprintln!();
-    }
-    if let Err(e) = result {
-        // Keep everything committed before the failure durable; the failing
-        // transaction is not part of the image (its ts is not below HWM).
-        if let Err(c) = sink.maybe_checkpoint(resume, true) {
-            eprintln!("error: the final checkpoint failed too: {c}");
-        }
-        return Err(e.into());
-    }
+    let options = crate::input::LoopOptions {
+        checkpoint_every: Duration::from_secs(10),
+        checkpoint_txns: args.checkpoint_txns,
+        stop: None,
+        lease: lake.lease.as_ref(),
+        metrics: None,
+        progress: args.progress,
+    };
+    crate::input::run(source.as_mut(), &mut sink, &options)?;
     lake.engine.flush()?;
     Ok(ReplaySummary { stats: sink.stats(), elapsed: began.elapsed() })
-}
-
-/// Opens the input file at `path` (named `name` in checkpoints) where
-/// `checkpoint` stopped, if it read this input and the file is still the one
-/// it read (its fingerprint); returns the source and the state the next
-/// checkpoints record.
-pub fn resume_file(
-    path: &Path,
-    name: &str,
-    checkpoint: Option<&fovea_core::catalog::CheckpointRecord>,
-) -> fovea_core::Result<(LineSource, String)> {
-    let (position, state) = checkpoint
-        .filter(|c| c.input == name)
-        .map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
-    let (source, fingerprint) = LineSource::resume(path, position, state)?;
-    Ok((source, fingerprint.to_state()))
-}
-
-/// Threads decoding lines (besides the reader and the applying thread).
-const DECODERS: usize = 2;
-/// Lines per batch handed between threads.
-const BATCH_LINES: usize = 512;
-
-/// Raw lines with their positions; `end` is set on the last batch, or
-/// `error` when reading failed.
-struct LineBatch {
-    lines: Vec<(SourcePosition, SourcePosition, String)>,
-    end: Option<SourcePosition>,
-    error: Option<fovea_core::Error>,
-}
-
-/// Decoded records with their position and the position after them;
-/// `end` is set on the last batch (the position at the end of input).
-struct DecodedBatch {
-    records: Vec<(SourcePosition, SourcePosition, fovea_core::Result<fovea_core::cdc::ChangeRecord>)>,
-    end: Option<SourcePosition>,
-}
-
-fn read_loop(mut source: LineSource, to: Vec<std::sync::mpsc::SyncSender<LineBatch>>) {
-    for i in 0.. {
-        let mut lines = Vec::with_capacity(BATCH_LINES);
-        let mut line = String::new();
-        let (end, error) = loop {
-            if lines.len() == BATCH_LINES {
-                break (None, None);
-            }
-            match source.next_line(&mut line) {
-                Ok(Some(pos)) => lines.push((pos, source.position(), std::mem::take(&mut line))),
-                Ok(None) => break (Some(source.position()), None),
-                Err(e) => break (None, Some(e)),
-            }
-        };
-        let last = end.is_some() || error.is_some();
-        if to[i % to.len()].send(LineBatch { lines, end, error }).is_err() || last {
-            return;
-        }
-    }
-}
-
-fn decode_loop(
-    from: std::sync::mpsc::Receiver<LineBatch>,
-    format: InputFormat,
-    to: std::sync::mpsc::SyncSender<DecodedBatch>,
-) {
-    for batch in from {
-        let mut records: Vec<_> =
-            batch.lines.iter().map(|(pos, next, line)| (*pos, *next, decode_line(line, *pos, format))).collect();
-        // Nothing after a decoding error is applied: the sink stops there.
-        if let Some(i) = records.iter().position(|r| r.2.is_err()) {
-            records.truncate(i + 1);
-        }
-        if let Some(e) = batch.error {
-            let pos = records.last().map_or_else(SourcePosition::default, |r| r.1);
-            records.push((pos, pos, Err(e)));
-        }
-        if to.send(DecodedBatch { records, end: batch.end }).is_err() {
-            return;
-        }
-    }
 }
 
 /// Writes the visible rows of `table` as CSV (header, source columns in

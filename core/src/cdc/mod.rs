@@ -16,9 +16,10 @@
 //! | PostgreSQL logical replication (`pgoutput`) | [`pgoutput`] |
 
 pub mod ddl;
-pub mod ordering;
 pub mod debezium;
 pub mod dms;
+pub mod file;
+pub mod ordering;
 pub mod pgoutput;
 pub mod source;
 pub mod types;

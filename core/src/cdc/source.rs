@@ -1,6 +1,8 @@
-//! Reading an input stream line by line with positions: a file (plain or
-//! gzip, detected by its magic bytes) or standard input. A file can resume
-//! at a byte offset of its decompressed stream; standard input cannot.
+//! Inputs: the [`ChangeSource`] contract every input implements (a file,
+//! standard input, a PostgreSQL slot, Kinesis streams), and reading a file
+//! line by line with positions ([`LineSource`]: plain or gzip, detected by
+//! its magic bytes, or standard input). A file can resume at a byte offset
+//! of its decompressed stream; standard input cannot.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -8,6 +10,88 @@ use std::path::{Path, PathBuf};
 
 use super::SourcePosition;
 use crate::error::{Error, Result};
+use crate::sink::Sink;
+
+/// A change stream feeding a [`Sink`].
+///
+/// Contract, for every implementation:
+/// * **Order and atomicity**: [`Self::poll`] pushes records into the sink in
+///   source commit order. A source whose records of one transaction can
+///   interleave with others' (Kinesis shards) pushes whole transactions; a
+///   source that delivers them in order (a file, a replication slot) may
+///   stop in the middle of one (the sink keeps it invisible until its end).
+/// * **Positions**: [`Self::position`] is the position after the last record
+///   pushed, totally ordered over the life of the input; a checkpoint that
+///   resumes at position `p` records [`Self::state_at`]`(p)`, and a source
+///   reopened from that checkpoint delivers again every record at or after
+///   `p` and — where its transport redelivers (Kinesis) — possibly earlier
+///   ones, which the sink skips by their source transaction's identity.
+/// * **Confirmation**: [`Self::confirm`]`(p)` is called once a committed
+///   checkpoint covers everything before `p`; the source may then let its
+///   transport drop it (a PostgreSQL slot's WAL). Nothing before a confirmed
+///   position is needed again.
+/// * **Failures**: an error names the input and, for a bad record, its
+///   position (and where known table and transaction). Nothing of the
+///   record's transaction has been made visible; everything before is.
+pub trait ChangeSource: Send {
+    /// The input's name in checkpoints: a checkpoint resumes only the input
+    /// it names.
+    fn name(&self) -> &str;
+
+    /// Pushes the records available now into `sink`. Returns soon when
+    /// nothing is available (waiting at most about its poll interval).
+    fn poll(&mut self, sink: &mut Sink) -> Result<Polled>;
+
+    /// The position after the last record pushed.
+    fn position(&self) -> SourcePosition;
+
+    /// The state a checkpoint resuming at `position` (at most
+    /// [`Self::position`]) records with it, for the source to reopen there.
+    fn state_at(&mut self, position: SourcePosition) -> Result<Option<String>>;
+
+    /// A committed checkpoint covers everything before `position`.
+    fn confirm(&mut self, position: SourcePosition) -> Result<()>;
+
+    /// How far behind its tip the source is, where it knows.
+    fn lag(&mut self) -> Lag;
+}
+
+/// What one [`ChangeSource::poll`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Polled {
+    /// Records pushed.
+    pub records: u64,
+    /// The source moved without records for the sink (WAL of other
+    /// databases): worth a checkpoint so the transport can drop it.
+    pub moved: bool,
+    /// The input is finished (the end of a file; Kinesis caught up when
+    /// not following): at this position.
+    pub end: Option<SourcePosition>,
+}
+
+/// How far behind its tip a source is.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Lag {
+    /// Bytes not read yet (a plain file, WAL).
+    pub bytes: Option<u64>,
+    /// Per shard (Kinesis): its name, milliseconds behind the newest
+    /// record (`MillisBehindLatest`), records read, whether at its tip.
+    pub shards: Vec<ShardLag>,
+    /// Source transactions held until they are complete and in order, and
+    /// the bytes of their records.
+    pub held: (u64, u64),
+}
+
+/// One shard's progress.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShardLag {
+    /// Stream and shard, `stream/shardId-…`.
+    pub name: String,
+    /// `MillisBehindLatest` of its last read.
+    pub millis_behind: u64,
+    /// Records read from it.
+    pub records: u64,
+}
 
 /// A line-oriented input with positions.
 pub struct LineSource {

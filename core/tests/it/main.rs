@@ -3,8 +3,8 @@
 mod concurrency;
 mod initial_load;
 mod model;
-mod ordering;
 mod oracle;
+mod ordering;
 mod parquet_roundtrip;
 mod range_reads;
 mod readers;

@@ -57,9 +57,8 @@ fn produce(producer: Producer, sizes: &[u8], shards: usize, salt: u64) -> Vec<Ve
                 let home = pick(i, 0);
                 out[home].push(Put { link: Link::Begin { txid: id.clone() } });
                 for r in 1..=n {
-                    out[pick(i, r as usize)].push(Put {
-                        link: Link::DebeziumRow { txid: id.clone(), order: r, prev_commit },
-                    });
+                    out[pick(i, r as usize)]
+                        .push(Put { link: Link::DebeziumRow { txid: id.clone(), order: r, prev_commit } });
                 }
                 out[home].push(Put { link: Link::End { txid: id, commit: Some(commit), events: Some(n) } });
             }
@@ -205,8 +204,12 @@ fn faults() -> impl Strategy<Value = Vec<Fault>> {
     prop::collection::vec(
         prop_oneof![
             (0usize..8, 0usize..1000, 0usize..20).prop_map(|(shard, at, later)| Fault::Duplicate { shard, at, later }),
-            (0usize..8, 0usize..1000, 1usize..6, 1usize..12)
-                .prop_map(|(shard, at, len, later)| Fault::Resend { shard, at, len, later }),
+            (0usize..8, 0usize..1000, 1usize..6, 1usize..12).prop_map(|(shard, at, len, later)| Fault::Resend {
+                shard,
+                at,
+                len,
+                later
+            }),
         ],
         0..8,
     )

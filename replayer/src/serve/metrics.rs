@@ -40,9 +40,17 @@ pub struct Metrics {
     pub queries: AtomicU64,
     /// Errors by kind.
     pub errors: Mutex<BTreeMap<String, u64>>,
+    /// The input's last reported lag (per shard for Kinesis, held
+    /// transactions), with when it was taken.
+    pub input: Mutex<Option<(fovea_core::cdc::source::Lag, std::time::Instant)>>,
 }
 
 impl Metrics {
+    /// Records the input's lag.
+    pub fn set_input_lag(&self, lag: &fovea_core::cdc::source::Lag) {
+        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Some((lag.clone(), std::time::Instant::now()));
+    }
+
     /// Counts an error of `kind`.
     pub fn error(&self, kind: &str) {
         *self.errors.lock().unwrap_or_else(|p| p.into_inner()).entry(kind.to_owned()).or_default() += 1;
@@ -119,6 +127,36 @@ impl Metrics {
         let errors: Vec<(String, f64)> =
             self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, n)| (k.clone(), *n as f64)).collect();
         family(&mut out, "errors_total", "counter", "Errors by kind.", Some("kind"), errors);
+        if let Some((lag, _)) = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            let (held_txns, held_bytes) = lag.held;
+            family(
+                &mut out,
+                "input_held_transactions",
+                "gauge",
+                "Source transactions held until complete and in commit order.",
+                None,
+                [(String::new(), held_txns as f64)],
+            );
+            family(
+                &mut out,
+                "input_held_bytes",
+                "gauge",
+                "Bytes of the records held.",
+                None,
+                [(String::new(), held_bytes as f64)],
+            );
+            let behind = lag.shards.iter().map(|s| (s.name.clone(), s.millis_behind as f64));
+            family(
+                &mut out,
+                "shard_millis_behind_latest",
+                "gauge",
+                "MillisBehindLatest of the shard's last read.",
+                Some("shard"),
+                behind,
+            );
+            let records = lag.shards.iter().map(|s| (s.name.clone(), s.records as f64));
+            family(&mut out, "shard_records_total", "counter", "Records read from the shard.", Some("shard"), records);
+        }
         out
     }
 }

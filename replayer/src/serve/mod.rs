@@ -1,9 +1,9 @@
 //! `fovea serve`: the long-lived replayer.
 //!
 //! ```text
-//!  input (file:PATH followed, or postgres://…?slot=…&publication=…)
-//!    └─▶ this thread: decode ─▶ Sink ─▶ shard workers        checkpoint every --checkpoint-secs
-//!                                          │                    └─▶ confirm the slot up to it
+//!  input (file:PATH followed, postgres://…?slot=…&publication=…, kinesis://STREAM…)
+//!    └─▶ this thread: the input loop (crate::input) ─▶ Sink ─▶ shard workers
+//!          checkpoint every --checkpoint-secs, then confirm to the source (slot, shards)
 //!  tokio runtime: Flight SQL + visibility RPC (--listen), Prometheus (--metrics)
 //!  maintenance thread: memory GC, combine, storage-GC queue, visibility checkpoints of long queries
 //! ```
@@ -22,14 +22,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fovea_core::cdc::source::LineSource;
-use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
+use fovea_core::cdc::InputFormat;
 use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{Engine, EngineConfig};
 
 use self::flight::{FlightOptions, QueryRegistry};
 use self::metrics::Metrics;
-use self::postgres::{PgInput, PgSource};
 use crate::replay::CliResult;
 
 /// Options of `fovea serve`.
@@ -37,7 +35,8 @@ use crate::replay::CliResult;
 pub struct ServeArgs {
     #[command(flatten)]
     pub lake: crate::lakes::LakeArgs,
-    /// file:PATH, or postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true]
+    /// file:PATH, postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true],
+    /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
     #[arg(long)]
     pub input: String,
     /// Flight SQL address (anything but loopback needs --token).
@@ -75,11 +74,6 @@ pub struct ServeArgs {
     pub lease_secs: f64,
 }
 
-enum Input {
-    File(LineSource),
-    Postgres(Box<PgSource>),
-}
-
 /// Runs until SIGINT/SIGTERM (or `stop` is set), then checkpoints.
 pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     if !args.listen.ip().is_loopback() && args.token.is_none() {
@@ -98,9 +92,18 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     let metrics = Arc::new(Metrics::default());
     let started = Instant::now();
 
-    let (input_name, mut input, source_state) = open_input(&args.input, lake.checkpoint.as_ref())?;
+    let mut source = crate::input::open_source(
+        &args.input,
+        lake.checkpoint.as_ref(),
+        InputFormat::Auto,
+        true,
+        Duration::from_millis(args.poll_ms),
+        &engine,
+        Some(Arc::clone(&metrics)),
+    )?;
+    let input_name = source.name().to_owned();
     let sink_config = SinkConfig {
-        // This loop decides when to checkpoint (it must confirm the slot after).
+        // The input loop decides when to checkpoint (and confirms after).
         checkpoint_txns: u64::MAX,
         checkpoint_interval: Duration::MAX,
         // The maintenance thread runs GC and combine.
@@ -108,7 +111,6 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
-    sink.set_source_state(source_state);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let queries = Arc::new(QueryRegistry::new());
@@ -158,136 +160,22 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
             .spawn(move || maintenance_loop(&engine, catalog.as_ref(), &metrics, &queries, &stop, &args))?
     };
 
-    let result = input_loop(&mut input, &mut sink, &engine, &metrics, &args, &stop, lake.lease.as_ref());
+    let options = crate::input::LoopOptions {
+        checkpoint_every: Duration::from_secs_f64(args.checkpoint_secs),
+        checkpoint_txns: u64::MAX,
+        stop: Some(&stop),
+        lease: lake.lease.as_ref(),
+        metrics: Some(&metrics),
+        progress: false,
+    };
+    let result = crate::input::run(source.as_mut(), &mut sink, &options);
     // Acquire/Release: pairs with the maintenance loop's load.
     stop.store(true, Ordering::Release);
     let _ = maintenance.join();
-    let position = input_position(&input);
-    let last = checkpoint(&mut sink, &mut input, position, &metrics);
     runtime.shutdown_timeout(Duration::from_secs(2));
     result?;
-    last?;
     engine.flush()?;
     tracing::info!("stopped");
-    Ok(())
-}
-
-/// Opens the input named by `--input`, resuming after `checkpoint` when it
-/// read the same input; also returns the state the next checkpoints record
-/// for it (a file's fingerprint; a PostgreSQL source's own state).
-fn open_input(
-    spec: &str,
-    checkpoint: Option<&fovea_core::catalog::CheckpointRecord>,
-) -> CliResult<(String, Input, Option<String>)> {
-    if let Some(path) = spec.strip_prefix("file:") {
-        let name =
-            std::fs::canonicalize(path).map_err(|e| format!("cannot open input {path}: {e}"))?.display().to_string();
-        let (source, fingerprint) = crate::replay::resume_file(std::path::Path::new(path), &name, checkpoint)?;
-        Ok((name, Input::File(source.follow()), Some(fingerprint)))
-    } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        let pg = PgInput::parse(spec)?;
-        let name = pg.name();
-        let resume = checkpoint.filter(|c| c.input == name).map(|c| (c.position, c.source_state.clone()));
-        let state = resume.as_ref().and_then(|r| r.1.clone());
-        Ok((name, Input::Postgres(Box::new(PgSource::open(pg, resume)?)), state))
-    } else {
-        Err(format!("--input {spec:?}: expected file:PATH or postgres://…?slot=NAME&publication=NAME").into())
-    }
-}
-
-fn input_position(input: &Input) -> SourcePosition {
-    match input {
-        Input::File(f) => f.position(),
-        Input::Postgres(p) => p.position(),
-    }
-}
-
-/// Writes a checkpoint resuming at `position` and confirms it to the source.
-fn checkpoint(sink: &mut Sink, input: &mut Input, position: SourcePosition, metrics: &Metrics) -> CliResult<()> {
-    let began = Instant::now();
-    if let Input::Postgres(pg) = input {
-        sink.set_source_state(Some(pg.state()));
-    }
-    sink.maybe_checkpoint(position, true)?;
-    let us = began.elapsed().as_micros() as u64;
-    // Relaxed: statistics (see `Metrics`).
-    metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
-    metrics.checkpoint_us.fetch_add(us, Ordering::Relaxed);
-    metrics.last_checkpoint_us.store(us, Ordering::Relaxed);
-    if let (Input::Postgres(pg), Some(at)) = (input, sink.checkpointed_at()) {
-        pg.confirm(at)?;
-    }
-    Ok(())
-}
-
-fn input_loop(
-    input: &mut Input,
-    sink: &mut Sink,
-    engine: &Engine,
-    metrics: &Metrics,
-    args: &ServeArgs,
-    stop: &AtomicBool,
-    lease: Option<&fovea_core::lease::LeaseKeeper>,
-) -> CliResult<()> {
-    let checkpoint_every = Duration::from_secs_f64(args.checkpoint_secs);
-    let mut last_checkpoint = Instant::now();
-    let mut dirty = false;
-    let mut line = String::new();
-    let mut last_lag = Instant::now();
-    if let Input::Postgres(pg) = input {
-        dirty = pg.copy_new_tables(sink)? > 0;
-    }
-    // Acquire: pairs with the signal handler's Release store.
-    while !stop.load(Ordering::Acquire) {
-        // Another replayer took the lake over: stop before writing more.
-        if let Some(l) = lease {
-            l.check().inspect_err(|_| metrics.error("fenced"))?;
-        }
-        let progressed = match input {
-            Input::File(src) => {
-                let mut n = 0u64;
-                while n < 4096 {
-                    let Some(pos) = src.next_line(&mut line)? else { break };
-                    let record = decode_line(&line, pos, InputFormat::Auto).inspect_err(|_| metrics.error("input"))?;
-                    sink.push(record, pos, src.position()).inspect_err(|_| metrics.error("apply"))?;
-                    n += 1;
-                }
-                n > 0
-            }
-            Input::Postgres(pg) => {
-                let out = pg.poll(sink, engine).inspect_err(|_| metrics.error("postgres"))?;
-                if out.disconnected {
-                    metrics.error("postgres_connection");
-                }
-                // WAL without changes for fovea also wants confirming, so
-                // PostgreSQL can recycle it.
-                out.transactions > 0 || out.moved
-            }
-        };
-        let stats = sink.stats();
-        // Relaxed: statistics (see `Metrics`).
-        metrics.rows.store(stats.rows, Ordering::Relaxed);
-        metrics.transactions.store(stats.applied, Ordering::Relaxed);
-        if last_lag.elapsed() >= Duration::from_millis(500) {
-            last_lag = Instant::now();
-            if let Some(lag) = input_lag(input) {
-                metrics.input_lag_bytes.store(lag, Ordering::Relaxed);
-            }
-        }
-        // The input paused (or a batch ended): make what arrived visible now.
-        sink.flush_group();
-        dirty |= progressed;
-        if dirty && last_checkpoint.elapsed() >= checkpoint_every {
-            let position = input_position(input);
-            checkpoint(sink, input, position, metrics).inspect_err(|_| metrics.error("checkpoint"))?;
-            last_checkpoint = Instant::now();
-            dirty = false;
-        }
-        // A file is polled; a replication stream waits in its socket read.
-        if !progressed && matches!(input, Input::File(_)) {
-            std::thread::sleep(Duration::from_millis(args.poll_ms));
-        }
-    }
     Ok(())
 }
 
@@ -297,18 +185,6 @@ pub fn lease_time(secs: f64) -> CliResult<Duration> {
         return Err(format!("--lease-secs {secs}: must be at least 0.3").into());
     }
     Ok(Duration::from_secs_f64(secs))
-}
-
-/// Bytes of input not applied yet: of a plain file (a gzip file's size is
-/// not in stream bytes), or of WAL (unknown while PostgreSQL is unreachable).
-fn input_lag(input: &mut Input) -> Option<u64> {
-    match input {
-        Input::File(src) => {
-            let len = std::fs::metadata(src.name()).ok()?.len();
-            Some(len.saturating_sub(src.position().offset))
-        }
-        Input::Postgres(pg) => Some(pg.server_lsn().ok()?.0.saturating_sub(pg.applied().0)),
-    }
 }
 
 fn maintenance_loop(

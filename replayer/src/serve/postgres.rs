@@ -29,6 +29,7 @@ use fovea_core::Engine;
 use fovea_core::cdc::pgoutput::{
     Lsn, PgOutputDecoder, PgTransaction, ROWID_COLUMN, XidSnapshot, pg_type, rowid_column, text_json,
 };
+use fovea_core::cdc::source::{ChangeSource, Lag, Polled};
 use fovea_core::cdc::types::format_value;
 use fovea_core::cdc::{ChangeRecord, DeclaredColumn, RowChange, RowOp, SourcePosition};
 use fovea_core::schema::rows_from_batch;
@@ -647,6 +648,88 @@ impl PgSource {
 }
 
 /// `"name"` with inner quotes doubled.
+/// A [`PgSource`] as a [`ChangeSource`]: the first poll copies the
+/// published tables not copied yet; lost connections are counted and
+/// retried, not errors.
+pub struct PgChangeSource {
+    pg: PgSource,
+    name: String,
+    engine: std::sync::Arc<Engine>,
+    metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
+    copied_once: bool,
+}
+
+impl PgChangeSource {
+    /// Connects to the slot of `spec`, resuming after `checkpoint` when it
+    /// read this slot.
+    pub fn open(
+        spec: &str,
+        checkpoint: Option<&fovea_core::catalog::CheckpointRecord>,
+        engine: std::sync::Arc<Engine>,
+        metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
+    ) -> CliResult<Self> {
+        let input = PgInput::parse(spec)?;
+        let name = input.name();
+        let resume = checkpoint.filter(|c| c.input == name).map(|c| (c.position, c.source_state.clone()));
+        Ok(PgChangeSource { pg: PgSource::open(input, resume)?, name, engine, metrics, copied_once: false })
+    }
+
+    fn source_error(&self, e: impl std::fmt::Display) -> fovea_core::Error {
+        fovea_core::Error::Source { input: self.name.clone(), message: e.to_string() }
+    }
+}
+
+/// The boxed errors of the PostgreSQL input, as the core's: an input error
+/// (a record's) stays one.
+fn into_core(e: Box<dyn std::error::Error + Send + Sync>, input: &str) -> fovea_core::Error {
+    match e.downcast::<fovea_core::Error>() {
+        Ok(core) => *core,
+        Err(other) => fovea_core::Error::Source { input: input.to_owned(), message: other.to_string() },
+    }
+}
+
+impl ChangeSource for PgChangeSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn poll(&mut self, sink: &mut Sink) -> fovea_core::Result<Polled> {
+        if !self.copied_once {
+            self.copied_once = true;
+            let copied = self.pg.copy_new_tables(sink).map_err(|e| into_core(e, &self.name))?;
+            if copied > 0 {
+                return Ok(Polled { records: copied, ..Polled::default() });
+            }
+        }
+        let out = self.pg.poll(sink, &self.engine).map_err(|e| into_core(e, &self.name))?;
+        if out.disconnected
+            && let Some(m) = &self.metrics
+        {
+            m.error("postgres_connection");
+        }
+        Ok(Polled { records: out.transactions, moved: out.moved, end: None })
+    }
+
+    fn position(&self) -> SourcePosition {
+        self.pg.position()
+    }
+
+    fn state_at(&mut self, _position: SourcePosition) -> fovea_core::Result<Option<String>> {
+        // Transactions arrive whole and in commit order: the state is the
+        // source's now.
+        Ok(Some(self.pg.state()))
+    }
+
+    fn confirm(&mut self, position: SourcePosition) -> fovea_core::Result<()> {
+        self.pg.confirm(position).map_err(|e| self.source_error(e))
+    }
+
+    fn lag(&mut self) -> Lag {
+        let bytes = self.pg.server_lsn().ok().map(|l| l.0.saturating_sub(self.pg.applied().0));
+        Lag { bytes, ..Lag::default() }
+    }
+}
+
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }

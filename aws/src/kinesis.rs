@@ -1,0 +1,928 @@
+//! Kinesis Data Streams as an input: `--input
+//! 'kinesis://STREAM[,STREAM…]?format=auto|debezium|dms&start=trim_horizon|latest'`.
+//!
+//! ```text
+//!  shard readers (tasks, one per shard, GetRecords) ──events──▶ KinesisSource::poll
+//!     decode + link each record ─▶ TxnOrder (whole transactions, commit order) ─▶ Sink
+//! ```
+//! Every shard of every stream is read concurrently; a child shard (split,
+//! merge) starts once its parents are read to their end, so a key's changes
+//! stay in order across resharding. Source transactions are rebuilt and
+//! released in commit order by [`fovea_core::cdc::ordering`] (its module
+//! docs state the rule and why it holds). A checkpoint records, per shard,
+//! where to read again — at the earliest record of a transaction not yet
+//! applied, else after the last record read, or that the shard is finished
+//! — and the last transaction applied; a restart reads from there, and
+//! records of transactions already applied are dropped by their identity.
+//!
+//! What is guaranteed, by producer configuration:
+//!
+//! | producer | guarantee |
+//! |---|---|
+//! | Debezium PostgreSQL with `provide.transaction.metadata=true` (BEGIN/END records, `transaction.total_order`, `source.sequence`), any partitioning, any number of shards and streams | every transaction exactly once, whole, in commit order (the chain of `source.sequence` commit LSNs) |
+//! | AWS DMS with `IncludeTransactionDetails=true` (`transaction-id`, `transaction-record-id`, `prev-transaction-*`), any partitioning | the same (the chain of prev links); the newest transaction becomes visible once the next one's first record arrives (DMS marks no end — enable `HeartbeatEnable` on a quiet source) or, in `fovea replay`, once every shard is read to its tip |
+//! | either without transaction details, one shard | records in shard order, grouped by transaction id as in a file; a record put twice may be applied twice |
+//! | without transaction details, several shards | refused at start, unless `&atomic=false`: each row is applied as a transaction of its own (named `kinesis-row:…` in `fovea history`) |
+//!
+//! Records held for incomplete transactions are capped (`max_held_mb`,
+//! default an eighth of the machine's memory): past it the input fails,
+//! naming the transaction and the shard holding it back.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::error::DisplayErrorContext;
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
+use bytes::Bytes;
+use fovea_core::catalog::CheckpointRecord;
+use fovea_core::cdc::ordering::{Held, Link, Origin, SequenceNumber, ShardIx, Tail, TxnOrder, link_of};
+use fovea_core::cdc::source::{ChangeSource, Lag, Polled, ShardLag};
+use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line};
+use fovea_core::sink::Sink;
+use fovea_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+/// Records asked for per GetRecords (the service maximum).
+const GET_LIMIT: i32 = 10_000;
+/// Events drained per poll before the sink gets what is ready.
+const EVENTS_PER_POLL: usize = 64;
+
+/// Where a shard without a checkpointed position starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Its oldest record (`TRIM_HORIZON`).
+    TrimHorizon,
+    /// Records put from now on (`LATEST`).
+    Latest,
+}
+
+/// What `--input kinesis://…` asks for.
+#[derive(Clone, Debug)]
+pub struct KinesisOptions {
+    /// Stream names.
+    pub streams: Vec<String>,
+    /// Record format.
+    pub format: InputFormat,
+    /// Where shards without a checkpoint start.
+    pub start: Start,
+    /// Apply whole source transactions (`false`: row at a time).
+    pub atomic: bool,
+    /// Follow the streams (serve) instead of stopping at their tips (replay).
+    pub follow: bool,
+    /// Pause after an empty read of a shard (Kinesis allows five reads a
+    /// second per shard).
+    pub poll: Duration,
+    /// Cap on the bytes of records held for incomplete transactions.
+    pub max_held_bytes: usize,
+    /// Largest record accepted.
+    pub max_record_bytes: usize,
+}
+
+impl KinesisOptions {
+    /// Parses `kinesis://STREAM[,STREAM…][?format=…&start=…&atomic=…&poll_ms=…&max_held_mb=…&max_record_kb=…]`;
+    /// `format` is the default of `--format`.
+    pub fn parse(spec: &str, format: InputFormat, follow: bool) -> Result<Self> {
+        let bad = |m: String| Error::Source { input: spec.to_owned(), message: m };
+        let rest = spec.strip_prefix("kinesis://").ok_or_else(|| bad("expected kinesis://STREAM".into()))?;
+        let (names, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let streams: Vec<String> = names.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+        if streams.is_empty() {
+            return Err(bad("no stream named: kinesis://STREAM[,STREAM…]".into()));
+        }
+        let mut options = KinesisOptions {
+            streams,
+            format,
+            start: Start::TrimHorizon,
+            atomic: true,
+            follow,
+            poll: Duration::from_millis(200),
+            max_held_bytes: default_held_cap(),
+            max_record_bytes: 10 << 20,
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = |what: &str| v.parse::<u64>().map_err(|_| bad(format!("{k}={v:?}: expected {what}")));
+            match k {
+                "format" => options.format = v.parse().map_err(bad)?,
+                "start" => {
+                    options.start = match v {
+                        "trim_horizon" => Start::TrimHorizon,
+                        "latest" => Start::Latest,
+                        _ => return Err(bad(format!("start={v:?}: expected trim_horizon or latest"))),
+                    }
+                }
+                "atomic" => {
+                    options.atomic = v.parse().map_err(|_| bad(format!("atomic={v:?}: expected true or false")))?
+                }
+                "poll_ms" => options.poll = Duration::from_millis(number("milliseconds")?),
+                "max_held_mb" => options.max_held_bytes = (number("megabytes")? as usize) << 20,
+                "max_record_kb" => options.max_record_bytes = (number("kilobytes")? as usize) << 10,
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb or max_record_kb"
+                    )));
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// The input's name in checkpoints.
+    pub fn name(&self) -> String {
+        format!("kinesis://{}", self.streams.join(","))
+    }
+}
+
+/// An eighth of the machine's memory (512 MiB when unknown).
+fn default_held_cap() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<usize>().ok()
+    });
+    total.map_or(512 << 20, |kb| (kb << 10) / 8)
+}
+
+/// Where a shard resumes, as checkpoints record it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SavedShard {
+    /// Read again from this record (a transaction not applied yet has it).
+    At(SequenceNumber),
+    /// Read on after this record.
+    After(SequenceNumber),
+    /// Closed and read to its end.
+    Finished,
+}
+
+/// A checkpoint's state of the input.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct SavedState {
+    /// The last source transaction applied.
+    tail: Option<Tail>,
+    /// By `stream/shardId`.
+    shards: BTreeMap<String, SavedShard>,
+}
+
+struct Shard {
+    stream: String,
+    id: String,
+    parents: Vec<String>,
+    /// Closed when listed (has an ending sequence number).
+    closed: bool,
+    saved: Option<SavedShard>,
+    started: bool,
+    finished: bool,
+    last_read: Option<SequenceNumber>,
+    /// Its last read was empty with nothing behind.
+    at_tip: bool,
+    millis_behind: u64,
+    records: u64,
+}
+
+impl Shard {
+    fn name(&self) -> String {
+        format!("{}/{}", self.stream, self.id)
+    }
+}
+
+enum Event {
+    Records { ix: ShardIx, records: Vec<(SequenceNumber, Bytes)>, millis_behind: u64, at_tip: bool },
+    Closed { ix: ShardIx },
+    Failed { ix: ShardIx, message: String },
+}
+
+/// A transaction handed to the sink and not yet covered by a confirmed
+/// checkpoint: what a checkpoint resuming before it must read again.
+struct ReleasedMark {
+    /// Ordinal of its first record.
+    first: u64,
+    /// The tail before it.
+    tail_before: Option<Tail>,
+    /// Its earliest record per shard.
+    origins: Vec<(ShardIx, SequenceNumber)>,
+}
+
+/// Kinesis streams as a [`ChangeSource`] (see the module docs).
+pub struct KinesisSource {
+    options: KinesisOptions,
+    name: String,
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    shards: Vec<Shard>,
+    by_name: HashMap<String, ShardIx>,
+    tx: mpsc::Sender<Event>,
+    rx: mpsc::Receiver<Event>,
+    order: TxnOrder,
+    /// Ordinal of the next record pushed (positions are ordinals).
+    next: u64,
+    released: VecDeque<ReleasedMark>,
+    /// Direct mode: where each group of records of one transaction began.
+    group_starts: VecDeque<(u64, Origin)>,
+    last_group: Option<(Option<String>, bool)>,
+    /// More than one shard: records must carry transaction details.
+    ordered: bool,
+    stop: Arc<AtomicBool>,
+}
+
+impl KinesisSource {
+    /// Lists the streams' shards and starts reading them, resuming where
+    /// `checkpoint` stopped if it read these streams.
+    pub fn open(options: KinesisOptions, checkpoint: Option<&CheckpointRecord>) -> Result<Self> {
+        let name = options.name();
+        let saved: SavedState = match checkpoint.filter(|c| c.input == name).and_then(|c| c.source_state.as_deref()) {
+            Some(s) => serde_json::from_str(s).map_err(|e| Error::Corrupt {
+                what: format!("the checkpointed state of input {name}"),
+                reason: e.to_string(),
+            })?,
+            None => SavedState::default(),
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fovea-kinesis")
+            .enable_all()
+            .build()?;
+        let client = runtime.block_on(client())?;
+        let (tx, rx) = mpsc::channel(EVENTS_PER_POLL * 4);
+        let next = checkpoint.filter(|c| c.input == name).map_or(1, |c| c.position.line.max(1));
+        let mut source = KinesisSource {
+            order: TxnOrder::new(0, saved.tail.clone(), options.max_held_bytes),
+            name,
+            runtime,
+            client,
+            shards: Vec::new(),
+            by_name: HashMap::new(),
+            tx,
+            rx,
+            next,
+            released: VecDeque::new(),
+            group_starts: VecDeque::new(),
+            last_group: None,
+            ordered: options.streams.len() > 1,
+            stop: Arc::new(AtomicBool::new(false)),
+            options,
+        };
+        let first_run = saved.shards.is_empty();
+        for stream in source.options.streams.clone() {
+            source.list(&stream, &saved, first_run)?;
+        }
+        source.start_ready()?;
+        Ok(source)
+    }
+
+    /// Lists `stream`'s shards and registers the new ones.
+    fn list(&mut self, stream: &str, saved: &SavedState, first_run: bool) -> Result<()> {
+        let (client, s) = (self.client.clone(), stream.to_owned());
+        let listed = self.runtime.block_on(list_shards(client, s)).map_err(|m| self.error(m))?;
+        for shard in listed {
+            let key = format!("{stream}/{}", shard.id);
+            if self.by_name.contains_key(&key) {
+                continue;
+            }
+            let mut saved_shard = saved.shards.get(&key).cloned();
+            // Starting at the newest records: what closed before is history.
+            if first_run && self.options.start == Start::Latest && shard.closed {
+                saved_shard = Some(SavedShard::Finished);
+            }
+            let ix = self.shards.len();
+            self.by_name.insert(key, ix);
+            let finished = saved_shard == Some(SavedShard::Finished);
+            self.shards.push(Shard {
+                stream: stream.to_owned(),
+                id: shard.id,
+                parents: shard.parents,
+                closed: shard.closed,
+                saved: saved_shard,
+                started: false,
+                finished,
+                last_read: None,
+                at_tip: false,
+                millis_behind: 0,
+                records: 0,
+            });
+            self.order.ensure_shard(ix);
+            if finished {
+                self.order.set_finished(ix);
+            }
+        }
+        self.ordered |= self.shards.len() > 1;
+        Ok(())
+    }
+
+    /// Starts the reader of every shard whose parents are read to their end.
+    fn start_ready(&mut self) -> Result<()> {
+        for ix in 0..self.shards.len() {
+            let shard = &self.shards[ix];
+            if shard.started || shard.finished {
+                continue;
+            }
+            let parents_done = shard
+                .parents
+                .iter()
+                .all(|p| self.by_name.get(&format!("{}/{p}", shard.stream)).is_none_or(|&i| self.shards[i].finished));
+            if !parents_done {
+                continue;
+            }
+            let is_child = shard.parents.iter().any(|p| self.by_name.contains_key(&format!("{}/{p}", shard.stream)));
+            let start = match &shard.saved {
+                Some(SavedShard::At(s)) => ShardStart::At(s.clone()),
+                Some(SavedShard::After(s)) => ShardStart::After(s.clone()),
+                Some(SavedShard::Finished) => continue,
+                None if is_child || self.options.start == Start::TrimHorizon => ShardStart::TrimHorizon,
+                None if shard.closed => ShardStart::TrimHorizon,
+                None => ShardStart::Latest,
+            };
+            tracing::debug!(shard = %shard.name(), ?start, "reading shard");
+            let reader = ShardReader {
+                client: self.client.clone(),
+                stream: shard.stream.clone(),
+                id: shard.id.clone(),
+                ix,
+                tx: self.tx.clone(),
+                poll: self.options.poll,
+                stop: Arc::clone(&self.stop),
+            };
+            self.runtime.spawn(reader.run(start));
+            self.shards[ix].started = true;
+        }
+        Ok(())
+    }
+
+    fn error(&self, message: impl Into<String>) -> Error {
+        Error::Source { input: self.name.clone(), message: message.into() }
+    }
+
+    /// Names a record in messages.
+    fn at(&self, origin: &Origin) -> String {
+        let shard = &self.shards[origin.shard];
+        format!("stream {}, shard {}, sequence number {}", shard.stream, shard.id, origin.seq)
+    }
+
+    fn record_error(&self, origin: &Origin, link: Option<&Link>, message: impl std::fmt::Display) -> Error {
+        Error::Input {
+            position: SourcePosition { line: self.next, offset: 0 },
+            table: None,
+            txid: link.and_then(Link::txid).map(str::to_owned),
+            message: format!("{} ({})", message, self.at(origin)),
+        }
+    }
+
+    /// Takes one record read from a shard.
+    fn take_record(&mut self, sink: &mut Sink, origin: Origin, data: &[u8]) -> Result<u64> {
+        if data.len() > self.options.max_record_bytes {
+            return Err(self.record_error(
+                &origin,
+                None,
+                format!(
+                    "record of {} bytes is over the limit of {} (max_record_kb)",
+                    data.len(),
+                    self.options.max_record_bytes
+                ),
+            ));
+        }
+        let line = std::str::from_utf8(data)
+            .map_err(|e| self.record_error(&origin, None, format!("record is not UTF-8 JSON: {e}")))?;
+        let link = link_of(line, self.options.format).map_err(|m| self.record_error(&origin, None, m))?;
+        if link == Link::Skip {
+            return Ok(0);
+        }
+        let position = SourcePosition { line: self.next, offset: 0 };
+        let record =
+            decode_line(line, position, self.options.format).map_err(|e| self.record_error(&origin, Some(&link), e))?;
+        if matches!(record, ChangeRecord::Skip) {
+            return Ok(0);
+        }
+        if !self.options.atomic {
+            return self.push_alone(sink, record, origin);
+        }
+        if link == Link::Unlinked {
+            if self.ordered {
+                return Err(self.error(format!(
+                    "the record at {} has no transaction details, and its stream has several shards (or several streams are read): its transaction cannot be rebuilt. Help: AWS DMS — set IncludeTransactionDetails=true in the Kinesis endpoint settings; Debezium — set provide.transaction.metadata=true; or add &atomic=false to apply each row on its own",
+                    self.at(&origin)
+                )));
+            }
+            return self.push_direct(sink, record, origin);
+        }
+        let held = Held { record, origin, bytes: data.len() };
+        let origin = held.origin.clone();
+        self.order
+            .add(link.clone(), held, &|t: &str| sink.is_applied(t))
+            .map_err(|m| self.record_error(&origin, Some(&link), m))?;
+        Ok(0)
+    }
+
+    /// `&atomic=false`: a row is a transaction of its own.
+    fn push_alone(&mut self, sink: &mut Sink, record: ChangeRecord, origin: Origin) -> Result<u64> {
+        let ChangeRecord::Row(mut row) = record else { return Ok(0) };
+        let txid = format!("kinesis-row:{}/{}", self.shards[origin.shard].name(), origin.seq);
+        row.txid = Some(txid.clone());
+        let at = |n: u64| SourcePosition { line: n, offset: 0 };
+        let first = self.next;
+        self.released.push_back(ReleasedMark {
+            first,
+            tail_before: self.order.tail().cloned(),
+            origins: vec![(origin.shard, origin.seq.clone())],
+        });
+        let records = [
+            ChangeRecord::Begin { txid: txid.clone(), commit_us: row.commit_us },
+            ChangeRecord::Row(row),
+            ChangeRecord::End { txid, event_count: Some(1), per_table: Vec::new(), commit_us: None },
+        ];
+        for r in records {
+            let n = self.next;
+            self.next += 1;
+            sink.push(r, at(n), at(n + 1)).map_err(|e| self.with_origin(e, &origin))?;
+        }
+        Ok(1)
+    }
+
+    /// One shard without transaction details: records in shard order, as
+    /// from a file (the sink groups them by transaction id).
+    fn push_direct(&mut self, sink: &mut Sink, record: ChangeRecord, origin: Origin) -> Result<u64> {
+        let group = match &record {
+            ChangeRecord::Row(r) => Some((r.txid.clone(), r.snapshot.is_some())),
+            _ => None,
+        };
+        if group.is_some() && group != self.last_group {
+            self.group_starts.push_back((self.next, origin.clone()));
+            self.last_group = group;
+        }
+        let n = self.next;
+        self.next += 1;
+        let at = |n: u64| SourcePosition { line: n, offset: 0 };
+        sink.push(record, at(n), at(n + 1)).map_err(|e| self.with_origin(e, &origin))?;
+        Ok(1)
+    }
+
+    /// Hands every transaction that is ready to the sink.
+    fn release(&mut self, sink: &mut Sink, at_rest: bool) -> Result<u64> {
+        let mut pushed = 0;
+        loop {
+            let tail_before = self.order.tail().cloned();
+            let Some(txn) = self.order.release(at_rest) else { break };
+            if txn.gap {
+                tracing::warn!(txid = %txn.txid, "no predecessor link places this source transaction: applied in commit-time order once every shard was read to its tip");
+            }
+            let mut origins: Vec<(ShardIx, SequenceNumber)> = Vec::new();
+            for h in &txn.records {
+                match origins.iter_mut().find(|(s, _)| *s == h.origin.shard) {
+                    Some((_, seq)) if *seq <= h.origin.seq => {}
+                    Some((_, seq)) => *seq = h.origin.seq.clone(),
+                    None => origins.push((h.origin.shard, h.origin.seq.clone())),
+                }
+            }
+            self.released.push_back(ReleasedMark { first: self.next, tail_before, origins });
+            for h in txn.records {
+                let n = self.next;
+                self.next += 1;
+                let at = |n: u64| SourcePosition { line: n, offset: 0 };
+                sink.push(h.record, at(n), at(n + 1)).map_err(|e| self.with_origin(e, &h.origin))?;
+                pushed += 1;
+            }
+        }
+        Ok(pushed)
+    }
+
+    fn with_origin(&self, e: Error, origin: &Origin) -> Error {
+        match e {
+            Error::Input { position, table, txid, message } => {
+                Error::Input { position, table, txid, message: format!("{message} ({})", self.at(origin)) }
+            }
+            other => other,
+        }
+    }
+
+    fn handle(&mut self, sink: &mut Sink, event: Event) -> Result<u64> {
+        match event {
+            Event::Records { ix, records, millis_behind, at_tip } => {
+                let mut pushed = 0;
+                for (seq, data) in records {
+                    let origin = Origin { shard: ix, seq: seq.clone() };
+                    pushed += self.take_record(sink, origin, &data)?;
+                    let shard = &mut self.shards[ix];
+                    shard.last_read = Some(seq);
+                    shard.records += 1;
+                }
+                self.shards[ix].millis_behind = millis_behind;
+                self.shards[ix].at_tip = at_tip;
+                self.order.set_at_tip(ix, at_tip);
+                Ok(pushed)
+            }
+            Event::Closed { ix } => {
+                tracing::info!(shard = %self.shards[ix].name(), "shard read to its end");
+                self.shards[ix].finished = true;
+                self.order.set_finished(ix);
+                // Its children (a split or a merge) start now.
+                let stream = self.shards[ix].stream.clone();
+                self.list(&stream, &SavedState::default(), false)?;
+                self.start_ready()?;
+                Ok(0)
+            }
+            Event::Failed { ix, message } => Err(self.error(format!("shard {}: {message}", self.shards[ix].name()))),
+        }
+    }
+
+    /// Every shard is read to its tip or its end, and none waits to start.
+    fn caught_up(&self) -> bool {
+        self.shards.iter().all(|s| s.finished || (s.started && s.at_tip))
+    }
+}
+
+impl ChangeSource for KinesisSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn poll(&mut self, sink: &mut Sink) -> Result<Polled> {
+        let mut polled = Polled::default();
+        // Wait up to a poll interval for the first event, then take what is there.
+        let wait = self.options.poll;
+        let first = self.runtime.block_on(async { tokio::time::timeout(wait, self.rx.recv()).await });
+        let mut events = Vec::new();
+        if let Ok(Some(e)) = first {
+            events.push(e);
+            while events.len() < EVENTS_PER_POLL {
+                match self.rx.try_recv() {
+                    Ok(e) => events.push(e),
+                    Err(_) => break,
+                }
+            }
+        }
+        for e in events {
+            polled.records += self.handle(sink, e)?;
+        }
+        polled.records += self.release(sink, false)?;
+        if !self.options.follow && self.rx.is_empty() && self.caught_up() {
+            // At rest: a DMS transaction without a successor is complete.
+            polled.records += self.release(sink, true)?;
+            let (txns, bytes) = self.order.held();
+            if txns > 0 {
+                tracing::warn!(
+                    transactions = txns,
+                    bytes,
+                    "every shard is read to its tip, but some source transactions are incomplete: they stay unapplied, and the next run reads them again"
+                );
+            }
+            polled.end = Some(self.position());
+        }
+        Ok(polled)
+    }
+
+    fn position(&self) -> SourcePosition {
+        SourcePosition { line: self.next, offset: 0 }
+    }
+
+    fn state_at(&mut self, position: SourcePosition) -> Result<Option<String>> {
+        // Transactions from `position` on are not in the checkpoint: their
+        // records are read again.
+        let undone: Vec<&ReleasedMark> = self.released.iter().filter(|m| m.first >= position.line).collect();
+        let tail = match undone.first() {
+            Some(m) => m.tail_before.clone(),
+            None => self.order.tail().cloned(),
+        };
+        let mut at: HashMap<ShardIx, SequenceNumber> = self.order.earliest_held();
+        let mut earliest = |shard: ShardIx, seq: &SequenceNumber| match at.get_mut(&shard) {
+            Some(s) if *s <= *seq => {}
+            Some(s) => *s = seq.clone(),
+            None => {
+                at.insert(shard, seq.clone());
+            }
+        };
+        for m in &undone {
+            for (shard, seq) in &m.origins {
+                earliest(*shard, seq);
+            }
+        }
+        // A group the sink has not finished (one shard, no details).
+        if let Some((_, origin)) = self.group_starts.iter().find(|(n, _)| *n == position.line)
+            && position.line < self.next
+        {
+            earliest(origin.shard, &origin.seq);
+        }
+        let mut shards = BTreeMap::new();
+        for (ix, shard) in self.shards.iter().enumerate() {
+            let saved = match (at.get(&ix), &shard.last_read) {
+                (Some(seq), _) => SavedShard::At(seq.clone()),
+                _ if shard.finished => SavedShard::Finished,
+                (None, Some(seq)) => SavedShard::After(seq.clone()),
+                // Not read yet: where it was to start.
+                (None, None) => match &shard.saved {
+                    Some(s) => s.clone(),
+                    None => continue,
+                },
+            };
+            shards.insert(shard.name(), saved);
+        }
+        let state = SavedState { tail, shards };
+        Ok(Some(serde_json::to_string(&state).map_err(|e| Error::Invariant(format!("input state: {e}")))?))
+    }
+
+    fn confirm(&mut self, position: SourcePosition) -> Result<()> {
+        while self.released.front().is_some_and(|m| m.first < position.line) {
+            self.released.pop_front();
+        }
+        // The newest group start before `position` may still be open.
+        while self.group_starts.len() > 1 && self.group_starts[1].0 <= position.line {
+            self.group_starts.pop_front();
+        }
+        Ok(())
+    }
+
+    fn lag(&mut self) -> Lag {
+        let (txns, bytes) = self.order.held();
+        Lag {
+            bytes: None,
+            shards: self
+                .shards
+                .iter()
+                .filter(|s| s.started && !s.finished)
+                .map(|s| ShardLag { name: s.name(), millis_behind: s.millis_behind, records: s.records })
+                .collect(),
+            held: (txns as u64, bytes as u64),
+        }
+    }
+}
+
+impl Drop for KinesisSource {
+    fn drop(&mut self) {
+        // Release: the readers' Acquire loads see it and return.
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Where a shard reader begins.
+#[derive(Clone, Debug)]
+enum ShardStart {
+    At(SequenceNumber),
+    After(SequenceNumber),
+    TrimHorizon,
+    Latest,
+}
+
+/// Reads one shard into the event channel until it is closed and read to
+/// its end (then `Closed`), a request fails for good (`Failed`), or the
+/// source stops.
+struct ShardReader {
+    client: Client,
+    stream: String,
+    id: String,
+    ix: ShardIx,
+    tx: mpsc::Sender<Event>,
+    poll: Duration,
+    stop: Arc<AtomicBool>,
+}
+
+impl ShardReader {
+    async fn run(self, start: ShardStart) {
+        if let Err(message) = self.read(start).await {
+            let _ = self.tx.send(Event::Failed { ix: self.ix, message }).await;
+        }
+    }
+
+    async fn iterator(&self, start: &ShardStart) -> std::result::Result<Option<String>, String> {
+        let (kind, seq) = match start {
+            ShardStart::At(s) => (ShardIteratorType::AtSequenceNumber, Some(s.0.clone())),
+            ShardStart::After(s) => (ShardIteratorType::AfterSequenceNumber, Some(s.0.clone())),
+            ShardStart::TrimHorizon => (ShardIteratorType::TrimHorizon, None),
+            ShardStart::Latest => (ShardIteratorType::Latest, None),
+        };
+        let out = self
+            .client
+            .get_shard_iterator()
+            .stream_name(&self.stream)
+            .shard_id(&self.id)
+            .shard_iterator_type(kind)
+            .set_starting_sequence_number(seq)
+            .send()
+            .await
+            .map_err(|e| format!("GetShardIterator: {}", DisplayErrorContext(&e)))?;
+        Ok(out.shard_iterator().map(str::to_owned))
+    }
+
+    async fn read(&self, start: ShardStart) -> std::result::Result<(), String> {
+        let mut iterator = self.iterator(&start).await?;
+        let mut last: Option<SequenceNumber> = None;
+        // Acquire: pairs with the Release store of `KinesisSource::drop`.
+        while !self.stop.load(Ordering::Acquire) {
+            let Some(it) = iterator.take() else {
+                let _ = self.tx.send(Event::Closed { ix: self.ix }).await;
+                return Ok(());
+            };
+            let out = match self.client.get_records().shard_iterator(it).limit(GET_LIMIT).send().await {
+                Ok(out) => out,
+                Err(e) if e.as_service_error().is_some_and(|s| s.is_expired_iterator_exception()) => {
+                    // Iterators expire after five minutes: ask again where we are.
+                    let again = last.clone().map_or(start.clone(), ShardStart::After);
+                    iterator = self.iterator(&again).await?;
+                    continue;
+                }
+                Err(e) => return Err(format!("GetRecords: {}", DisplayErrorContext(&e))),
+            };
+            let records: Vec<(SequenceNumber, Bytes)> = out
+                .records()
+                .iter()
+                .map(|r| (SequenceNumber(r.sequence_number().to_owned()), Bytes::copy_from_slice(r.data().as_ref())))
+                .collect();
+            if let Some((s, _)) = records.last() {
+                last = Some(s.clone());
+            }
+            let millis_behind = out.millis_behind_latest().unwrap_or(0).max(0) as u64;
+            let empty = records.is_empty();
+            iterator = out.next_shard_iterator().map(str::to_owned);
+            let at_tip = empty && millis_behind == 0 && iterator.is_some();
+            if self.tx.send(Event::Records { ix: self.ix, records, millis_behind, at_tip }).await.is_err() {
+                return Ok(());
+            }
+            if empty && iterator.is_some() {
+                tokio::time::sleep(self.poll).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A shard as listed.
+struct ListedShard {
+    id: String,
+    parents: Vec<String>,
+    closed: bool,
+}
+
+async fn client() -> Result<Client> {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(crate::RETRY_ATTEMPTS))
+        .load()
+        .await;
+    Ok(Client::new(&config))
+}
+
+async fn list_shards(client: Client, stream: String) -> std::result::Result<Vec<ListedShard>, String> {
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let request = match &token {
+            Some(t) => client.list_shards().next_token(t),
+            None => client.list_shards().stream_name(&stream),
+        };
+        let page =
+            request.send().await.map_err(|e| format!("ListShards of stream {stream}: {}", DisplayErrorContext(&e)))?;
+        for s in page.shards() {
+            out.push(ListedShard {
+                id: s.shard_id().to_owned(),
+                parents: s
+                    .parent_shard_id()
+                    .into_iter()
+                    .chain(s.adjacent_parent_shard_id())
+                    .map(str::to_owned)
+                    .collect(),
+                closed: s.sequence_number_range().is_some_and(|r| r.ending_sequence_number().is_some()),
+            });
+        }
+        token = page.next_token().map(str::to_owned);
+        if token.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
+/// Writing to and resharding streams: for tests, benchmarks and tools that
+/// feed a change stream into Kinesis.
+pub struct KinesisProducer {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl KinesisProducer {
+    /// A client from the environment's AWS configuration.
+    pub fn connect() -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let client = runtime.block_on(client())?;
+        Ok(KinesisProducer { runtime, client })
+    }
+
+    fn failed(what: &str, e: impl std::fmt::Display) -> Error {
+        Error::Backend { backend: "kinesis", operation: what.to_owned(), key: String::new(), message: e.to_string() }
+    }
+
+    /// Creates `stream` with `shards` shards and waits until it is active.
+    pub fn create_stream(&self, stream: &str, shards: i32) -> Result<()> {
+        self.runtime
+            .block_on(self.client.create_stream().stream_name(stream).shard_count(shards).send())
+            .map_err(|e| Self::failed("CreateStream", DisplayErrorContext(&e)))?;
+        self.wait_active(stream)
+    }
+
+    fn wait_active(&self, stream: &str) -> Result<()> {
+        for _ in 0..600 {
+            let out = self
+                .runtime
+                .block_on(self.client.describe_stream_summary().stream_name(stream).send())
+                .map_err(|e| Self::failed("DescribeStreamSummary", DisplayErrorContext(&e)))?;
+            if out.stream_description_summary().is_some_and(|s| *s.stream_status() == StreamStatus::Active) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(Self::failed("DescribeStreamSummary", format!("stream {stream} did not become active")))
+    }
+
+    /// Puts `records` (partition key, data) with PutRecords in batches of
+    /// 500, re-sending failed entries; returns their sequence numbers.
+    pub fn put(&self, stream: &str, records: &[(String, Vec<u8>)]) -> Result<Vec<String>> {
+        let mut sequence = Vec::with_capacity(records.len());
+        for batch in records.chunks(500) {
+            let mut pending: Vec<usize> = (0..batch.len()).collect();
+            let mut got = vec![String::new(); batch.len()];
+            for attempt in 0.. {
+                if pending.is_empty() {
+                    break;
+                }
+                if attempt == 20 {
+                    return Err(Self::failed("PutRecords", format!("{} entries kept failing", pending.len())));
+                }
+                let entries = pending
+                    .iter()
+                    .map(|&i| {
+                        PutRecordsRequestEntry::builder()
+                            .partition_key(&batch[i].0)
+                            .data(Blob::new(batch[i].1.clone()))
+                            .build()
+                            .map_err(|e| Self::failed("PutRecords", e))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let out = self
+                    .runtime
+                    .block_on(self.client.put_records().stream_name(stream).set_records(Some(entries)).send())
+                    .map_err(|e| Self::failed("PutRecords", DisplayErrorContext(&e)))?;
+                let mut again = Vec::new();
+                for (&i, entry) in pending.iter().zip(out.records()) {
+                    match (entry.error_code(), entry.sequence_number()) {
+                        (None, Some(seq)) => got[i] = seq.to_owned(),
+                        _ => again.push(i),
+                    }
+                }
+                if !again.is_empty() {
+                    std::thread::sleep(Duration::from_millis(20 << attempt.min(5)));
+                }
+                pending = again;
+            }
+            sequence.extend(got);
+        }
+        Ok(sequence)
+    }
+
+    /// The open shards of `stream`, with their hash key ranges.
+    pub fn open_shards(&self, stream: &str) -> Result<Vec<(String, u128, u128)>> {
+        let mut out = Vec::new();
+        let page = self
+            .runtime
+            .block_on(self.client.list_shards().stream_name(stream).send())
+            .map_err(|e| Self::failed("ListShards", DisplayErrorContext(&e)))?;
+        for s in page.shards() {
+            let open = s.sequence_number_range().is_none_or(|r| r.ending_sequence_number().is_none());
+            if let (true, Some(range)) = (open, s.hash_key_range()) {
+                let start = range.starting_hash_key().parse().map_err(|e| Self::failed("ListShards", e))?;
+                let end = range.ending_hash_key().parse().map_err(|e| Self::failed("ListShards", e))?;
+                out.push((s.shard_id().to_owned(), start, end));
+            }
+        }
+        out.sort_by_key(|s| s.1);
+        Ok(out)
+    }
+
+    /// Splits shard `id` of `stream` in the middle of its hash key range.
+    pub fn split(&self, stream: &str, id: &str) -> Result<()> {
+        let (_, start, end) = self
+            .open_shards(stream)?
+            .into_iter()
+            .find(|s| s.0 == id)
+            .ok_or_else(|| Self::failed("SplitShard", format!("no open shard {id}")))?;
+        let middle = start + (end - start) / 2 + 1;
+        self.runtime
+            .block_on(
+                self.client
+                    .split_shard()
+                    .stream_name(stream)
+                    .shard_to_split(id)
+                    .new_starting_hash_key(middle.to_string())
+                    .send(),
+            )
+            .map_err(|e| Self::failed("SplitShard", DisplayErrorContext(&e)))?;
+        self.wait_active(stream)
+    }
+
+    /// Merges two adjacent open shards of `stream`.
+    pub fn merge(&self, stream: &str, a: &str, b: &str) -> Result<()> {
+        self.runtime
+            .block_on(
+                self.client.merge_shards().stream_name(stream).shard_to_merge(a).adjacent_shard_to_merge(b).send(),
+            )
+            .map_err(|e| Self::failed("MergeShards", DisplayErrorContext(&e)))?;
+        self.wait_active(stream)
+    }
+}

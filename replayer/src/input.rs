@@ -1,0 +1,184 @@
+//! The one input loop of `fovea replay` and `fovea serve`, over any
+//! [`ChangeSource`]: poll the source into the sink, make what arrived
+//! visible, checkpoint (positions and state committed with the lake state
+//! they produced, then confirmed to the source), stop at the end of the
+//! input (replay) or when asked (serve), and always leave a final
+//! checkpoint of everything applied.
+//!
+//! | `--input` | source | follows (serve) | replay stops |
+//! |---|---|---|---|
+//! | `PATH`, `file:PATH` (plain or gzip), `-` | [`FileSource`] | as the file grows | at its end |
+//! | `postgres://…?slot=…&publication=…` | [`crate::serve::postgres::PgChangeSource`] | the slot | (serve only) |
+//! | `kinesis://STREAM[,STREAM…]?…` | [`fovea_aws::kinesis::KinesisSource`] | every shard | when every shard is at its tip with nothing pending |
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fovea_core::Engine;
+use fovea_core::catalog::CheckpointRecord;
+use fovea_core::cdc::InputFormat;
+use fovea_core::cdc::file::FileSource;
+use fovea_core::cdc::source::ChangeSource;
+use fovea_core::lease::LeaseKeeper;
+use fovea_core::sink::Sink;
+
+use crate::replay::CliResult;
+use crate::serve::metrics::Metrics;
+
+/// Opens the input `spec` names, resuming after `checkpoint` when it read
+/// the same input. `follow`: wait for more instead of ending (serve).
+pub fn open_source(
+    spec: &str,
+    checkpoint: Option<&CheckpointRecord>,
+    format: InputFormat,
+    follow: bool,
+    poll: Duration,
+    engine: &Arc<Engine>,
+    metrics: Option<Arc<Metrics>>,
+) -> CliResult<Box<dyn ChangeSource>> {
+    if spec.starts_with("kinesis://") {
+        let options = fovea_aws::kinesis::KinesisOptions::parse(spec, format, follow)?;
+        return Ok(Box::new(fovea_aws::kinesis::KinesisSource::open(options, checkpoint)?));
+    }
+    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        if !follow {
+            return Err("a PostgreSQL slot is followed by `fovea serve`, not replayed to an end".into());
+        }
+        return Ok(Box::new(crate::serve::postgres::PgChangeSource::open(
+            spec,
+            checkpoint,
+            Arc::clone(engine),
+            metrics,
+        )?));
+    }
+    let path = spec.strip_prefix("file:").unwrap_or(spec);
+    Ok(Box::new(FileSource::open(std::path::Path::new(path), checkpoint, format, follow, poll)?))
+}
+
+/// How the loop runs.
+pub struct LoopOptions<'a> {
+    /// Checkpoint after this long (when something was applied since).
+    pub checkpoint_every: Duration,
+    /// Checkpoint after this many source transactions.
+    pub checkpoint_txns: u64,
+    /// Stop when set (serve: SIGINT/SIGTERM).
+    pub stop: Option<&'a AtomicBool>,
+    /// The lake's lease: a fenced replayer stops before writing more.
+    pub lease: Option<&'a LeaseKeeper>,
+    /// Metrics to update (serve).
+    pub metrics: Option<&'a Metrics>,
+    /// Print progress to standard error (replay).
+    pub progress: bool,
+}
+
+/// Polls `source` into `sink` until the input ends or `stop` is set, then
+/// writes a final checkpoint (also after an error: everything committed
+/// before it stays durable).
+pub fn run(source: &mut dyn ChangeSource, sink: &mut Sink, options: &LoopOptions<'_>) -> CliResult<()> {
+    let result = run_until_stopped(source, sink, options);
+    if options.progress {
+        eprintln!();
+    }
+    // The end of the input checkpointed already.
+    if let Ok(true) = result {
+        return Ok(());
+    }
+    let last = checkpoint(source, sink, options.metrics);
+    if let (Err(_), Err(c)) = (&result, &last) {
+        tracing::error!("the final checkpoint failed too: {c}");
+    }
+    result?;
+    last
+}
+
+/// Runs until the input ends (`true`, checkpointed) or `stop` is set.
+fn run_until_stopped(source: &mut dyn ChangeSource, sink: &mut Sink, options: &LoopOptions<'_>) -> CliResult<bool> {
+    let count = |kind: &str| {
+        if let Some(m) = options.metrics {
+            m.error(kind);
+        }
+    };
+    let began = Instant::now();
+    let mut last_checkpoint = Instant::now();
+    let mut last_report = Instant::now();
+    let mut dirty = false;
+    // Acquire: pairs with the signal handler's Release store.
+    while !options.stop.is_some_and(|s| s.load(Ordering::Acquire)) {
+        // Another replayer took the lake over: stop before writing more.
+        if let Some(l) = options.lease {
+            l.check().inspect_err(|_| count("fenced"))?;
+        }
+        let polled = source.poll(sink).inspect_err(|_| count("input"))?;
+        if let Some(end) = polled.end {
+            // Whatever the source needs to resume there, for the last checkpoint.
+            let state = source.state_at(end)?;
+            sink.set_source_state(state);
+            sink.finish_input(end)?;
+            if let Some(at) = sink.checkpointed_at() {
+                source.confirm(at)?;
+            }
+            return Ok(true);
+        }
+        // The input paused (or a batch ended): make what arrived visible now.
+        sink.flush_group();
+        dirty |= polled.records > 0 || polled.moved;
+        if last_report.elapsed() >= Duration::from_millis(500) {
+            last_report = Instant::now();
+            report(source, sink, options, began);
+        }
+        if dirty
+            && (last_checkpoint.elapsed() >= options.checkpoint_every
+                || sink.since_checkpoint() >= options.checkpoint_txns)
+        {
+            checkpoint(source, sink, options.metrics).inspect_err(|_| count("checkpoint"))?;
+            last_checkpoint = Instant::now();
+            dirty = false;
+        }
+    }
+    Ok(false)
+}
+
+/// Progress on standard error, lag and counters into the metrics.
+fn report(source: &mut dyn ChangeSource, sink: &Sink, options: &LoopOptions<'_>, began: Instant) {
+    let stats = sink.stats();
+    let lag = source.lag();
+    if let Some(m) = options.metrics {
+        // Relaxed: statistics (see `Metrics`).
+        m.rows.store(stats.rows, Ordering::Relaxed);
+        m.transactions.store(stats.applied, Ordering::Relaxed);
+        if let Some(bytes) = lag.bytes {
+            m.input_lag_bytes.store(bytes, Ordering::Relaxed);
+        }
+        m.set_input_lag(&lag);
+    }
+    if options.progress {
+        let secs = began.elapsed().as_secs_f64();
+        eprint!(
+            "\r[{secs:>6.1} s] {:>9} txns  {:>11} rows  {:>10.0} rows/s{}",
+            stats.applied,
+            stats.rows,
+            stats.rows as f64 / secs.max(1e-9),
+            if lag.held.0 > 0 { format!("  {} held", lag.held.0) } else { String::new() }
+        );
+    }
+}
+
+/// Writes a checkpoint of everything applied, with the source's state for
+/// where it resumes, and confirms it to the source.
+pub fn checkpoint(source: &mut dyn ChangeSource, sink: &mut Sink, metrics: Option<&Metrics>) -> CliResult<()> {
+    let began = Instant::now();
+    let next = source.position();
+    sink.checkpoint_with(next, &mut |at| source.state_at(at))?;
+    if let Some(m) = metrics {
+        let us = began.elapsed().as_micros() as u64;
+        // Relaxed: statistics (see `Metrics`).
+        m.checkpoints.fetch_add(1, Ordering::Relaxed);
+        m.checkpoint_us.fetch_add(us, Ordering::Relaxed);
+        m.last_checkpoint_us.store(us, Ordering::Relaxed);
+    }
+    if let Some(at) = sink.checkpointed_at() {
+        source.confirm(at)?;
+    }
+    Ok(())
+}
