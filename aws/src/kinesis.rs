@@ -45,6 +45,7 @@ use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line};
 use fovea_core::sink::Sink;
 use fovea_core::{Error, Result};
 use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
 use tokio::sync::mpsc;
 
 /// Records asked for per GetRecords (the service maximum).
@@ -190,8 +191,15 @@ impl Shard {
     }
 }
 
+/// A record as read: sequence number, partition key, data.
+struct KinesisRecord {
+    seq: SequenceNumber,
+    partition_key: String,
+    data: Bytes,
+}
+
 enum Event {
-    Records { ix: ShardIx, records: Vec<(SequenceNumber, Bytes)>, millis_behind: u64, at_tip: bool },
+    Records { ix: ShardIx, records: Vec<KinesisRecord>, millis_behind: u64, at_tip: bool },
     Closed { ix: ShardIx },
     Failed { ix: ShardIx, message: String },
 }
@@ -372,7 +380,7 @@ impl KinesisSource {
     }
 
     /// Takes one record read from a shard.
-    fn take_record(&mut self, sink: &mut Sink, origin: Origin, data: &[u8]) -> Result<u64> {
+    fn take_record(&mut self, sink: &mut Sink, origin: Origin, partition_key: &str, data: &[u8]) -> Result<u64> {
         if data.len() > self.options.max_record_bytes {
             return Err(self.record_error(
                 &origin,
@@ -396,6 +404,7 @@ impl KinesisSource {
         if matches!(record, ChangeRecord::Skip) {
             return Ok(0);
         }
+        let record = with_key(record, partition_key);
         if !self.options.atomic {
             return self.push_alone(sink, record, origin);
         }
@@ -501,11 +510,11 @@ impl KinesisSource {
         match event {
             Event::Records { ix, records, millis_behind, at_tip } => {
                 let mut pushed = 0;
-                for (seq, data) in records {
-                    let origin = Origin { shard: ix, seq: seq.clone() };
-                    pushed += self.take_record(sink, origin, &data)?;
+                for r in records {
+                    let origin = Origin { shard: ix, seq: r.seq.clone() };
+                    pushed += self.take_record(sink, origin, &r.partition_key, &r.data)?;
                     let shard = &mut self.shards[ix];
-                    shard.last_read = Some(seq);
+                    shard.last_read = Some(r.seq);
                     shard.records += 1;
                 }
                 self.shards[ix].millis_behind = millis_behind;
@@ -554,7 +563,17 @@ impl ChangeSource for KinesisSource {
             }
         }
         for e in events {
-            polled.records += self.handle(sink, e)?;
+            match self.handle(sink, e) {
+                Ok(n) => polled.records += n,
+                Err(err) => {
+                    // What was complete before the failing record is applied
+                    // (and kept by the final checkpoint); then stop.
+                    if let Err(second) = self.release(sink, false) {
+                        tracing::error!("applying the transactions before the failure failed too: {second}");
+                    }
+                    return Err(err);
+                }
+            }
         }
         polled.records += self.release(sink, false)?;
         if !self.options.follow && self.rx.is_empty() && self.caught_up() {
@@ -655,6 +674,28 @@ impl Drop for KinesisSource {
     }
 }
 
+/// Debezium Server partitions by the record key, as JSON: a row without
+/// a key gets its key columns from there (DMS's `schema.table` keys are not
+/// JSON objects and change nothing).
+fn with_key(record: ChangeRecord, partition_key: &str) -> ChangeRecord {
+    let ChangeRecord::Row(mut row) = record else { return record };
+    if row.key.is_none()
+        && partition_key.starts_with('{')
+        && let Ok(Json::Object(mut key)) = serde_json::from_str::<Json>(partition_key)
+    {
+        // With schemas enabled the key is an envelope too.
+        if key.contains_key("schema")
+            && let Some(Json::Object(payload)) = key.remove("payload")
+        {
+            key = payload;
+        }
+        let columns: Vec<(String, Json)> = key.into_iter().collect();
+        row.key_names = Some(columns.iter().map(|(n, _)| n.clone()).collect());
+        row.key = Some(columns);
+    }
+    ChangeRecord::Row(row)
+}
+
 /// Where a shard reader begins.
 #[derive(Clone, Debug)]
 enum ShardStart {
@@ -723,13 +764,17 @@ impl ShardReader {
                 }
                 Err(e) => return Err(format!("GetRecords: {}", DisplayErrorContext(&e))),
             };
-            let records: Vec<(SequenceNumber, Bytes)> = out
+            let records: Vec<KinesisRecord> = out
                 .records()
                 .iter()
-                .map(|r| (SequenceNumber(r.sequence_number().to_owned()), Bytes::copy_from_slice(r.data().as_ref())))
+                .map(|r| KinesisRecord {
+                    seq: SequenceNumber(r.sequence_number().to_owned()),
+                    partition_key: r.partition_key().unwrap_or_default().to_owned(),
+                    data: Bytes::copy_from_slice(r.data().as_ref()),
+                })
                 .collect();
-            if let Some((s, _)) = records.last() {
-                last = Some(s.clone());
+            if let Some(r) = records.last() {
+                last = Some(r.seq.clone());
             }
             let millis_behind = out.millis_behind_latest().unwrap_or(0).max(0) as u64;
             let empty = records.is_empty();
@@ -798,10 +843,25 @@ pub struct KinesisProducer {
 }
 
 impl KinesisProducer {
-    /// A client from the environment's AWS configuration.
-    pub fn connect() -> Result<Self> {
+    /// A client from the environment's AWS configuration, talking to
+    /// `endpoint` when given (a local stand-in).
+    pub fn connect(endpoint: Option<&str>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let client = runtime.block_on(client())?;
+        let client = match endpoint {
+            None => runtime.block_on(client())?,
+            Some(url) => {
+                let config = runtime.block_on(
+                    aws_config::defaults(aws_config::BehaviorVersion::latest())
+                        .endpoint_url(url)
+                        .region(aws_config::Region::new("us-east-1"))
+                        .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
+                            "test", "test", None, None, "local",
+                        ))
+                        .load(),
+                );
+                Client::new(&config)
+            }
+        };
         Ok(KinesisProducer { runtime, client })
     }
 

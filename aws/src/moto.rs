@@ -1,9 +1,12 @@
-//! A local AWS stand-in for tests and benchmarks: moto (S3, DynamoDB,
-//! Kinesis on one port), started on a free loopback port with
-//! `scripts/moto_serial.py`, which serves one request at a time so that
-//! DynamoDB's conditional writes are atomic. `scripts/test-deps.sh`
-//! installs moto in `/var/tmp/fovea-py`; `FOVEA_PYTHON` names another
-//! interpreter.
+//! Local AWS stand-ins for tests and benchmarks: moto (S3, DynamoDB),
+//! started on a free loopback port with `scripts/moto_serial.py`, which
+//! serves one request at a time so that DynamoDB's conditional writes are
+//! atomic; and kinesalite (Kinesis: moto's Kinesis moves a parent shard's
+//! records into its children on a split and slows down badly with volume;
+//! kinesalite keeps closed parents readable to their end, as Kinesis does).
+//! `scripts/test-deps.sh` installs moto in `/var/tmp/fovea-py` and
+//! kinesalite in `/var/tmp/fovea-npm`; `FOVEA_PYTHON` and
+//! `FOVEA_NODE_MODULES` name others.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -90,6 +93,67 @@ pub fn script() -> PathBuf {
 }
 
 impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running kinesalite (Kinesis) on a free loopback port; stopped on drop.
+pub struct Kinesalite {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl Kinesalite {
+    /// Starts kinesalite with node, from `FOVEA_NODE_MODULES` (default
+    /// `/var/tmp/fovea-npm/node_modules`).
+    pub fn start() -> std::io::Result<Kinesalite> {
+        let modules =
+            std::env::var("FOVEA_NODE_MODULES").unwrap_or_else(|_| "/var/tmp/fovea-npm/node_modules".to_owned());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = std::env::temp_dir().join(format!("fovea-kinesalite-{port}.log"));
+        // Its command line has no host option: bind loopback from a script.
+        let script = format!(
+            "require('kinesalite')({{createStreamMs: 0, deleteStreamMs: 0, updateStreamMs: 0, shardLimit: 100}}).listen({port}, '127.0.0.1', () => console.log('listening'))"
+        );
+        let child = Command::new("node")
+            .arg("-e")
+            .arg(script)
+            .env("NODE_PATH", &modules)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start node for kinesalite: {e}")))?;
+        let mut k = Kinesalite { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let began = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if began.elapsed() > Duration::from_secs(60) || k.child.try_wait()?.is_some() {
+                return Err(std::io::Error::other(format!(
+                    "kinesalite did not start (run scripts/test-deps.sh; modules from {modules}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(k)
+    }
+
+    /// The environment that points Kinesis clients here (with
+    /// [`Moto::env`] for the rest, or alone).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL_KINESIS", self.endpoint.clone()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+        ]
+    }
+}
+
+impl Drop for Kinesalite {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

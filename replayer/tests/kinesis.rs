@@ -1,0 +1,458 @@
+//! Kinesis input against a local Kinesis (kinesalite) with the lake on S3
+//! and its state on DynamoDB (moto), or a local lake:
+//! * pg-tiny's Debezium stream over 4 shards partitioned by key (BEGIN/END
+//!   by transaction id), 5% of records put twice and some batches re-sent
+//!   after later ones, a shard split and a merge between two runs, and a
+//!   run killed with SIGKILL: the tables equal PostgreSQL's;
+//! * the same changes as AWS DMS records with transaction details over 3
+//!   shards partitioned by schema-table: equal; without transaction details
+//!   refused with the producer setting to change; a bad record named by
+//!   stream, shard and sequence number, nothing of its transaction visible;
+//! * a bank transfer stream over 4 shards followed by `fovea serve` while
+//!   queries run: no answer sees a partial source transaction.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
+use fovea_aws::kinesis::KinesisProducer;
+use fovea_aws::moto::{Kinesalite, Moto};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use serde_json::{Value as Json, json};
+
+struct Aws {
+    moto: Moto,
+    kinesis: Kinesalite,
+}
+
+impl Aws {
+    fn start() -> Aws {
+        let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+        moto.create_bucket("lake").unwrap();
+        Aws { moto, kinesis: Kinesalite::start().unwrap() }
+    }
+
+    fn fovea(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
+        c.envs(self.moto.env()).envs(self.kinesis.env());
+        c
+    }
+
+    fn producer(&self) -> KinesisProducer {
+        KinesisProducer::connect(Some(&self.kinesis.endpoint)).unwrap()
+    }
+}
+
+type Records = Vec<(String, Vec<u8>)>;
+
+/// What Debezium Server puts: each record's value (tombstones are not
+/// sent), partitioned by the record key; BEGIN/END by transaction id.
+fn debezium_records(path: &std::path::Path) -> Records {
+    let mut out = Vec::new();
+    for line in gunzip(path).lines() {
+        let v: Json = serde_json::from_str(line).unwrap();
+        let value = &v["value"];
+        if value.is_null() {
+            continue;
+        }
+        let payload = if value.get("schema").is_some() { &value["payload"] } else { value };
+        let key = match payload.get("status") {
+            Some(_) => payload["id"].as_str().unwrap().split(':').next().unwrap().to_owned(),
+            // Debezium Server's key, without the schema (a partition key is
+            // at most 256 characters).
+            None => {
+                let key = &v["key"];
+                if key.get("schema").is_some() { key["payload"].to_string() } else { key.to_string() }
+            }
+        };
+        out.push((key, value.to_string().into_bytes()));
+    }
+    out
+}
+
+/// A producer's faults: 5% of records put twice (a retried put whose
+/// first attempt had landed), and batches of 10 re-sent after the next 30
+/// records (a failed batch retried later).
+fn with_faults(records: &Records, seed: u64) -> Records {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut out = records.clone();
+    let mut i = 0;
+    while i + 40 < out.len() {
+        if rng.random_bool(0.3) {
+            let batch: Vec<_> = out.drain(i..i + 10).collect();
+            for (k, r) in batch.into_iter().enumerate() {
+                out.insert(i + 30 + k, r);
+            }
+        }
+        i += 60;
+    }
+    let mut faulty = Vec::with_capacity(out.len() * 21 / 20);
+    let mut later: Vec<(usize, (String, Vec<u8>))> = Vec::new();
+    for (n, r) in out.into_iter().enumerate() {
+        faulty.push(r.clone());
+        if rng.random_bool(0.05) {
+            later.push((n + rng.random_range(1..20), r));
+        }
+        while let Some(pos) = later.iter().position(|(at, _)| *at <= n) {
+            faulty.push(later.remove(pos).1);
+        }
+    }
+    faulty.extend(later.into_iter().map(|(_, r)| r));
+    faulty
+}
+
+fn export(aws: &Aws, lake: &[&str], table: &str) -> String {
+    ok(aws.fovea().args(["export", "--table", table]).args(lake).output().unwrap())
+}
+
+fn schema() -> String {
+    data().join("schema.sql").display().to_string()
+}
+
+fn replay(aws: &Aws, lake: &[&str], input: &str, extra: &[&str]) -> std::process::Output {
+    aws.fovea().arg("replay").args(lake).args(["--input", input]).args(extra).output().unwrap()
+}
+
+#[test]
+fn debezium_over_four_shards_with_faults_resharding_and_sigkill_equals_postgres() {
+    let aws = Aws::start();
+    let producer = aws.producer();
+    producer.create_stream("cdc", 4).unwrap();
+    let records = with_faults(&debezium_records(&data().join("debezium_events.precise_schemas.jsonl.gz")), 7);
+    let half = records.len() / 2;
+    producer.put("cdc", &records[..half]).unwrap();
+    let lake = ["--lake", "s3://lake/kinesis", "--state", "dynamodb://fovea-kinesis"];
+    let input = "kinesis://cdc?poll_ms=20";
+    // The first half ends inside a transaction: it stays unapplied.
+    let first = ok(replay(&aws, &lake, input, &[]));
+    assert!(first.contains("replayed"), "{first}");
+
+    // A split and a merge, then the rest.
+    let shards = producer.open_shards("cdc").unwrap();
+    producer.split("cdc", &shards[0].0).unwrap();
+    let shards = producer.open_shards("cdc").unwrap();
+    let n = shards.len();
+    producer.merge("cdc", &shards[n - 2].0, &shards[n - 1].0).unwrap();
+    producer.put("cdc", &records[half..]).unwrap();
+
+    // Killed right after its first checkpoint (of 5 transactions), then
+    // run to the end.
+    let mut logs = String::new();
+    {
+        let mut child = aws
+            .fovea()
+            .env("FOVEA_LOG", "fovea_core::sink=debug,fovea_aws::kinesis=info")
+            .arg("replay")
+            .args(lake)
+            .args(["--input", input, "--checkpoint-txns", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0 {
+            logs.push_str(&line);
+            if line.contains("checkpoint") {
+                break;
+            }
+            line.clear();
+        }
+        child.kill().unwrap();
+        assert!(!child.wait().unwrap().success(), "killed before the end:\n{logs}");
+    }
+    let last = aws
+        .fovea()
+        .env("FOVEA_LOG", "fovea_aws::kinesis=info")
+        .arg("replay")
+        .args(lake)
+        .args(["--input", input])
+        .output()
+        .unwrap();
+    logs.push_str(&String::from_utf8_lossy(&last.stderr));
+    assert!(last.status.success(), "{logs}");
+    // The split and the merged parents were read to their ends.
+    assert!(logs.matches("shard read to its end").count() >= 3, "{logs}");
+    for t in tables() {
+        let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        assert_eq!(export(&aws, &lake, &t), expected, "{t}");
+    }
+    // Caught up: a rerun applies nothing.
+    let again = ok(replay(&aws, &lake, input, &[]));
+    assert!(again.contains("replayed 0 transactions"), "{again}");
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` of µs since the epoch.
+fn iso(us: i64) -> String {
+    let (days, rem) = (us.div_euclid(86_400_000_000), us.rem_euclid(86_400_000_000));
+    // Civil from days (H. Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (s, f) = (rem / 1_000_000, rem % 1_000_000);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{f:06}Z", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// The changes of a Debezium stream (plain values) as AWS DMS writes them
+/// to Kinesis with `IncludeTransactionDetails` (documented layout: `data`,
+/// `before-image`, `metadata` with `transaction-id`,
+/// `transaction-record-id`, `prev-transaction-id`,
+/// `prev-transaction-record-id`, `commit-timestamp`, `stream-position`),
+/// partitioned by schema-table. `details: false` leaves the transaction
+/// fields out.
+fn dms_records(path: &std::path::Path, details: bool) -> Records {
+    let mut out = Vec::new();
+    let mut prev: Option<(u64, u64)> = None;
+    let (mut txid, mut k, mut ts) = (0u64, 0u64, String::new());
+    for line in gunzip(path).lines() {
+        let v: Json = serde_json::from_str(line).unwrap();
+        let value = &v["value"];
+        if value.is_null() {
+            continue;
+        }
+        match value.get("status").and_then(Json::as_str) {
+            Some("BEGIN") => {
+                txid = value["id"].as_str().unwrap().split(':').next().unwrap().parse().unwrap();
+                k = 0;
+                ts = iso(value["ts_ms"].as_i64().unwrap() * 1000);
+                continue;
+            }
+            Some(_) => {
+                prev = Some((txid, k));
+                continue;
+            }
+            None => {}
+        }
+        k += 1;
+        let source = &value["source"];
+        let op = value["op"].as_str().unwrap();
+        let (operation, data) = match op {
+            "c" => ("insert", &value["after"]),
+            "r" => ("load", &value["after"]),
+            "u" => ("update", &value["after"]),
+            _ => ("delete", &value["before"]),
+        };
+        let table = format!("{}.{}", source["schema"].as_str().unwrap(), source["table"].as_str().unwrap());
+        let lsn = source["lsn"].as_u64().unwrap();
+        let (prev_t, prev_r) =
+            if k == 1 { prev.map_or((None, None), |(t, r)| (Some(t), Some(r))) } else { (Some(txid), Some(k - 1)) };
+        let mut meta = json!({
+            "timestamp": ts,
+            "record-type": "data",
+            "operation": operation,
+            "partition-key-type": "schema-table",
+            "schema-name": source["schema"],
+            "table-name": source["table"],
+        });
+        if details {
+            let m = meta.as_object_mut().unwrap();
+            m.insert("transaction-id".into(), json!(txid));
+            m.insert("transaction-record-id".into(), json!(k));
+            m.insert("prev-transaction-id".into(), json!(prev_t));
+            m.insert("prev-transaction-record-id".into(), json!(prev_r));
+            m.insert("commit-timestamp".into(), json!(ts));
+            m.insert(
+                "stream-position".into(),
+                json!(format!(
+                    "{:08X}/{:08X}.{k}.{:08X}/{:08X}",
+                    lsn >> 32,
+                    lsn & 0xffff_ffff,
+                    lsn >> 32,
+                    lsn & 0xffff_ffff
+                )),
+            );
+        }
+        let mut record = json!({ "data": data, "metadata": meta });
+        if op == "u" && !value["before"].is_null() {
+            record.as_object_mut().unwrap().insert("before-image".into(), value["before"].clone());
+        }
+        out.push((table, record.to_string().into_bytes()));
+    }
+    out
+}
+
+#[test]
+fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_is_named() {
+    let aws = Aws::start();
+    let producer = aws.producer();
+    let plain = data().join("debezium_events.jsonl.gz");
+    producer.create_stream("dms", 3).unwrap();
+    producer.put("dms", &with_faults(&dms_records(&plain, true), 3)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    let lake = ["--lake", lake_dir.to_str().unwrap()];
+    let out = ok(replay(&aws, &lake, "kinesis://dms?poll_ms=20&format=dms", &["--schema-file", &schema()]));
+    assert!(out.contains("replayed 96 transactions"), "{out}");
+    for t in tables() {
+        let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        assert_eq!(export(&aws, &lake, &t), expected, "{t}");
+    }
+
+    // Without transaction details over several shards: refused, naming the setting.
+    producer.create_stream("plain-dms", 3).unwrap();
+    producer.put("plain-dms", &dms_records(&plain, false)[..30]).unwrap();
+    let other = dir.path().join("other");
+    let other_lake = ["--lake", other.to_str().unwrap()];
+    let err = replay(&aws, &other_lake, "kinesis://plain-dms?poll_ms=20", &["--schema-file", &schema()]);
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(!err.status.success() && stderr.contains("IncludeTransactionDetails"), "{stderr}");
+
+    // A record that is not JSON, inside the second transaction: named by
+    // stream, shard and sequence number; the first transaction is kept,
+    // nothing of the second is visible.
+    producer.create_stream("bad", 1).unwrap();
+    let good = dms_records(&plain, true);
+    let first_txn =
+        good.iter().take_while(|r| String::from_utf8_lossy(&r.1).contains("\"transaction-id\":31203")).count();
+    let mut bad = good[..first_txn + 2].to_vec();
+    bad.push(("x".into(), b"{not json".to_vec()));
+    let seqs = producer.put("bad", &bad).unwrap();
+    let bad_dir = dir.path().join("bad");
+    let bad_lake = ["--lake", bad_dir.to_str().unwrap()];
+    let err = replay(&aws, &bad_lake, "kinesis://bad?poll_ms=20", &["--schema-file", &schema()]);
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(!err.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stream bad, shard shardId-000000000000")
+            && stderr.contains(&format!("sequence number {}", seqs.last().unwrap()))
+            && stderr.contains("malformed JSON"),
+        "{stderr}"
+    );
+    let rows = ok(aws
+        .fovea()
+        .args(["sql", "--format", "csv"])
+        .args(bad_lake)
+        .arg("SELECT count(*) AS n FROM public.pgbench_branches")
+        .output()
+        .unwrap());
+    assert_eq!(rows.trim(), "n\n1", "the first transaction (one branch) is kept");
+}
+
+/// Debezium records of a bank: accounts split over two tables, each
+/// transaction moves money between one row of each; the total stays 20000.
+fn bank_records(txns: u64) -> Records {
+    let mut out = Vec::new();
+    let mut lsn = 1000u64;
+    let mut prev_commit: Option<u64> = None;
+    let mut bal = [[100i64; 100]; 2];
+    let tables = ["a", "b"];
+    let mut rng = SmallRng::seed_from_u64(5);
+    for t in 0..=txns {
+        let xid = 500 + t;
+        let mut rows: Vec<(usize, i64, Option<i64>, i64)> = Vec::new();
+        if t == 0 {
+            for (ti, _) in tables.iter().enumerate() {
+                for id in 0..100 {
+                    rows.push((ti, id, None, 100));
+                }
+            }
+        } else {
+            let (from, to) = (rng.random_range(0..100usize), rng.random_range(0..100usize));
+            let (tf, tt) = if t % 2 == 0 { (0, 1) } else { (1, 0) };
+            let amount = rng.random_range(1..10);
+            bal[tf][from] -= amount;
+            bal[tt][to] += amount;
+            rows.push((tf, from as i64, Some(bal[tf][from] + amount), bal[tf][from]));
+            rows.push((tt, to as i64, Some(bal[tt][to] - amount), bal[tt][to]));
+        }
+        lsn += 8;
+        out.push((
+            xid.to_string(),
+            json!({"status": "BEGIN", "id": format!("{xid}:{lsn}"), "event_count": null, "ts_ms": 1_790_000_000_000u64 + t})
+                .to_string()
+                .into_bytes(),
+        ));
+        let n = rows.len();
+        for (i, (ti, id, before, after)) in rows.into_iter().enumerate() {
+            lsn += 8;
+            let value = json!({
+                "before": before.map(|b| json!({"id": id, "bal": b})),
+                "after": {"id": id, "bal": after},
+                "source": {"connector": "postgresql", "ts_us": 1_790_000_000_000_000u64 + t * 1000, "schema": "bank", "table": tables[ti],
+                           "txId": xid, "lsn": lsn, "sequence": json!([prev_commit.map(|c| c.to_string()), lsn.to_string()]).to_string()},
+                "transaction": {"id": format!("{xid}:{lsn}"), "total_order": i + 1, "data_collection_order": 1},
+                "op": if before.is_some() { "u" } else { "c" },
+            });
+            // Debezium Server's partition key: the record key as JSON.
+            out.push((json!({ "id": id }).to_string(), value.to_string().into_bytes()));
+        }
+        lsn += 8;
+        out.push((
+            xid.to_string(),
+            json!({"status": "END", "id": format!("{xid}:{lsn}"), "event_count": n, "ts_ms": 1_790_000_000_000u64 + t})
+                .to_string()
+                .into_bytes(),
+        ));
+        prev_commit = Some(lsn);
+    }
+    out
+}
+
+#[test]
+fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
+    let aws = Aws::start();
+    let producer = aws.producer();
+    producer.create_stream("bank", 4).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let clean = bank_records(1500);
+    let records = with_faults(&clean, 9);
+    let chunk = records.len() / 10;
+    producer.put("bank", &records[..chunk]).unwrap();
+    let lake = dir.path().join("lake");
+    let port = common::free_port();
+    let mut cmd = aws.fovea();
+    cmd.args(["serve", "--lake", lake.to_str().unwrap(), "--input", "kinesis://bank?poll_ms=5"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--checkpoint-secs", "1"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap());
+    let server = common::Server::spawn(cmd, dir.path().join("serve.log"), None);
+    let total = "SELECT (SELECT sum(bal) FROM bank.a) + (SELECT sum(bal) FROM bank.b) AS total, (SELECT count(*) FROM bank.a) + (SELECT count(*) FROM bank.b) AS n";
+    let began = Instant::now();
+    let mut answers = 0;
+    let mut put = 1;
+    loop {
+        if put < 10 {
+            producer.put("bank", &records[put * chunk..((put + 1) * chunk).min(records.len())]).unwrap();
+            put += 1;
+        } else if put == 10 {
+            producer.put("bank", &records[10 * chunk..]).unwrap();
+            put += 1;
+        }
+        // Before the first transaction the tables do not exist yet.
+        if let Ok(out) = server.sql(total) {
+            assert_eq!(out.trim(), "20000,200", "a partial source transaction is visible");
+            answers += 1;
+        }
+        if put > 10 && answers >= 30 {
+            break;
+        }
+        assert!(began.elapsed() < Duration::from_secs(120), "{}", server.log());
+    }
+    // Everything arrives in the end.
+    let expected = expected_bank(&clean);
+    common::eventually(Duration::from_secs(60), "all transfers applied", || {
+        server.sql("SELECT id, bal FROM bank.a ORDER BY id").ok().filter(|o| *o == expected).map(|_| ())
+    });
+    let log = server.stop();
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+/// Table a's final rows as `fovea sql` prints them (CSV without header).
+fn expected_bank(records: &Records) -> String {
+    let mut bal = std::collections::BTreeMap::new();
+    for (_, data) in records {
+        let v: Json = serde_json::from_slice(data).unwrap();
+        if v["source"]["table"] == "a" {
+            bal.insert(v["after"]["id"].as_i64().unwrap(), v["after"]["bal"].as_i64().unwrap());
+        }
+    }
+    bal.iter().map(|(id, b)| format!("{id},{b}\n")).collect()
+}
