@@ -4,7 +4,9 @@
 # stop their own throwaway cluster) and a Python venv at /var/tmp/fovea-py
 # with a Flight SQL client (pyarrow, adbc_driver_flightsql), which the tests
 # use unless FOVEA_PYTHON names another interpreter, and moto (the local
-# S3/DynamoDB/Kinesis stand-in the AWS tests start with scripts/moto_serial.py).
+# S3/DynamoDB stand-in the AWS tests start with scripts/moto_serial.py); and
+# kinesalite, the local Kinesis (npm, in /var/tmp/fovea-npm unless
+# FOVEA_NODE_MODULES names other node_modules).
 set -euo pipefail
 if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   echo "== installing PostgreSQL 15"
@@ -17,4 +19,10 @@ if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, 
   echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql) and moto in $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5'
+fi
+NPM=/var/tmp/fovea-npm
+if [ -z "${FOVEA_NODE_MODULES:-}" ] && [ ! -f "$NPM/node_modules/kinesalite/package.json" ]; then
+  echo "== installing kinesalite (local Kinesis) in $NPM"
+  mkdir -p "$NPM"
+  (cd "$NPM" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund kinesalite@3.3.3)
 fi

@@ -37,7 +37,6 @@ use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
-use bytes::Bytes;
 use fovea_core::catalog::CheckpointRecord;
 use fovea_core::cdc::ordering::{Held, Link, Origin, SequenceNumber, ShardIx, Tail, TxnOrder, link_of};
 use fovea_core::cdc::source::{ChangeSource, Lag, Polled, ShardLag};
@@ -50,6 +49,10 @@ use tokio::sync::mpsc;
 
 /// Records asked for per GetRecords (the service maximum).
 const GET_LIMIT: i32 = 10_000;
+/// How long a transaction after a gap in the commit chain waits for every
+/// shard to be at its tip before it is applied anyway (see
+/// [`TxnOrder::with_gap_grace`]).
+const GAP_GRACE: Duration = Duration::from_secs(2);
 /// Events drained per poll before the sink gets what is ready.
 const EVENTS_PER_POLL: usize = 64;
 
@@ -191,11 +194,60 @@ impl Shard {
     }
 }
 
-/// A record as read: sequence number, partition key, data.
+/// A record as read, decoded by its shard's reader (decoding runs on the
+/// readers' threads, beside the applying one).
 struct KinesisRecord {
     seq: SequenceNumber,
-    partition_key: String,
-    data: Bytes,
+    /// Its size as put.
+    bytes: usize,
+    decoded: Decoded,
+}
+
+/// What a record decoded to.
+enum Decoded {
+    /// Nothing to apply (a tombstone, a control record).
+    Skip,
+    /// Its place and its change.
+    Record(Link, ChangeRecord),
+    /// Why it cannot be applied (and its place, when that much was read).
+    Failed(Option<Link>, String),
+}
+
+/// How readers decode records.
+#[derive(Clone, Copy)]
+struct Decoding {
+    format: InputFormat,
+    max_record_bytes: usize,
+}
+
+impl Decoding {
+    fn decode(&self, data: &[u8], partition_key: &str) -> Decoded {
+        if data.len() > self.max_record_bytes {
+            return Decoded::Failed(
+                None,
+                format!(
+                    "record of {} bytes is over the limit of {} (max_record_kb)",
+                    data.len(),
+                    self.max_record_bytes
+                ),
+            );
+        }
+        let line = match std::str::from_utf8(data) {
+            Ok(l) => l,
+            Err(e) => return Decoded::Failed(None, format!("record is not UTF-8 JSON: {e}")),
+        };
+        let link = match link_of(line, self.format) {
+            Ok(Link::Skip) => return Decoded::Skip,
+            Ok(l) => l,
+            Err(m) => return Decoded::Failed(None, m),
+        };
+        match decode_line(line, SourcePosition::default(), self.format) {
+            Ok(ChangeRecord::Skip) => Decoded::Skip,
+            Ok(record) => Decoded::Record(link, with_key(record, partition_key)),
+            Err(fovea_core::Error::Input { message, .. }) => Decoded::Failed(Some(link), message),
+            Err(e) => Decoded::Failed(Some(link), e.to_string()),
+        }
+    }
 }
 
 enum Event {
@@ -234,6 +286,8 @@ pub struct KinesisSource {
     last_group: Option<(Option<String>, bool)>,
     /// More than one shard: records must carry transaction details.
     ordered: bool,
+    /// Initial-load records of the current read: the first one's origin, and all.
+    load: Option<(Origin, Vec<ChangeRecord>)>,
     stop: Arc<AtomicBool>,
 }
 
@@ -256,9 +310,10 @@ impl KinesisSource {
             .build()?;
         let client = runtime.block_on(client())?;
         let (tx, rx) = mpsc::channel(EVENTS_PER_POLL * 4);
+        let order = TxnOrder::new(0, saved.tail.clone(), options.max_held_bytes).with_gap_grace(GAP_GRACE);
         let next = checkpoint.filter(|c| c.input == name).map_or(1, |c| c.position.line.max(1));
         let mut source = KinesisSource {
-            order: TxnOrder::new(0, saved.tail.clone(), options.max_held_bytes),
+            order,
             name,
             runtime,
             client,
@@ -271,6 +326,7 @@ impl KinesisSource {
             group_starts: VecDeque::new(),
             last_group: None,
             ordered: options.streams.len() > 1,
+            load: None,
             stop: Arc::new(AtomicBool::new(false)),
             options,
         };
@@ -352,6 +408,7 @@ impl KinesisSource {
                 ix,
                 tx: self.tx.clone(),
                 poll: self.options.poll,
+                decoding: Decoding { format: self.options.format, max_record_bytes: self.options.max_record_bytes },
                 stop: Arc::clone(&self.stop),
             };
             self.runtime.spawn(reader.run(start));
@@ -380,33 +437,28 @@ impl KinesisSource {
     }
 
     /// Takes one record read from a shard.
-    fn take_record(&mut self, sink: &mut Sink, origin: Origin, partition_key: &str, data: &[u8]) -> Result<u64> {
-        if data.len() > self.options.max_record_bytes {
-            return Err(self.record_error(
-                &origin,
-                None,
-                format!(
-                    "record of {} bytes is over the limit of {} (max_record_kb)",
-                    data.len(),
-                    self.options.max_record_bytes
-                ),
-            ));
-        }
-        let line = std::str::from_utf8(data)
-            .map_err(|e| self.record_error(&origin, None, format!("record is not UTF-8 JSON: {e}")))?;
-        let link = link_of(line, self.options.format).map_err(|m| self.record_error(&origin, None, m))?;
-        if link == Link::Skip {
-            return Ok(0);
-        }
-        let position = SourcePosition { line: self.next, offset: 0 };
-        let record =
-            decode_line(line, position, self.options.format).map_err(|e| self.record_error(&origin, Some(&link), e))?;
-        if matches!(record, ChangeRecord::Skip) {
-            return Ok(0);
-        }
-        let record = with_key(record, partition_key);
+    fn take_record(&mut self, sink: &mut Sink, origin: Origin, bytes: usize, decoded: Decoded) -> Result<u64> {
+        let (link, record) = match decoded {
+            Decoded::Skip => return Ok(0),
+            Decoded::Record(link, record) => (link, record),
+            Decoded::Failed(link, message) => return Err(self.record_error(&origin, link.as_ref(), message)),
+        };
         if !self.options.atomic {
             return self.push_alone(sink, record, origin);
+        }
+        if link == Link::Snapshot {
+            // Applied with the other load records of its read, before
+            // anything later of its shard (a key's later changes are in the
+            // same shard, after it).
+            match &mut self.load {
+                Some((first, rows)) if first.shard == origin.shard => rows.push(record),
+                _ => {
+                    let pushed = self.flush_load(sink)?;
+                    self.load = Some((origin, vec![record]));
+                    return Ok(pushed);
+                }
+            }
+            return Ok(0);
         }
         if link == Link::Unlinked {
             if self.ordered {
@@ -417,12 +469,36 @@ impl KinesisSource {
             }
             return self.push_direct(sink, record, origin);
         }
-        let held = Held { record, origin, bytes: data.len() };
+        let held = Held { record, origin, bytes };
         let origin = held.origin.clone();
         self.order
             .add(link.clone(), held, &|t: &str| sink.is_applied(t))
             .map_err(|m| self.record_error(&origin, Some(&link), m))?;
         Ok(0)
+    }
+
+    /// Applies the initial-load records gathered from one read of a shard
+    /// as one mirror transaction, named by the first one's position (read
+    /// again after a restart, it is skipped).
+    fn flush_load(&mut self, sink: &mut Sink) -> Result<u64> {
+        let Some((origin, rows)) = self.load.take() else { return Ok(0) };
+        let txid = format!("kinesis-load:{}/{}", self.shards[origin.shard].name(), origin.seq);
+        self.released.push_back(ReleasedMark {
+            first: self.next,
+            tail_before: self.order.tail().cloned(),
+            origins: vec![(origin.shard, origin.seq.clone())],
+        });
+        let n = rows.len() as u64;
+        let records = std::iter::once(ChangeRecord::Begin { txid: txid.clone(), commit_us: None }).chain(rows).chain(
+            std::iter::once(ChangeRecord::End { txid, event_count: Some(n), per_table: Vec::new(), commit_us: None }),
+        );
+        for r in records {
+            let at = self.next;
+            self.next += 1;
+            let pos = |n: u64| SourcePosition { line: n, offset: 0 };
+            sink.push(r, pos(at), pos(at + 1)).map_err(|e| self.with_origin(e, &origin))?;
+        }
+        Ok(n)
     }
 
     /// `&atomic=false`: a row is a transaction of its own.
@@ -512,11 +588,12 @@ impl KinesisSource {
                 let mut pushed = 0;
                 for r in records {
                     let origin = Origin { shard: ix, seq: r.seq.clone() };
-                    pushed += self.take_record(sink, origin, &r.partition_key, &r.data)?;
+                    pushed += self.take_record(sink, origin, r.bytes, r.decoded)?;
                     let shard = &mut self.shards[ix];
                     shard.last_read = Some(r.seq);
                     shard.records += 1;
                 }
+                pushed += self.flush_load(sink)?;
                 self.shards[ix].millis_behind = millis_behind;
                 self.shards[ix].at_tip = at_tip;
                 self.order.set_at_tip(ix, at_tip);
@@ -715,6 +792,7 @@ struct ShardReader {
     ix: ShardIx,
     tx: mpsc::Sender<Event>,
     poll: Duration,
+    decoding: Decoding,
     stop: Arc<AtomicBool>,
 }
 
@@ -769,8 +847,8 @@ impl ShardReader {
                 .iter()
                 .map(|r| KinesisRecord {
                     seq: SequenceNumber(r.sequence_number().to_owned()),
-                    partition_key: r.partition_key().unwrap_or_default().to_owned(),
-                    data: Bytes::copy_from_slice(r.data().as_ref()),
+                    bytes: r.data().as_ref().len(),
+                    decoded: self.decoding.decode(r.data().as_ref(), r.partition_key().unwrap_or_default()),
                 })
                 .collect();
             if let Some(r) = records.last() {

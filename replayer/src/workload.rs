@@ -30,6 +30,11 @@ struct Emitter<'a> {
     txid: u64,
     total: u64,
     per_table: Vec<(&'static str, u64)>,
+    /// WAL position of the next record, as a PostgreSQL source numbers
+    /// them, and the commit position of the last transaction: transactions
+    /// chain through `source.sequence` (see `fovea_core::cdc::ordering`).
+    lsn: u64,
+    last_commit: Option<u64>,
 }
 
 impl Emitter<'_> {
@@ -37,10 +42,12 @@ impl Emitter<'_> {
         self.txid += 1;
         self.total = 0;
         self.per_table.clear();
+        self.lsn += 8;
         writeln!(
             self.out,
-            r#"{{"topic":"gen.transaction","key":{{"id":"{t}:0"}},"value":{{"status":"BEGIN","id":"{t}:0","event_count":null,"data_collections":null,"ts_ms":{ms}}}}}"#,
+            r#"{{"topic":"gen.transaction","key":{{"id":"{t}:{l}"}},"value":{{"status":"BEGIN","id":"{t}:{l}","event_count":null,"data_collections":null,"ts_ms":{ms}}}}}"#,
             t = self.txid,
+            l = self.lsn,
             ms = now_us() / 1000
         )
     }
@@ -48,10 +55,13 @@ impl Emitter<'_> {
     fn end(&mut self) -> std::io::Result<()> {
         let collections: Vec<String> =
             self.per_table.iter().map(|(t, n)| format!(r#"{{"data_collection":"{t}","event_count":{n}}}"#)).collect();
+        self.lsn += 8;
+        self.last_commit = Some(self.lsn);
         writeln!(
             self.out,
-            r#"{{"topic":"gen.transaction","key":{{"id":"{t}:0"}},"value":{{"status":"END","id":"{t}:0","event_count":{n},"data_collections":[{c}],"ts_ms":{ms}}}}}"#,
+            r#"{{"topic":"gen.transaction","key":{{"id":"{t}:{l}"}},"value":{{"status":"END","id":"{t}:{l}","event_count":{n},"data_collections":[{c}],"ts_ms":{ms}}}}}"#,
             t = self.txid,
+            l = self.lsn,
             n = self.total,
             c = collections.join(","),
             ms = now_us() / 1000
@@ -80,12 +90,15 @@ impl Emitter<'_> {
             format!(r#"{{"id":"{}:0","total_order":{},"data_collection_order":0}}"#, self.txid, self.total)
         };
         let image = |v: Option<&str>| v.map_or("null".to_owned(), |b| format!("{{{b}}}"));
+        self.lsn += 8;
+        let prev = self.last_commit.map_or("null".to_owned(), |c| format!(r#"\"{c}\""#));
         writeln!(
             self.out,
-            r#"{{"topic":"gen.{table}","key":{{{key}}},"value":{{"before":{},"after":{},"source":{{"connector":"fovea-gen","schema":"{schema}","table":"{name}","txId":{txid},"ts_us":{us},"snapshot":"{snapshot}"}},"op":"{op}","transaction":{tx}}}}}"#,
+            r#"{{"topic":"gen.{table}","key":{{{key}}},"value":{{"before":{},"after":{},"source":{{"connector":"fovea-gen","schema":"{schema}","table":"{name}","txId":{txid},"lsn":{l},"sequence":"[{prev},\"{l}\"]","ts_us":{us},"snapshot":"{snapshot}"}},"op":"{op}","transaction":{tx}}}}}"#,
             image(before),
             image(after),
             txid = self.txid,
+            l = self.lsn,
             us = now_us(),
         )
     }
@@ -94,7 +107,7 @@ impl Emitter<'_> {
 /// Writes a stream of `txns` transactions (plus the initial load).
 pub fn generate(workload: Workload, txns: u64, seed: u64, out: &mut dyn Write) -> std::io::Result<()> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut e = Emitter { out, txid: 0, total: 0, per_table: Vec::new() };
+    let mut e = Emitter { out, txid: 0, total: 0, per_table: Vec::new(), lsn: 1 << 24, last_commit: None };
     match workload {
         Workload::Hybench => hybench(&mut e, &mut rng, txns),
         Workload::Chbench => chbench(&mut e, &mut rng, txns),

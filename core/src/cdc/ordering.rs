@@ -134,6 +134,10 @@ pub enum Link {
         /// `commit-timestamp`, µs.
         commit_us: Option<i64>,
     },
+    /// A record of an initial load (Debezium `op: r` outside any
+    /// transaction, DMS `load`): no source transaction; a key's load record
+    /// precedes the key's later changes in its shard.
+    Snapshot,
     /// A record without transaction details (Debezium without transaction
     /// metadata, DMS without `IncludeTransactionDetails`): it cannot be
     /// placed among shards.
@@ -148,7 +152,7 @@ impl Link {
         match self {
             Link::Begin { txid } | Link::End { txid, .. } => Some(txid),
             Link::DebeziumRow { txid, .. } | Link::DmsRow { txid, .. } => Some(txid),
-            Link::Unlinked | Link::Skip => None,
+            Link::Snapshot | Link::Unlinked | Link::Skip => None,
         }
     }
 }
@@ -232,7 +236,11 @@ fn debezium_link(line: &str) -> Result<Link, String> {
         None => {}
     }
     let Some(tx) = place.transaction.as_ref().filter(|t| !t.is_null()) else {
-        return Ok(if place.op.is_some() { Link::Unlinked } else { Link::Skip });
+        return Ok(match place.op.as_deref() {
+            Some("r") => Link::Snapshot,
+            Some(_) => Link::Unlinked,
+            None => Link::Skip,
+        });
     };
     let (txid, _) = tx.get("id").and_then(split_txid).ok_or("transaction block without an id")?;
     let order = tx.get("total_order").and_then(Json::as_u64).ok_or("transaction block without total_order")?;
@@ -261,6 +269,7 @@ struct DmsPlace {
 struct DmsMeta {
     #[serde(rename = "record-type")]
     record_type: Option<String>,
+    operation: Option<String>,
     #[serde(rename = "transaction-id")]
     transaction_id: Option<Json>,
     #[serde(rename = "transaction-record-id")]
@@ -294,6 +303,9 @@ fn dms_link(line: &str) -> Result<Link, String> {
     let meta = place.metadata.ok_or("DMS record without metadata")?;
     if meta.record_type.as_deref() != Some("data") {
         return Ok(Link::Skip);
+    }
+    if meta.operation.as_deref() == Some("load") {
+        return Ok(Link::Snapshot);
     }
     let (Some(txid), Some(record)) = (dms_id(&meta.transaction_id), dms_count(&meta.transaction_record_id)) else {
         return Ok(Link::Unlinked);
@@ -388,6 +400,11 @@ pub struct TxnOrder {
     tail: Option<Tail>,
     held_bytes: usize,
     max_held_bytes: usize,
+    /// How long a complete transaction after a gap in the chain waits for
+    /// every shard to be quiet before it is released anyway.
+    gap_grace: std::time::Duration,
+    /// The transaction waiting after a gap, and since when.
+    gap_wait: Option<(String, std::time::Instant)>,
     /// Records dropped as already applied or seen twice.
     pub dropped: u64,
 }
@@ -405,8 +422,18 @@ impl TxnOrder {
             tail,
             held_bytes: 0,
             max_held_bytes,
+            gap_grace: std::time::Duration::MAX,
+            gap_wait: None,
             dropped: 0,
         }
+    }
+
+    /// Releases a complete transaction after a gap in the chain once it
+    /// waited `grace`, even if the shards are never all quiet at once (a
+    /// stream under constant load). Default: never.
+    pub fn with_gap_grace(mut self, grace: std::time::Duration) -> Self {
+        self.gap_grace = grace;
+        self
     }
 
     /// Makes room for shard `ix` (a child shard discovered later).
@@ -499,6 +526,13 @@ impl TxnOrder {
         if self.held_bytes + held.bytes > self.max_held_bytes {
             return Err(self.over_cap(held.bytes));
         }
+        if let Link::End { commit: Some(c), .. } = &link
+            && let Some(other) = self.by_commit.get(c).filter(|o| **o != txid)
+        {
+            return Err(format!(
+                "the END of source transaction {txid} names commit position {c}, as the END of {other} did: the producer's commit positions do not order transactions (Debezium's PostgreSQL connector puts the commit LSN there); read such a stream from one shard"
+            ));
+        }
         let txn = self.held.entry(txid.clone()).or_default();
         let bytes = held.bytes;
         let kept = match link {
@@ -534,7 +568,7 @@ impl TxnOrder {
                 }
                 insert_once(&mut txn.rows, record, held)
             }
-            Link::Unlinked | Link::Skip => unreachable!("no txid"),
+            Link::Snapshot | Link::Unlinked | Link::Skip => unreachable!("no txid"),
         };
         if kept {
             txn.bytes += bytes;
@@ -589,15 +623,22 @@ impl TxnOrder {
             let txid = txid.clone();
             // A transaction naming a predecessor that was not released is
             // either waiting for it or after a gap: bridged only once
-            // nothing more can be read.
-            let named = self.held.get(&txid).is_some_and(|t| t.prev.is_some());
+            // nothing more can be read, or after the grace. (Before anything
+            // was released there is no chain to follow yet.)
+            let named = self.tail.is_some() && self.held.get(&txid).is_some_and(|t| t.prev.is_some());
             let quiet = at_rest || self.shards.iter().all(|s| s.at_tip || s.finished);
-            if self.is_complete(&txid, at_rest)
-                && (at_rest || self.passed_everywhere(c))
-                && (!named || quiet)
-                && !self.open_may_precede(c)
-            {
-                return Some(self.take(&txid, named));
+            if self.is_complete(&txid, at_rest) && (at_rest || self.passed_everywhere(c)) && !self.open_may_precede(c) {
+                let waited = match &self.gap_wait {
+                    Some((id, since)) if *id == txid => since.elapsed() >= self.gap_grace,
+                    _ => {
+                        self.gap_wait = Some((txid.clone(), std::time::Instant::now()));
+                        false
+                    }
+                };
+                if !named || quiet || waited {
+                    self.gap_wait = None;
+                    return Some(self.take(&txid, named));
+                }
             }
             return None;
         }
