@@ -489,6 +489,15 @@ impl KinesisSource {
             origins: vec![(origin.shard, origin.seq.clone())],
         });
         let n = rows.len() as u64;
+        // The rows belong to the load transaction made for them.
+        let rows = rows.into_iter().map(|r| match r {
+            ChangeRecord::Row(mut row) => {
+                row.txid = Some(txid.clone());
+                ChangeRecord::Row(row)
+            }
+            other => other,
+        });
+        let rows: Vec<ChangeRecord> = rows.collect();
         let records = std::iter::once(ChangeRecord::Begin { txid: txid.clone(), commit_us: None }).chain(rows).chain(
             std::iter::once(ChangeRecord::End { txid, event_count: Some(n), per_table: Vec::new(), commit_us: None }),
         );

@@ -1,6 +1,7 @@
 //! `fovea`: the replayer service and command line.
 
 mod bench;
+mod bench_kinesis;
 mod demo;
 mod input;
 mod lakes;
@@ -208,6 +209,21 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The HyBench stream through a local multi-shard Kinesis vs from a
+    /// file, in one run (rows/s ratio), and freshness P50/P99 while the
+    /// records are put (Kinesis: AWS_ENDPOINT_URL_KINESIS, else a
+    /// kinesalite started for the run).
+    Kinesis {
+        /// Transactions.
+        #[arg(long, default_value_t = 20_000)]
+        txns: u64,
+        /// Shards of the stream.
+        #[arg(long, default_value_t = 4)]
+        shards: i32,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// End-to-end replay throughput: generate a stream to a file, replay it
     /// into a fresh lake, report rows/s (and the decode share).
     Replay {
@@ -324,6 +340,9 @@ fn main() -> ExitCode {
             bench::freshness(rate, seconds, json)
         }
         Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
+        Command::Bench { which: BenchCommand::Kinesis { txns, shards, json } } => {
+            bench_kinesis::run(txns, shards, json)
+        }
         Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, rate, json } } => {
             serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
