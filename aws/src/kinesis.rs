@@ -1023,6 +1023,43 @@ impl KinesisProducer {
         Ok(sequence)
     }
 
+    /// Reads every shard of `stream` from its oldest record to its tip,
+    /// one after the other, and returns the records read: how fast the
+    /// service alone serves GetRecords.
+    pub fn read_all(&self, stream: &str) -> Result<u64> {
+        let shards = self
+            .runtime
+            .block_on(list_shards(self.client.clone(), stream.to_owned()))
+            .map_err(|m| Self::failed("ListShards", m))?;
+        let mut n = 0u64;
+        for shard in shards {
+            let out = self
+                .runtime
+                .block_on(
+                    self.client
+                        .get_shard_iterator()
+                        .stream_name(stream)
+                        .shard_id(&shard.id)
+                        .shard_iterator_type(ShardIteratorType::TrimHorizon)
+                        .send(),
+                )
+                .map_err(|e| Self::failed("GetShardIterator", DisplayErrorContext(&e)))?;
+            let mut iterator = out.shard_iterator().map(str::to_owned);
+            while let Some(it) = iterator.take() {
+                let page = self
+                    .runtime
+                    .block_on(self.client.get_records().shard_iterator(it).limit(GET_LIMIT).send())
+                    .map_err(|e| Self::failed("GetRecords", DisplayErrorContext(&e)))?;
+                n += page.records().len() as u64;
+                if page.records().is_empty() {
+                    break;
+                }
+                iterator = page.next_shard_iterator().map(str::to_owned);
+            }
+        }
+        Ok(n)
+    }
+
     /// The open shards of `stream`, with their hash key ranges.
     pub fn open_shards(&self, stream: &str) -> Result<Vec<(String, u128, u128)>> {
         let mut out = Vec::new();
@@ -1071,5 +1108,69 @@ impl KinesisProducer {
             )
             .map_err(|e| Self::failed("MergeShards", DisplayErrorContext(&e)))?;
         self.wait_active(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_streams_and_parameters_and_names_what_is_wrong() {
+        let o = KinesisOptions::parse(
+            "kinesis://a,b?format=dms&start=latest&atomic=false&poll_ms=5&max_held_mb=64&max_record_kb=100",
+            InputFormat::Auto,
+            true,
+        )
+        .unwrap();
+        assert_eq!(o.streams, ["a", "b"]);
+        assert_eq!((o.format, o.start, o.atomic, o.follow), (InputFormat::Dms, Start::Latest, false, true));
+        assert_eq!((o.poll, o.max_held_bytes, o.max_record_bytes), (Duration::from_millis(5), 64 << 20, 100 << 10));
+        assert_eq!(o.name(), "kinesis://a,b");
+        let defaults = KinesisOptions::parse("kinesis://s", InputFormat::Debezium, false).unwrap();
+        assert_eq!(
+            (defaults.format, defaults.start, defaults.atomic),
+            (InputFormat::Debezium, Start::TrimHorizon, true)
+        );
+        assert!(defaults.max_held_bytes >= 64 << 20);
+        for (bad, says) in [
+            ("kinesis://", "no stream"),
+            ("kinesis://s?start=now", "trim_horizon or latest"),
+            ("kinesis://s?poll_ms=x", "poll_ms"),
+            ("kinesis://s?shard=1", "unknown parameter"),
+            ("kinesis://s?format=avro", "avro"),
+        ] {
+            let e = KinesisOptions::parse(bad, InputFormat::Auto, false).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_debezium_server_partition_key_gives_a_row_its_key() {
+        let row = |key: Option<Vec<(String, Json)>>| {
+            ChangeRecord::Row(Box::new(fovea_core::cdc::RowChange {
+                table: "s.t".into(),
+                op: fovea_core::cdc::RowOp::Insert,
+                key,
+                before: None,
+                after: None,
+                txid: None,
+                commit_us: None,
+                snapshot: None,
+                declared: None,
+                key_names: None,
+                in_transaction_block: false,
+            }))
+        };
+        let keyed = |r: ChangeRecord| match r {
+            ChangeRecord::Row(r) => r.key_names,
+            _ => None,
+        };
+        assert_eq!(keyed(with_key(row(None), r#"{"a":1,"b":"x"}"#)), Some(vec!["a".to_owned(), "b".to_owned()]));
+        let envelope = r#"{"schema":{"type":"struct"},"payload":{"id":7}}"#;
+        assert_eq!(keyed(with_key(row(None), envelope)), Some(vec!["id".to_owned()]));
+        // DMS partition keys (schema-table) and transaction ids change nothing.
+        assert_eq!(keyed(with_key(row(None), "public.orders")), None);
+        assert_eq!(keyed(with_key(row(None), "31203")), None);
     }
 }

@@ -62,13 +62,15 @@ fn stamp_now(data: &[u8]) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// Runs `fovea replay` and reads its rows/s.
-fn replay_rows_per_s(
-    exe: &std::path::Path,
-    env: &[(&str, String)],
-    lake: &std::path::Path,
-    input: &str,
-) -> CliResult<(f64, u64)> {
+/// One `fovea replay`, as it reported itself.
+struct ReplayRun {
+    rows: u64,
+    rows_per_s: f64,
+    cpu_s: f64,
+}
+
+/// Runs `fovea replay` and reads its summary line.
+fn replay(exe: &std::path::Path, env: &[(&str, String)], lake: &std::path::Path, input: &str) -> CliResult<ReplayRun> {
     let out = Command::new(exe)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .args(["replay", "--lake"])
@@ -79,18 +81,35 @@ fn replay_rows_per_s(
     if !out.status.success() {
         return Err(format!("fovea replay --input {input} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
-    // "replayed T transactions (…), R rows in S s = X rows/s; …"
+    // "replayed T transactions (…), R rows in S s = X rows/s; C checkpoints; U s CPU"
     let number_before = |suffix: &str| -> Option<f64> {
         let at = text.find(suffix)?;
         text[..at].split_whitespace().last()?.parse().ok()
     };
-    let rows_per_s = number_before(" rows/s").ok_or_else(|| format!("unexpected output of fovea replay: {text}"))?;
-    let rows = number_before(" rows in").unwrap_or(0.0) as u64;
-    Ok((rows_per_s, rows))
+    let unexpected = || format!("unexpected output of fovea replay: {text}");
+    Ok(ReplayRun {
+        rows: number_before(" rows in").ok_or_else(unexpected)? as u64,
+        rows_per_s: number_before(" rows/s").ok_or_else(unexpected)?,
+        cpu_s: number_before(" s CPU").ok_or_else(unexpected)?,
+    })
+}
+
+/// Sizes of `fovea bench kinesis`.
+pub struct KinesisBench {
+    /// HyBench transactions.
+    pub txns: u64,
+    /// Shards of each stream.
+    pub shards: i32,
+    /// Records per second put while `fovea serve` follows.
+    pub rate: u64,
+    /// Longest the followed load runs.
+    pub seconds: u64,
+    /// Print one JSON object.
+    pub json: bool,
 }
 
 /// `fovea bench kinesis`.
-pub fn run(txns: u64, shards: i32, json_out: bool) -> CliResult<()> {
+pub fn run(b: &KinesisBench) -> CliResult<()> {
     let kinesalite = match std::env::var("AWS_ENDPOINT_URL_KINESIS") {
         Ok(_) => None,
         Err(_) => Some(fovea_aws::moto::Kinesalite::start()?),
@@ -105,7 +124,7 @@ pub fn run(txns: u64, shards: i32, json_out: bool) -> CliResult<()> {
     let file = dir.join("stream.jsonl");
     {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&file)?);
-        crate::workload::generate(crate::workload::Workload::Hybench, txns, 7, &mut w)?;
+        crate::workload::generate(crate::workload::Workload::Hybench, b.txns, 7, &mut w)?;
         w.flush()?;
     }
     let mut records = Vec::new();
@@ -114,32 +133,41 @@ pub fn run(txns: u64, shards: i32, json_out: bool) -> CliResult<()> {
             records.push(r);
         }
     }
+    let say = |m: String| {
+        if !b.json {
+            eprintln!("{m}");
+        }
+    };
 
     // 1. From the file.
-    let (file_rows_per_s, file_rows) =
-        replay_rows_per_s(&exe, &env, &dir.join("lake-file"), &file.display().to_string())?;
-    if !json_out {
-        eprintln!("file: {file_rows} rows, {file_rows_per_s:.0} rows/s");
-    }
+    let from_file = replay(&exe, &env, &dir.join("lake-file"), &file.display().to_string())?;
+    say(format!("file: {} rows, {:.0} rows/s, {:.2} s CPU", from_file.rows, from_file.rows_per_s, from_file.cpu_s));
 
-    // 2. Through Kinesis, put first.
+    // 2. Through Kinesis, put first; what the service alone serves.
     let stream = format!("fovea-bench-{}", std::process::id());
-    producer.create_stream(&stream, shards)?;
-    let put_began = Instant::now();
+    producer.create_stream(&stream, b.shards)?;
+    let began = Instant::now();
     producer.put(&stream, &records)?;
-    let put_s = put_began.elapsed().as_secs_f64();
+    let put_s = began.elapsed().as_secs_f64();
+    let began = Instant::now();
+    let read = producer.read_all(&stream)?;
+    let service_read_per_s = read as f64 / began.elapsed().as_secs_f64();
     let input = format!("kinesis://{stream}?poll_ms=10");
-    let (kinesis_rows_per_s, kinesis_rows) = replay_rows_per_s(&exe, &env, &dir.join("lake-kinesis"), &input)?;
-    if kinesis_rows != file_rows {
-        return Err(format!("the Kinesis replay applied {kinesis_rows} rows, the file replay {file_rows}").into());
+    let through = replay(&exe, &env, &dir.join("lake-kinesis"), &input)?;
+    if through.rows != from_file.rows {
+        return Err(
+            format!("the Kinesis replay applied {} rows, the file replay {}", through.rows, from_file.rows).into()
+        );
     }
-    if !json_out {
-        eprintln!("kinesis: {kinesis_rows} rows, {kinesis_rows_per_s:.0} rows/s (put took {put_s:.1} s)");
-    }
+    say(format!(
+        "kinesis: {} rows, {:.0} rows/s, {:.2} s CPU (the service alone serves {service_read_per_s:.0} records/s)",
+        through.rows, through.rows_per_s, through.cpu_s
+    ));
 
-    // 3. Freshness while the records are put.
+    // 3. Freshness while records are put at `rate`: the initial load first
+    // (at full speed, then caught up), then the transactions.
     let live = format!("{stream}-live");
-    producer.create_stream(&live, shards)?;
+    producer.create_stream(&live, b.shards)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut serve = Command::new(&exe)
@@ -153,6 +181,15 @@ pub fn run(txns: u64, shards: i32, json_out: bool) -> CliResult<()> {
         .spawn()?;
     let mut ready = String::new();
     BufReader::new(serve.stdout.take().ok_or("no stdout")?).read_line(&mut ready)?;
+    let load = records.iter().take_while(|(_, d)| String::from_utf8_lossy(d).contains("\"op\":\"r\"")).count();
+    producer.put(&live, &records[..load])?;
+    let caught_up = Instant::now();
+    while metric(metrics, "fovea_rows_total").unwrap_or(0.0) < load as f64 {
+        if caught_up.elapsed() > Duration::from_secs(120) {
+            return Err("fovea serve did not apply the initial load within 120 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let loading = Arc::new(AtomicBool::new(true));
     let sampler = {
         let loading = Arc::clone(&loading);
@@ -161,68 +198,83 @@ pub fn run(txns: u64, shards: i32, json_out: bool) -> CliResult<()> {
             // Acquire: pairs with the Release store after the last put.
             while loading.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(20));
-                if let Some(f) = freshness_metric(metrics) {
+                if let Some(f) = metric(metrics, "fovea_freshness_seconds").filter(|f| f.is_finite()) {
                     samples.push(f * 1000.0);
                 }
             }
             samples
         })
     };
-    let live_began = Instant::now();
-    for batch in records.chunks(500) {
+    // Batches of 50 records every 50 / rate seconds.
+    let began = Instant::now();
+    let mut put = 0usize;
+    for batch in records[load..].chunks(50) {
+        if began.elapsed() >= Duration::from_secs(b.seconds) {
+            break;
+        }
+        let due = began + Duration::from_secs_f64(put as f64 / b.rate.max(1) as f64);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
         let stamped: Vec<(String, Vec<u8>)> = batch.iter().map(|(k, d)| (k.clone(), stamp_now(d))).collect();
         producer.put(&live, &stamped)?;
+        put += batch.len();
     }
-    let live_s = live_began.elapsed().as_secs_f64();
+    let live_s = began.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(200));
     // Release: the sampler stops.
     loading.store(false, Ordering::Release);
     let mut samples = sampler.join().map_err(|_| "the sampler panicked")?;
     let _ = Command::new("kill").args(["-TERM", &serve.id().to_string()]).status();
     let _ = serve.wait();
     std::fs::remove_dir_all(&dir)?;
-    // The first samples come before the first transaction is visible.
-    samples.retain(|f| f.is_finite());
     let p50 = crate::demo::percentile(&mut samples, 0.5);
     let p99 = crate::demo::percentile(&mut samples, 0.99);
+    let per_row = |r: &ReplayRun| r.cpu_s * 1e6 / r.rows.max(1) as f64;
     let result = json!({
         "workload": "hybench",
-        "txns": txns,
-        "rows": file_rows,
-        "shards": shards,
+        "txns": b.txns,
+        "rows": from_file.rows,
+        "shards": b.shards,
         "records": records.len(),
-        "file_rows_per_s": file_rows_per_s.round(),
-        "kinesis_rows_per_s": kinesis_rows_per_s.round(),
-        "kinesis_over_file": ((kinesis_rows_per_s / file_rows_per_s) * 1000.0).round() / 1000.0,
+        "file_rows_per_s": from_file.rows_per_s.round(),
+        "kinesis_rows_per_s": through.rows_per_s.round(),
+        "kinesis_over_file": ((through.rows_per_s / from_file.rows_per_s) * 1000.0).round() / 1000.0,
+        "file_cpu_us_per_row": (per_row(&from_file) * 100.0).round() / 100.0,
+        "kinesis_cpu_us_per_row": (per_row(&through) * 100.0).round() / 100.0,
+        "kinesis_cpu_over_file": ((per_row(&through) / per_row(&from_file)) * 1000.0).round() / 1000.0,
+        "service_read_records_per_s": service_read_per_s.round(),
         "put_records_per_s": (records.len() as f64 / put_s).round(),
-        "live_records_per_s": (records.len() as f64 / live_s).round(),
+        "live_records_per_s": (put as f64 / live_s).round(),
         "freshness_samples": samples.len(),
         "freshness_p50_ms": (p50 * 100.0).round() / 100.0,
         "freshness_p99_ms": (p99 * 100.0).round() / 100.0,
         "kinesis": if kinesalite.is_some() { "kinesalite (local)" } else { "AWS_ENDPOINT_URL_KINESIS" },
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
-    if json_out {
+    if b.json {
         println!("{result}");
     } else {
         println!(
-            "{} rows: file {:.0} rows/s, {shards}-shard Kinesis {:.0} rows/s ({:.3}× file); freshness while putting {:.0} records/s: P50 {:.1} ms, P99 {:.1} ms",
-            file_rows,
-            file_rows_per_s,
-            kinesis_rows_per_s,
-            kinesis_rows_per_s / file_rows_per_s,
-            records.len() as f64 / live_s,
-            p50,
-            p99
+            "{} rows: file {:.0} rows/s, {}-shard Kinesis {:.0} rows/s ({:.3}× file; the service alone serves {service_read_per_s:.0} records/s), CPU per row {:.2}× file; freshness while putting {:.0} records/s: P50 {p50:.1} ms, P99 {p99:.1} ms",
+            from_file.rows,
+            from_file.rows_per_s,
+            b.shards,
+            through.rows_per_s,
+            through.rows_per_s / from_file.rows_per_s,
+            per_row(&through) / per_row(&from_file),
+            put as f64 / live_s,
         );
     }
     Ok(())
 }
 
-/// `fovea_freshness_seconds` from the metrics endpoint.
-fn freshness_metric(addr: std::net::SocketAddr) -> Option<f64> {
+/// One unlabelled metric from the metrics endpoint.
+fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
-    body.lines().find_map(|l| l.strip_prefix("fovea_freshness_seconds ")).and_then(|v| v.trim().parse().ok())
+    let prefix = format!("{name} ");
+    body.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse().ok())
 }

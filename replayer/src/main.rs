@@ -220,6 +220,13 @@ enum BenchCommand {
         /// Shards of the stream.
         #[arg(long, default_value_t = 4)]
         shards: i32,
+        /// Records per second put while `fovea serve` follows (Kinesis
+        /// takes 1,000 per second per shard).
+        #[arg(long, default_value_t = 2_000)]
+        rate: u64,
+        /// Longest the followed load runs.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -271,13 +278,14 @@ fn main() -> ExitCode {
             })
             .map(|s| {
                 println!(
-                    "replayed {} transactions ({} already applied, skipped), {} rows in {:.2} s = {:.0} rows/s; {} checkpoints",
+                    "replayed {} transactions ({} already applied, skipped), {} rows in {:.2} s = {:.0} rows/s; {} checkpoints; {:.2} s CPU",
                     s.stats.applied,
                     s.stats.skipped,
                     s.stats.rows,
                     s.elapsed.as_secs_f64(),
                     s.stats.rows as f64 / s.elapsed.as_secs_f64().max(1e-9),
-                    s.stats.checkpoints
+                    s.stats.checkpoints,
+                    serve::metrics::cpu_seconds().unwrap_or(f64::NAN)
                 );
             })
         }
@@ -340,8 +348,8 @@ fn main() -> ExitCode {
             bench::freshness(rate, seconds, json)
         }
         Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
-        Command::Bench { which: BenchCommand::Kinesis { txns, shards, json } } => {
-            bench_kinesis::run(txns, shards, json)
+        Command::Bench { which: BenchCommand::Kinesis { txns, shards, rate, seconds, json } } => {
+            bench_kinesis::run(&bench_kinesis::KinesisBench { txns, shards, rate, seconds, json })
         }
         Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, rate, json } } => {
             serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })

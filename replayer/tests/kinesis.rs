@@ -408,12 +408,13 @@ fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
     producer.put("bank", &records[..chunk]).unwrap();
     let lake = dir.path().join("lake");
     let port = common::free_port();
+    let metrics = format!("127.0.0.1:{}", common::free_port());
     let mut cmd = aws.fovea();
     cmd.args(["serve", "--lake", lake.to_str().unwrap(), "--input", "kinesis://bank?poll_ms=5"])
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--checkpoint-secs", "1"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--checkpoint-secs", "1", "--metrics", &metrics])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap());
-    let server = common::Server::spawn(cmd, dir.path().join("serve.log"), None);
+    let server = common::Server::spawn(cmd, dir.path().join("serve.log"), Some(metrics));
     let total = "SELECT (SELECT sum(bal) FROM bank.a) + (SELECT sum(bal) FROM bank.b) AS total, (SELECT count(*) FROM bank.a) + (SELECT count(*) FROM bank.b) AS n";
     let began = Instant::now();
     let mut answers = 0;
@@ -441,6 +442,15 @@ fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
     common::eventually(Duration::from_secs(60), "all transfers applied", || {
         server.sql("SELECT id, bal FROM bank.a ORDER BY id").ok().filter(|o| *o == expected).map(|_| ())
     });
+    // Per-shard progress and what is held, on /metrics.
+    let text = server.metrics();
+    for shard in 0..4 {
+        assert!(text.contains(&format!("fovea_shard_records_total{{shard=\"bank/shardId-{shard:012}\"}}")), "{text}");
+    }
+    assert!(
+        text.contains("fovea_shard_millis_behind_latest{") && text.contains("fovea_input_held_transactions "),
+        "{text}"
+    );
     let log = server.stop();
     assert!(!log.contains("ERROR"), "{log}");
 }

@@ -180,6 +180,19 @@ fn family(
     }
 }
 
+/// CPU time (user + system) of this process so far, from `/proc/self/stat`
+/// (clock ticks of 10 ms, Linux's USER_HZ).
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which may hold spaces: state is the
+    // first; utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: f64 = fields.next()?.parse().ok()?;
+    let system: f64 = fields.next()?.parse().ok()?;
+    Some((user + system) / 100.0)
+}
+
 /// Resident set size from `/proc/self/statm`.
 pub fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
