@@ -296,6 +296,25 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
         assert_eq!(export(&aws, &lake, &t), expected, "{t}");
     }
 
+    // DMS records carry no key: without a schema file the table is named.
+    let keyless = dir.path().join("keyless");
+    let err = replay(&aws, &["--lake", keyless.to_str().unwrap()], "kinesis://dms?poll_ms=20&format=dms", &[]);
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(!err.status.success() && stderr.contains("table public.pgbench_"), "{stderr}");
+    // Held records past the cap: stopped, naming the transaction held and the cap.
+    let capped = dir.path().join("capped");
+    let err = replay(
+        &aws,
+        &["--lake", capped.to_str().unwrap()],
+        "kinesis://dms?poll_ms=20&format=dms&max_held_mb=0",
+        &["--schema-file", &schema()],
+    );
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(
+        !err.status.success() && stderr.contains("reach the cap of 0 bytes") && stderr.contains("source transaction 31203"),
+        "{stderr}"
+    );
+
     // Without transaction details over several shards: refused, naming the setting.
     producer.create_stream("plain-dms", 3).unwrap();
     producer.put("plain-dms", &dms_records(&plain, false)[..30]).unwrap();

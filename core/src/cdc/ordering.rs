@@ -761,7 +761,7 @@ impl TxnOrder {
             .min_by_key(|(_, s)| s.passed)
             .map_or_else(String::new, |(i, s)| format!("; shard #{i} is furthest behind (passed {:?})", s.passed));
         format!(
-            "{} held records of {} incomplete or waiting source transactions reach the cap of {} bytes with {incoming} more{waiting}{behind}. Help: raise max_held_bytes, or check that the producer delivers every record of each transaction",
+            "{} held records of {} incomplete or waiting source transactions reach the cap of {} bytes with {incoming} more{waiting}{behind}. Help: raise max_held_mb, or check that the producer delivers every record of each transaction",
             self.held_bytes,
             self.held.len(),
             self.max_held_bytes
