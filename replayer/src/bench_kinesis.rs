@@ -14,7 +14,7 @@
 //! Kinesis is `AWS_ENDPOINT_URL_KINESIS` when set, else a kinesalite
 //! started here.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -271,10 +271,5 @@ pub fn run(b: &KinesisBench) -> CliResult<()> {
 
 /// One unlabelled metric from the metrics endpoint.
 fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    let prefix = format!("{name} ");
-    body.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse().ok())
+    crate::serve::bench::scrape(&addr.to_string()).and_then(|t| crate::serve::bench::metric(&t, name))
 }

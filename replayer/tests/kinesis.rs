@@ -311,7 +311,9 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
     );
     let stderr = String::from_utf8_lossy(&err.stderr);
     assert!(
-        !err.status.success() && stderr.contains("reach the cap of 0 bytes") && stderr.contains("source transaction 31203"),
+        !err.status.success()
+            && stderr.contains("reach the cap of 0 bytes")
+            && stderr.contains("source transaction 31203"),
         "{stderr}"
     );
 

@@ -139,7 +139,7 @@ impl Drop for Cluster {
 }
 
 /// Reads the metrics page.
-fn scrape(addr: &str) -> Option<String> {
+pub(crate) fn scrape(addr: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: fovea\r\n\r\n").ok()?;
     let mut body = String::new();
@@ -147,7 +147,8 @@ fn scrape(addr: &str) -> Option<String> {
     Some(body)
 }
 
-fn metric(text: &str, name: &str) -> Option<f64> {
+/// One unlabelled metric of a metrics page.
+pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
