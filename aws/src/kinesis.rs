@@ -49,10 +49,6 @@ use tokio::sync::mpsc;
 
 /// Records asked for per GetRecords (the service maximum).
 const GET_LIMIT: i32 = 10_000;
-/// How long a transaction after a gap in the commit chain waits for every
-/// shard to be at its tip before it is applied anyway (see
-/// [`TxnOrder::with_gap_grace`]).
-const GAP_GRACE: Duration = Duration::from_secs(2);
 /// Events drained per poll before the sink gets what is ready.
 const EVENTS_PER_POLL: usize = 64;
 
@@ -85,10 +81,14 @@ pub struct KinesisOptions {
     pub max_held_bytes: usize,
     /// Largest record accepted.
     pub max_record_bytes: usize,
+    /// How long a complete transaction whose predecessor in the commit
+    /// chain has not arrived waits before it is applied anyway, with a
+    /// warning (see [`TxnOrder::with_gap_grace`]).
+    pub gap_grace: Duration,
 }
 
 impl KinesisOptions {
-    /// Parses `kinesis://STREAM[,STREAM…][?format=…&start=…&atomic=…&poll_ms=…&max_held_mb=…&max_record_kb=…]`;
+    /// Parses `kinesis://STREAM[,STREAM…][?format=…&start=…&atomic=…&poll_ms=…&max_held_mb=…&max_record_kb=…&gap_grace_ms=…]`;
     /// `format` is the default of `--format`.
     pub fn parse(spec: &str, format: InputFormat, follow: bool) -> Result<Self> {
         let bad = |m: String| Error::Source { input: spec.to_owned(), message: m };
@@ -107,6 +107,7 @@ impl KinesisOptions {
             poll: Duration::from_millis(200),
             max_held_bytes: default_held_cap(),
             max_record_bytes: 10 << 20,
+            gap_grace: Duration::from_secs(10),
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -126,9 +127,10 @@ impl KinesisOptions {
                 "poll_ms" => options.poll = Duration::from_millis(number("milliseconds")?),
                 "max_held_mb" => options.max_held_bytes = (number("megabytes")? as usize) << 20,
                 "max_record_kb" => options.max_record_bytes = (number("kilobytes")? as usize) << 10,
+                "gap_grace_ms" => options.gap_grace = Duration::from_millis(number("milliseconds")?),
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb or max_record_kb"
+                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb, max_record_kb or gap_grace_ms"
                     )));
                 }
             }
@@ -310,7 +312,7 @@ impl KinesisSource {
             .build()?;
         let client = runtime.block_on(client())?;
         let (tx, rx) = mpsc::channel(EVENTS_PER_POLL * 4);
-        let order = TxnOrder::new(0, saved.tail.clone(), options.max_held_bytes).with_gap_grace(GAP_GRACE);
+        let order = TxnOrder::new(0, saved.tail.clone(), options.max_held_bytes).with_gap_grace(options.gap_grace);
         let next = checkpoint.filter(|c| c.input == name).map_or(1, |c| c.position.line.max(1));
         let mut source = KinesisSource {
             order,
@@ -560,7 +562,7 @@ impl KinesisSource {
             let tail_before = self.order.tail().cloned();
             let Some(txn) = self.order.release(at_rest) else { break };
             if txn.gap {
-                tracing::warn!(txid = %txn.txid, "no predecessor link places this source transaction: applied in commit-time order once every shard was read to its tip");
+                tracing::warn!(txid = %txn.txid, "the source transaction before this one in the commit chain never arrived (filtered by the producer, or before where reading started): applied after the gap grace, or at rest");
             }
             let mut origins: Vec<(ShardIx, SequenceNumber)> = Vec::new();
             for h in &txn.records {

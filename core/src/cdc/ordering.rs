@@ -34,11 +34,18 @@
 //!    unknown). Then every transaction committed before `c` has been
 //!    released: it was written to some shard before anything committed
 //!    after it, and that shard has passed `c`;
-//! 3. **gap** (DMS, chain broken): every shard is at its tip (for
-//!    [`TxnOrder::release`]'s `at_rest`) and `T` is the complete transaction
-//!    whose predecessor is not held, earliest by commit time. What the
-//!    chain cannot place is applied once nothing else can come, with a
-//!    warning.
+//! 3. **gap** (DMS, chain broken): `T` is the complete transaction whose
+//!    predecessor is not held, earliest by commit time.
+//!
+//! A transaction whose predecessor is named but not released (rules 2 and
+//! 3) may be waiting for a record still in flight — a re-sent batch arrives
+//! after later ones, and being at every shard's tip proves nothing while
+//! the producer writes — or follow a gap the producer left (a transaction
+//! it filtered out). It is released only at rest ([`TxnOrder::release`]'s
+//! `at_rest`: `fovea replay` at every shard's tip) or after waiting the
+//! grace ([`TxnOrder::with_gap_grace`]), with a warning; should the
+//! predecessor arrive after all, the input fails naming it rather than
+//! apply it out of order.
 //!
 //! Exactly once: a record of a transaction the sink applied (redelivered, or
 //! read again after a restart from a checkpoint that had to resume before
@@ -622,41 +629,52 @@ impl TxnOrder {
         if let Some((&c, txid)) = self.by_commit.iter().next() {
             let txid = txid.clone();
             // A transaction naming a predecessor that was not released is
-            // either waiting for it or after a gap: bridged only once
-            // nothing more can be read, or after the grace. (Before anything
-            // was released there is no chain to follow yet.)
-            let named = self.tail.is_some() && self.held.get(&txid).is_some_and(|t| t.prev.is_some());
-            let quiet = at_rest || self.shards.iter().all(|s| s.at_tip || s.finished);
-            if self.is_complete(&txid, at_rest) && (at_rest || self.passed_everywhere(c)) && !self.open_may_precede(c) {
-                let waited = match &self.gap_wait {
-                    Some((id, since)) if *id == txid => since.elapsed() >= self.gap_grace,
-                    _ => {
-                        self.gap_wait = Some((txid.clone(), std::time::Instant::now()));
-                        false
-                    }
-                };
-                if !named || quiet || waited {
-                    self.gap_wait = None;
-                    return Some(self.take(&txid, named));
-                }
+            // either waiting for it (in flight: a re-sent batch) or after a
+            // gap (a transaction the producer filtered out): bridged only
+            // at rest or after the grace — being at every shard's tip
+            // proves nothing while the producer still writes. Before anything
+            // was released too: the predecessor named may be in flight, or
+            // before where reading started.
+            let named = self.held.get(&txid).is_some_and(|t| t.prev.is_some());
+            if self.is_complete(&txid, at_rest)
+                && (at_rest || self.passed_everywhere(c))
+                && !self.open_may_precede(c)
+                && (!named || at_rest || self.waited(&txid))
+            {
+                self.gap_wait = None;
+                return Some(self.take(&txid, named));
             }
             return None;
         }
-        // 3. A gap in a DMS chain, bridged once nothing else can come.
-        if at_rest || self.shards.iter().all(|s| s.at_tip || s.finished) {
-            let candidate = self
-                .held
-                .iter()
-                .filter(|(_, t)| t.dms && t.prev.as_ref().is_some_and(|p| !self.names_held(p)))
-                .min_by_key(|(id, t)| (t.commit_us, (*id).clone()))
-                .map(|(id, _)| id.clone());
-            if let Some(txid) = candidate
-                && self.is_complete(&txid, at_rest)
-            {
-                return Some(self.take(&txid, true));
-            }
+        // 3. A gap in a DMS chain: the complete transaction whose
+        // predecessor is not held, earliest by commit time, at rest or
+        // after the grace.
+        let candidate = self
+            .held
+            .iter()
+            .filter(|(_, t)| t.dms && t.prev.as_ref().is_some_and(|p| !self.names_held(p)))
+            .min_by_key(|(id, t)| (t.commit_us, (*id).clone()))
+            .map(|(id, _)| id.clone());
+        if let Some(txid) = candidate
+            && self.is_complete(&txid, at_rest)
+            && (at_rest || self.waited(&txid))
+        {
+            self.gap_wait = None;
+            return Some(self.take(&txid, true));
         }
         None
+    }
+
+    /// Whether `txid`, blocked by a gap, has waited the grace (the clock
+    /// starts at the first ask).
+    fn waited(&mut self, txid: &str) -> bool {
+        match &self.gap_wait {
+            Some((id, since)) if id == txid => since.elapsed() >= self.gap_grace,
+            _ => {
+                self.gap_wait = Some((txid.to_owned(), std::time::Instant::now()));
+                self.gap_grace.is_zero()
+            }
+        }
     }
 
     /// Whether `prev` is a record of a held transaction.
