@@ -32,5 +32,5 @@ pub mod sink;
 pub use engine::{Engine, EngineConfig};
 pub use mvcc::{Clock, Snapshot};
 pub use replay::Op;
-pub use scan::{ScanOptions, VisibilityMode};
+pub use scan::{Scan, ScanOptions, VisibilityMode};
 pub use schema::{Row, TableDef, Value};

@@ -120,13 +120,29 @@ pub struct ScanMetrics {
     pub rows_returned: usize,
 }
 
+#[derive(Clone)]
 enum Split {
     RowGroup { file: Arc<RegularFile>, vis: Arc<FileVisibility>, rg: usize },
     Block { vis: Arc<FileVisibility>, block: Arc<Block>, offset: usize },
     Active(ActiveRows),
 }
 
-/// An in-progress scan; an iterator of record batches.
+impl Split {
+    /// Rows stored in the split (visible or not).
+    fn rows(&self) -> usize {
+        match self {
+            Split::RowGroup { file, rg, .. } => file.row_groups[*rg].rows,
+            Split::Block { block, .. } => block.rows,
+            Split::Active(a) => a.batch.num_rows(),
+        }
+    }
+}
+
+/// An in-progress scan; an iterator of record batches. Planning reads no
+/// data: the splits (row groups, blocks, active rows) are fixed from one
+/// view of the table, and each is read when its turn comes. A clone starts
+/// over with the same splits; [`Scan::partition`] divides them.
+#[derive(Clone)]
 pub struct Scan {
     snapshot: Snapshot,
     lake: Lake,
@@ -140,6 +156,8 @@ pub struct Scan {
     splits: VecDeque<Split>,
     metrics: ScanMetrics,
     scratch: Vec<u64>,
+    /// Stop after returning this many rows.
+    limit: Option<usize>,
 }
 
 impl Scan {
@@ -225,7 +243,48 @@ impl Scan {
             splits,
             metrics,
             scratch: Vec::new(),
+            limit: None,
         })
+    }
+
+    /// Stops after `limit` rows (what a `LIMIT` needs at most): splits
+    /// after that are never read.
+    pub fn with_limit(mut self, limit: Option<usize>) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Splits still to read.
+    pub fn splits(&self) -> usize {
+        self.splits.len()
+    }
+
+    /// Rows stored in the splits still to read: an upper bound of what the
+    /// scan returns (deleted and newer versions are among them).
+    pub fn stored_rows(&self) -> usize {
+        self.splits.iter().map(Split::rows).sum()
+    }
+
+    /// Divides the splits into at most `n` scans of contiguous splits with
+    /// about as many stored rows each (at least one scan, possibly empty).
+    /// Together they return what this scan returns.
+    pub fn partition(mut self, n: usize) -> Vec<Scan> {
+        let n = n.clamp(1, self.splits.len().max(1));
+        let total = self.stored_rows().max(1);
+        let splits = std::mem::take(&mut self.splits);
+        let mut parts: Vec<Scan> = Vec::with_capacity(n);
+        let mut current = self.clone();
+        let mut rows = 0usize;
+        for split in splits {
+            // Close a part once it holds its share (the last takes the rest).
+            if parts.len() + 1 < n && rows >= total * (parts.len() + 1) / n && !current.splits.is_empty() {
+                parts.push(std::mem::replace(&mut current, self.clone()));
+            }
+            rows += split.rows();
+            current.splits.push_back(split);
+        }
+        parts.push(current);
+        parts
     }
 
     /// The snapshot timestamp.
@@ -254,6 +313,23 @@ impl Scan {
 
     /// The next non-empty batch, or `None` at the end.
     pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        if let Some(limit) = self.limit {
+            let left = limit.saturating_sub(self.metrics.rows_returned);
+            if left == 0 {
+                self.splits.clear();
+                return Ok(None);
+            }
+            return Ok(self.next_visible()?.map(|b| {
+                let b = if b.num_rows() > left { b.slice(0, left) } else { b };
+                // Counted by `finish` before the cut: count what is returned.
+                self.metrics.rows_returned = self.metrics.rows_returned.min(limit);
+                b
+            }));
+        }
+        self.next_visible()
+    }
+
+    fn next_visible(&mut self) -> Result<Option<RecordBatch>> {
         while let Some(split) = self.splits.pop_front() {
             self.metrics.splits_read += 1;
             let (batch, vis, offset) = match split {

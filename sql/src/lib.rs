@@ -3,32 +3,64 @@
 //! ```text
 //!  query ─▶ one Snapshot (qts = HWM − 1, or AS OF) ─▶ SessionContext with a
 //!           FoveaTable per table, all holding that snapshot
-//!        ─▶ DataFusion plans; FoveaTable::scan pushes projection and simple
-//!           comparisons into the VFoR scan (row groups pruned on user-column
-//!           and _fovea_create_ts statistics), DataFusion re-checks filters
+//!        ─▶ DataFusion plans; FoveaTable::scan pushes projection, simple
+//!           comparisons and LIMIT into the VFoR scan (row groups pruned on
+//!           user-column and _fovea_create_ts statistics), DataFusion
+//!           re-checks filters; the scan is a FoveaScanExec streaming its
+//!           splits by partition (see `exec`)
 //! ```
 //!
 //! The snapshot lives as long as the session: LWM cannot pass it while the
 //! query runs, whatever replay and GC do meanwhile.
+
+mod exec;
 
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
+pub use datafusion;
 use datafusion::catalog::{MemorySchemaProvider, Session};
 use datafusion::common::{DataFusionError, ScalarValue, TableReference};
-use datafusion::datasource::memory::MemorySourceConfig;
+pub use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
+pub use exec::FoveaScanExec;
 use fovea_core::frozen::FrozenVisibility;
 use fovea_core::scan::{CmpOp, Predicate};
 use fovea_core::{Engine, ScanOptions, Snapshot, TableDef, Value, VisibilityMode};
 
 /// Columns fovea adds to a table (never shown to SQL) start with this.
 pub const HIDDEN_PREFIX: &str = "_fovea_";
+
+/// The catalog every fovea table is in (`fovea.schema.table`; SQL may leave
+/// it out).
+pub const CATALOG: &str = "fovea";
+
+/// Every table as SQL sees it, sorted: schema, table, and its columns
+/// (fovea's hidden ones left out).
+pub fn tables(engine: &Engine) -> Vec<(String, String, arrow::datatypes::Schema)> {
+    let mut out: Vec<_> = engine
+        .tables()
+        .into_iter()
+        .map(|def| {
+            let (schema, table) = def.name.split_once('.').unwrap_or(("public", def.name.as_str()));
+            let fields: Vec<_> = def
+                .schema
+                .fields()
+                .iter()
+                .filter(|f| !f.name().starts_with(HIDDEN_PREFIX))
+                .map(|f| f.as_ref().clone())
+                .collect();
+            (schema.to_owned(), table.to_owned(), arrow::datatypes::Schema::new(fields))
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    out
+}
 
 /// A fovea table as DataFusion sees it, at one snapshot.
 pub struct FoveaTable {
@@ -154,12 +186,13 @@ impl TableProvider for FoveaTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
-        _limit: Option<usize>,
+        limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let predicates: Vec<Predicate> = filters.iter().filter_map(|f| self.predicate(f)).collect();
+        let pushed: Vec<&Expr> = filters.iter().filter(|f| self.predicate(f).is_some()).collect();
+        let predicates: Vec<Predicate> = pushed.iter().filter_map(|f| self.predicate(f)).collect();
         let filter = match predicates.len() {
             0 => None,
             1 => predicates.into_iter().next(),
@@ -174,18 +207,15 @@ impl TableProvider for FoveaTable {
             visibility: self.visibility,
             frozen: self.frozen.clone(),
         };
-        let (engine, snapshot, name) = (Arc::clone(&self.engine), self.snapshot.clone(), self.def.name.clone());
-        // The scan reads files synchronously: keep it off the async workers.
-        let (schema, batches) =
-            tokio::task::spawn_blocking(move || -> fovea_core::Result<(SchemaRef, Vec<RecordBatch>)> {
-                let scan = engine.scan(&snapshot, &name, options)?;
-                let schema = scan.schema();
-                Ok((schema, scan.collect_batches()?))
-            })
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?
+        // Planning takes one view of the table and reads no data.
+        let scan = self
+            .engine
+            .scan(&self.snapshot, &self.def.name, options)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        Ok(MemorySourceConfig::try_new_exec(&[batches], schema, None)?)
+        let shown =
+            (!pushed.is_empty()).then(|| pushed.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" AND "));
+        let partitions = state.config_options().execution.target_partitions;
+        Ok(Arc::new(FoveaScanExec::new(&self.def.name, scan, partitions, limit, shown)))
     }
 }
 
@@ -220,8 +250,9 @@ fn session_full(
     visibility: VisibilityMode,
     frozen: Option<Arc<FrozenVisibility>>,
 ) -> datafusion::common::Result<SessionContext> {
-    let ctx = SessionContext::new();
-    let catalog = ctx.catalog("datafusion").ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
+    let config = datafusion::prelude::SessionConfig::new().with_default_catalog_and_schema(CATALOG, "public");
+    let ctx = SessionContext::new_with_config(config);
+    let catalog = ctx.catalog(CATALOG).ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
     for def in engine.tables() {
         let (schema, table) = def.name.split_once('.').unwrap_or(("public", def.name.as_str()));
         if catalog.schema(schema).is_none() {

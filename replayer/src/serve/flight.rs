@@ -26,8 +26,12 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::server::PeekableFlightDataStream;
 use arrow_flight::sql::{
-    Any, CommandGetSqlInfo, CommandStatementQuery, ProstMessageExt, SqlInfo, TicketStatementQuery,
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
+    Any, CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
+    CommandPreparedStatementQuery, CommandStatementQuery, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
+    TicketStatementQuery,
 };
 use arrow_flight::{Action, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use fovea_core::buffer::{BlockData, FileKind, PartView};
@@ -63,6 +67,11 @@ enum HeldSnapshot {
 
 struct PlannedQuery {
     sql: String,
+    /// Values bound to the SQL's `$n` placeholders (prepared statements).
+    params: Vec<fovea_sql::datafusion::common::ScalarValue>,
+    /// The plan made when the query was submitted (at its live snapshot):
+    /// executed as is unless the query was moved to a visibility checkpoint.
+    frame: Option<fovea_sql::DataFrame>,
     held: HeldSnapshot,
     planned: Instant,
 }
@@ -83,10 +92,23 @@ impl QueryRegistry {
         self.queries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn insert(&self, sql: String, snapshot: Snapshot) -> u64 {
+    fn insert(
+        &self,
+        sql: String,
+        params: Vec<fovea_sql::datafusion::common::ScalarValue>,
+        frame: fovea_sql::DataFrame,
+        snapshot: Snapshot,
+    ) -> u64 {
         // Relaxed: a unique counter, nothing is published through it.
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, PlannedQuery { sql, held: HeldSnapshot::Live(snapshot), planned: Instant::now() });
+        let query = PlannedQuery {
+            sql,
+            params,
+            frame: Some(frame),
+            held: HeldSnapshot::Live(snapshot),
+            planned: Instant::now(),
+        };
+        self.lock().insert(id, query);
         id
     }
 
@@ -112,6 +134,9 @@ impl QueryRegistry {
             let (path, frozen) = FrozenVisibility::checkpoint(engine, &snapshot, &name)?;
             tracing::info!(query = id, qts = snapshot.qts().get(), files = frozen.files(), %path, "visibility checkpoint");
             if let Some(q) = self.lock().get_mut(&id) {
+                // The plan holds the live snapshot: planned again at the
+                // checkpoint when fetched.
+                q.frame = None;
                 q.held = HeldSnapshot::Checkpointed { frozen: Arc::new(frozen), path };
                 written += 1;
             } else {
@@ -144,6 +169,134 @@ pub struct FoveaFlight {
     engine: Arc<Engine>,
     metrics: Arc<Metrics>,
     queries: Arc<QueryRegistry>,
+    prepared: Arc<PreparedStatements>,
+}
+
+/// Prepared statements open: SQL with `$n` placeholders, the parameter
+/// types the plan infers, and the values bound last. Bounded: past
+/// [`MAX_PREPARED`] the least recently used one is closed.
+#[derive(Default)]
+pub struct PreparedStatements {
+    statements: Mutex<HashMap<u64, Prepared>>,
+    next: AtomicU64,
+}
+
+struct Prepared {
+    sql: String,
+    parameters: arrow::datatypes::SchemaRef,
+    bound: Vec<fovea_sql::datafusion::common::ScalarValue>,
+    used: Instant,
+}
+
+/// Prepared statements a server keeps open at most.
+const MAX_PREPARED: usize = 4096;
+
+impl PreparedStatements {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Prepared>> {
+        self.statements.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, sql: String, parameters: arrow::datatypes::SchemaRef) -> u64 {
+        // Relaxed: a unique counter, nothing is published through it.
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut statements = self.lock();
+        if statements.len() >= MAX_PREPARED
+            && let Some(oldest) = statements.iter().min_by_key(|(_, p)| p.used).map(|(id, _)| *id)
+        {
+            statements.remove(&oldest);
+        }
+        statements.insert(id, Prepared { sql, parameters, bound: Vec::new(), used: Instant::now() });
+        id
+    }
+
+    fn handle(bytes: &[u8]) -> Result<u64, Status> {
+        <[u8; 8]>::try_from(bytes)
+            .map(u64::from_le_bytes)
+            .map_err(|_| Status::invalid_argument("malformed prepared statement handle"))
+    }
+
+    /// The statement's SQL and bound values.
+    fn get(&self, id: u64) -> Result<(String, Vec<fovea_sql::datafusion::common::ScalarValue>), Status> {
+        let mut statements = self.lock();
+        let p = statements
+            .get_mut(&id)
+            .ok_or_else(|| Status::not_found(format!("no prepared statement {id}: closed, or never created")))?;
+        p.used = Instant::now();
+        Ok((p.sql.clone(), p.bound.clone()))
+    }
+}
+
+/// `?` placeholders (ODBC, JDBC, ADBC) as DataFusion's `$1`, `$2`, …; text
+/// in quotes and comments is left alone.
+pub fn number_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' | '"' => {
+                out.push(c);
+                for d in chars.by_ref() {
+                    out.push(d);
+                    if d == c {
+                        break;
+                    }
+                }
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                out.push(c);
+                for d in chars.by_ref() {
+                    out.push(d);
+                    if d == '\n' {
+                        break;
+                    }
+                }
+            }
+            '?' => {
+                n += 1;
+                out.push_str(&format!("${n}"));
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The parameter types of `sql` as planned (`$1`, `$2`, … in order; a type
+/// the plan cannot infer is text).
+async fn parameter_schema(
+    ctx: &fovea_sql::datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Result<(fovea_sql::DataFrame, arrow::datatypes::SchemaRef), Status> {
+    let frame = ctx.sql(sql).await.map_err(status)?;
+    let types = frame.logical_plan().get_parameter_types().map_err(status)?;
+    let mut names: Vec<&String> = types.keys().collect();
+    names.sort_by_key(|n| n.trim_start_matches('$').parse::<usize>().unwrap_or(usize::MAX));
+    let fields: Vec<arrow::datatypes::Field> = names
+        .into_iter()
+        .map(|n| {
+            let t = types[n].clone().unwrap_or(arrow::datatypes::DataType::Utf8);
+            arrow::datatypes::Field::new(n.as_str(), t, true)
+        })
+        .collect();
+    Ok((frame, Arc::new(arrow::datatypes::Schema::new(fields))))
+}
+
+/// A one-batch metadata answer as a Flight stream.
+fn metadata_stream<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<FlightStream, Status> {
+    let batch = batch.map_err(status)?;
+    Ok(stream_batches(batch.schema(), vec![batch]))
+}
+
+fn metadata_info(
+    ticket: Vec<u8>,
+    schema: &arrow::datatypes::Schema,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
+    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+    let info =
+        FlightInfo::new().try_with_schema(schema).map_err(status)?.with_endpoint(endpoint).with_descriptor(descriptor);
+    Ok(Response::new(info))
 }
 
 fn status(e: impl std::fmt::Display) -> Status {
@@ -158,6 +311,15 @@ fn sql_info() -> &'static SqlInfoData {
         b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
         b.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
         b.append(SqlInfo::FlightSqlServerReadOnly, true);
+        b.append(SqlInfo::FlightSqlServerSql, true);
+        b.append(SqlInfo::FlightSqlServerSubstrait, false);
+        b.append(SqlInfo::FlightSqlServerTransaction, 0i32); // SQL_SUPPORTED_TRANSACTION_NONE
+        b.append(SqlInfo::FlightSqlServerCancel, false);
+        b.append(SqlInfo::FlightSqlServerStatementTimeout, 0i32);
+        b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
+        b.append(SqlInfo::SqlDdlCatalog, false);
+        b.append(SqlInfo::SqlDdlSchema, false);
+        b.append(SqlInfo::SqlDdlTable, false);
         b.build().unwrap_or_else(|e| unreachable!("static sql info: {e}"))
     })
 }
@@ -173,21 +335,56 @@ fn stream_batches(schema: arrow::datatypes::SchemaRef, batches: Vec<RecordBatch>
 }
 
 impl FoveaFlight {
-    async fn run(&self, q: PlannedQuery) -> Result<(arrow::datatypes::SchemaRef, Vec<RecordBatch>), Status> {
-        let ctx = match &q.held {
-            HeldSnapshot::Live(s) => fovea_sql::session(&self.engine, s),
-            HeldSnapshot::Checkpointed { frozen, .. } => {
-                fovea_sql::session_at_checkpoint(&self.engine, &self.engine.snapshot(), Arc::clone(frozen))
+    /// Executes a planned query as a stream: batches are sent as the scans
+    /// produce them; a visibility checkpoint it read is deleted once the
+    /// stream ends (or is dropped by the client).
+    async fn run(&self, q: PlannedQuery) -> Result<FlightStream, Status> {
+        let frame = match (q.frame, &q.held) {
+            (Some(frame), HeldSnapshot::Live(_)) => frame,
+            (_, held) => {
+                let ctx = match held {
+                    HeldSnapshot::Live(s) => fovea_sql::session(&self.engine, s),
+                    HeldSnapshot::Checkpointed { frozen, .. } => {
+                        fovea_sql::session_at_checkpoint(&self.engine, &self.engine.snapshot(), Arc::clone(frozen))
+                    }
+                }
+                .map_err(status)?;
+                let frame = ctx.sql(&q.sql).await.map_err(status)?;
+                if q.params.is_empty() { frame } else { frame.with_param_values(q.params).map_err(status)? }
             }
-        }
-        .map_err(status)?;
-        let df = ctx.sql(&q.sql).await.map_err(status)?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await.map_err(status)?;
+        };
+        let schema = Arc::new(frame.schema().as_arrow().clone());
+        let batches = frame.execute_stream().await.map_err(status)?;
         // Relaxed: a statistic.
         self.metrics.queries.fetch_add(1, Ordering::Relaxed);
-        release(&self.engine, q.held).map_err(|e| Status::internal(e.to_string()))?;
-        Ok((schema, batches))
+        let cleanup = HeldUntilEnd { engine: Arc::clone(&self.engine), held: Some(q.held) };
+        let batches = batches.map(move |b| {
+            // Moved in: released when the stream ends or is dropped.
+            let _ = &cleanup;
+            b.map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)))
+        });
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches)
+            .map_err(|e| Status::internal(e.to_string()));
+        Ok(Box::pin(stream))
+    }
+}
+
+/// A query's snapshot or visibility checkpoint, released when its result
+/// stream is dropped.
+struct HeldUntilEnd {
+    engine: Arc<Engine>,
+    held: Option<HeldSnapshot>,
+}
+
+impl Drop for HeldUntilEnd {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take()
+            && let Err(e) = release(&self.engine, held)
+        {
+            tracing::warn!("cannot delete a query's visibility checkpoint: {e}");
+        }
     }
 }
 
@@ -204,7 +401,7 @@ impl FlightSqlService for FoveaFlight {
         let ctx = fovea_sql::session(&self.engine, &snapshot).map_err(status)?;
         let plan = ctx.sql(&query.query).await.map_err(status)?;
         let schema = plan.schema().as_arrow().clone();
-        let id = self.queries.insert(query.query.clone(), snapshot);
+        let id = self.queries.insert(query.query.clone(), Vec::new(), plan, snapshot);
         let ticket = TicketStatementQuery { statement_handle: id.to_le_bytes().to_vec().into() };
         let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
         let info = FlightInfo::new()
@@ -226,8 +423,206 @@ impl FlightSqlService for FoveaFlight {
         let q = self.queries.take(id).ok_or_else(|| {
             Status::not_found(format!("no planned query {id}: fetched already, or expired after {UNCLAIMED_QUERY:?}"))
         })?;
-        let (schema, batches) = self.run(q).await?;
-        Ok(Response::new(stream_batches(schema, batches)))
+        Ok(Response::new(self.run(q).await?))
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        builder.append(fovea_sql::CATALOG);
+        Ok(Response::new(metadata_stream(builder.build())?))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        let mut schemas: Vec<String> = fovea_sql::tables(&self.engine).into_iter().map(|(s, _, _)| s).collect();
+        schemas.dedup();
+        for s in schemas {
+            builder.append(fovea_sql::CATALOG, s);
+        }
+        Ok(Response::new(metadata_stream(builder.build())?))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        for (schema, table, columns) in fovea_sql::tables(&self.engine) {
+            builder.append(fovea_sql::CATALOG, schema, table, "TABLE", &columns).map_err(status)?;
+        }
+        Ok(Response::new(metadata_stream(builder.build())?))
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "table_type",
+            arrow::datatypes::DataType::Utf8,
+            false,
+        )]);
+        metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
+    }
+
+    async fn do_get_table_types(
+        &self,
+        _query: CommandGetTableTypes,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "table_type",
+            arrow::datatypes::DataType::Utf8,
+            false,
+        )]));
+        let types: arrow::array::ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["TABLE"]));
+        Ok(Response::new(metadata_stream(RecordBatch::try_new(schema, vec![types]))?))
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let sql = number_placeholders(&query.query);
+        let snapshot = self.engine.snapshot();
+        let ctx = fovea_sql::session(&self.engine, &snapshot).map_err(status)?;
+        let (frame, parameters) = parameter_schema(&ctx, &sql).await?;
+        let dataset = frame.schema().as_arrow().clone();
+        let encode = |schema: &arrow::datatypes::Schema| -> Result<bytes::Bytes, Status> {
+            let message: arrow_flight::IpcMessage =
+                arrow_flight::SchemaAsIpc::new(schema, &arrow::ipc::writer::IpcWriteOptions::default())
+                    .try_into()
+                    .map_err(status)?;
+            Ok(message.0)
+        };
+        let parameter_schema = if parameters.fields().is_empty() { bytes::Bytes::new() } else { encode(&parameters)? };
+        let id = self.prepared.insert(sql, parameters);
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: id.to_le_bytes().to_vec().into(),
+            dataset_schema: encode(&dataset)?,
+            parameter_schema,
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<(), Status> {
+        let id = PreparedStatements::handle(&query.prepared_statement_handle)?;
+        self.prepared.lock().remove(&id);
+        Ok(())
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let id = PreparedStatements::handle(&query.prepared_statement_handle)?;
+        let parameters = {
+            let statements = self.prepared.lock();
+            let p = statements.get(&id).ok_or_else(|| Status::not_found(format!("no prepared statement {id}")))?;
+            Arc::clone(&p.parameters)
+        };
+        let stream = request.into_inner().map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e)));
+        let batches: Vec<RecordBatch> = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(stream)
+            .try_collect()
+            .await
+            .map_err(status)?;
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if rows != 1 {
+            return Err(Status::invalid_argument(format!(
+                "a query binds one row of parameters; got {rows} (execute it once per row)"
+            )));
+        }
+        let batch = batches.into_iter().find(|b| b.num_rows() == 1).ok_or_else(|| Status::internal("no row"))?;
+        if batch.num_columns() != parameters.fields().len() {
+            return Err(Status::invalid_argument(format!(
+                "the statement has {} parameters; {} were bound",
+                parameters.fields().len(),
+                batch.num_columns()
+            )));
+        }
+        let mut bound = Vec::with_capacity(batch.num_columns());
+        for (i, field) in parameters.fields().iter().enumerate() {
+            let value =
+                fovea_sql::datafusion::common::ScalarValue::try_from_array(batch.column(i), 0).map_err(status)?;
+            // The client's type (int64 for a Python int) cast to the one the
+            // plan expects (int32 for an integer column).
+            let value = value
+                .cast_to(field.data_type())
+                .map_err(|e| Status::invalid_argument(format!("parameter {} ({}): {e}", i + 1, field.data_type())))?;
+            bound.push(value);
+        }
+        if let Some(p) = self.prepared.lock().get_mut(&id) {
+            p.bound = bound;
+            p.used = Instant::now();
+        }
+        Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(query.prepared_statement_handle) })
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let id = PreparedStatements::handle(&cmd.prepared_statement_handle)?;
+        let (sql, bound) = self.prepared.get(id)?;
+        let snapshot = self.engine.snapshot();
+        let ctx = fovea_sql::session(&self.engine, &snapshot).map_err(status)?;
+        let mut frame = ctx.sql(&sql).await.map_err(status)?;
+        if !bound.is_empty() {
+            frame = frame.with_param_values(bound.clone()).map_err(status)?;
+        }
+        let schema = frame.schema().as_arrow().clone();
+        let query_id = self.queries.insert(sql, bound, frame, snapshot);
+        let ticket = TicketStatementQuery { statement_handle: query_id.to_le_bytes().to_vec().into() };
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)
+            .map_err(status)?
+            .with_endpoint(endpoint)
+            .with_descriptor(request.into_inner());
+        Ok(Response::new(info))
     }
 
     async fn get_flight_info_sql_info(
@@ -470,7 +865,7 @@ pub async fn serve_flight(
     queries: Arc<QueryRegistry>,
     options: FlightOptions,
 ) {
-    let service = FoveaFlight { engine, metrics: Arc::clone(&metrics), queries };
+    let service = FoveaFlight { engine, metrics: Arc::clone(&metrics), queries, prepared: Arc::default() };
     let token = options.token.map(|t| format!("Bearer {t}"));
     let check = move |request: Request<()>| -> Result<Request<()>, Status> {
         let Some(expected) = &token else { return Ok(request) };
