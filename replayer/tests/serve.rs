@@ -159,7 +159,17 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
          cur.execute('SELECT count(*) AS n, sum(abalance) AS s FROM public.pgbench_accounts')\n\
          print(cur.fetchall())\n\
          cur.execute('SELECT * FROM tpcc.warehouse')\n\
-         print(cur.fetch_arrow_table().num_rows)\n",
+         print(cur.fetch_arrow_table().num_rows)\n\
+         cur.execute('SELECT count(*) AS n FROM public.pgbench_accounts WHERE bid = ? AND aid > ?', parameters=(1, 5))\n\
+         print(cur.fetchall()[0][0])\n\
+         cur.execute('SELECT count(*) AS n FROM public.pgbench_accounts WHERE bid = ? AND aid > ?', parameters=(1, 50))\n\
+         print(cur.fetchall()[0][0])\n\
+         objs = c.adbc_get_objects(depth='all').read_all().to_pylist()\n\
+         print(','.join(sorted(cat['catalog_name'] + '.' + s['db_schema_name'] + '.' + t['table_name'] for cat in objs for s in cat['catalog_db_schemas'] for t in (s['db_schema_tables'] or []))))\n\
+         cols = [col['column_name'] for cat in objs for s in cat['catalog_db_schemas'] for t in (s['db_schema_tables'] or []) if t['table_name'] == 'pgbench_branches' for col in t['table_columns']]\n\
+         print(','.join(cols))\n\
+         print(','.join(c.adbc_get_table_schema('pgbench_accounts', db_schema_filter='public').names))\n\
+         print(','.join(c.adbc_get_table_types()))\n",
         server.url
     );
     let out = std::process::Command::new(&python)
@@ -177,6 +187,22 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
     assert_eq!(printed.lines().next().unwrap(), format!("[({n}, {s})]"), "{printed}");
     let warehouses = server.sql("SELECT count(*) FROM tpcc.warehouse").unwrap();
     assert_eq!(printed.lines().nth(1).unwrap(), warehouses.trim());
+    // Prepared statements: parameters bound, the same statement again with others.
+    for (line, aid) in [(2, 5), (3, 50)] {
+        let want = server.sql(&format!("SELECT count(*) FROM public.pgbench_accounts WHERE bid = 1 AND aid > {aid}")).unwrap();
+        assert_eq!(printed.lines().nth(line).unwrap(), want.trim(), "{printed}");
+    }
+    // Catalog metadata: every table, its columns, a table's schema, table types.
+    let sql_tables = server
+        .sql("SELECT table_schema || '.' || table_name AS t FROM information_schema.tables WHERE table_schema NOT IN ('information_schema') ORDER BY t")
+        .unwrap();
+    let listed = printed.lines().nth(4).unwrap();
+    assert!(listed.contains("fovea.public.pgbench_accounts") && listed.contains("fovea.tpcc.warehouse"), "{listed}");
+    let known: Vec<String> = sql_tables.lines().map(|t| format!("fovea.{t}")).collect();
+    assert_eq!(listed, known.join(","), "{sql_tables}");
+    assert_eq!(printed.lines().nth(5).unwrap(), "bid,bbalance,filler", "{printed}");
+    assert_eq!(printed.lines().nth(6).unwrap(), "aid,bid,abalance,filler", "{printed}");
+    assert_eq!(printed.lines().nth(7).unwrap(), "TABLE", "{printed}");
 
     // A clean stop checkpoints; a restart resumes at the end of the file
     // and applies what was appended meanwhile, nothing twice.

@@ -250,7 +250,10 @@ fn session_full(
     visibility: VisibilityMode,
     frozen: Option<Arc<FrozenVisibility>>,
 ) -> datafusion::common::Result<SessionContext> {
-    let config = datafusion::prelude::SessionConfig::new().with_default_catalog_and_schema(CATALOG, "public");
+    // information_schema too: tools list tables and columns with it.
+    let config = datafusion::prelude::SessionConfig::new()
+        .with_default_catalog_and_schema(CATALOG, "public")
+        .with_information_schema(true);
     let ctx = SessionContext::new_with_config(config);
     let catalog = ctx.catalog(CATALOG).ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
     for def in engine.tables() {
