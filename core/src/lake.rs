@@ -124,7 +124,12 @@ where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    futures::executor::block_on(io_runtime().spawn(fut))
+    // Unconstrained: on a thread that is inside another tokio runtime (an
+    // async test, a DataFusion task) the join handle would otherwise draw
+    // on that runtime's cooperative budget, which this blocking wait never
+    // lets refill — after some hundred IO calls every poll returned Pending
+    // and the caller spun forever.
+    futures::executor::block_on(tokio::task::unconstrained(io_runtime().spawn(fut)))
         .map_err(|e| Error::invariant(format!("an IO task failed: {e}")))
 }
 

@@ -189,7 +189,8 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
     assert_eq!(printed.lines().nth(1).unwrap(), warehouses.trim());
     // Prepared statements: parameters bound, the same statement again with others.
     for (line, aid) in [(2, 5), (3, 50)] {
-        let want = server.sql(&format!("SELECT count(*) FROM public.pgbench_accounts WHERE bid = 1 AND aid > {aid}")).unwrap();
+        let want =
+            server.sql(&format!("SELECT count(*) FROM public.pgbench_accounts WHERE bid = 1 AND aid > {aid}")).unwrap();
         assert_eq!(printed.lines().nth(line).unwrap(), want.trim(), "{printed}");
     }
     // Catalog metadata: every table, its columns, a table's schema, table types.

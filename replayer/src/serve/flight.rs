@@ -431,7 +431,7 @@ impl FlightSqlService for FoveaFlight {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
     }
 
