@@ -317,7 +317,7 @@ impl Drop for TileVisibility {
 
 /// Moves the bits of rows `[first, first + rows)` of `words` to the
 /// start (row `first + r` to bit `r`) and keeps the words they fill. Bits
-/// past the last row are whatever followed it.
+/// past the last row are zero.
 pub(crate) fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
     let (w0, s) = (first / 64, first % 64);
     let n = kernel::mask_words(rows);
@@ -333,6 +333,13 @@ pub(crate) fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
         }
     }
     words.resize(n, 0);
+    // Bits past `rows` belong to the rows after the range: cleared, so the
+    // bitmap says nothing about rows it was not asked for.
+    if !rows.is_multiple_of(64)
+        && let Some(last) = words.last_mut()
+    {
+        *last &= (1u64 << (rows % 64)) - 1;
+    }
 }
 
 /// Visibility of one file (regular or virtual): its tiles, readable by any
@@ -502,6 +509,21 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_range_bitmap_says_nothing_about_the_rows_after_it() {
+        let (vis, mut writer) = FileVisibility::new(FileId(1), 300);
+        for row in [99, 100, 101, 127, 199, 200] {
+            writer.delete(row, Ts(1)).unwrap();
+        }
+        let mut out = Vec::new();
+        // Tile-aligned start, unaligned end: rows 100.. are not in it.
+        vis.deleted_bitmap(0, 100, Ts(1), &mut out).unwrap();
+        assert_eq!(out, vec![0, 1 << (99 - 64)]);
+        // Unaligned start and end.
+        vis.deleted_bitmap(100, 100, Ts(1), &mut out).unwrap();
+        assert_eq!(out, vec![1 | 2 | 1 << 27, 1 << (99 - 64)]);
+    }
 
     fn oracle_bitmap(deletes: &BTreeMap<usize, u64>, rows: usize, qts: u64) -> Vec<u64> {
         let mut out = vec![0u64; kernel::mask_words(rows)];

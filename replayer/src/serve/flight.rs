@@ -10,10 +10,12 @@
 //! - `fovea.bitmaps` `{"table","file","row_groups":[…],"qts"}` → one result
 //!   per row group: its deleted-row bitmap as little-endian u64 words;
 //! - `fovea.split` `{"table","qts"}` → first result JSON: regular files
-//!   with their row groups, and flushed blocks, each with bitmap words
-//!   (hex); second result: the visible in-memory rows as an Arrow IPC
-//!   stream. Both come from one view of each table part, so a block
-//!   flushed or combined meanwhile is read exactly once.
+//!   with their row groups, and flushed blocks, each naming its deleted-row
+//!   bitmap as `"bitmap": k`, the index of the result that holds its
+//!   little-endian u64 words; second result: the visible in-memory rows as
+//!   an Arrow IPC stream; then the bitmaps. All of it comes from one view
+//!   of each table part, so a block flushed or combined meanwhile is read
+//!   exactly once.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -757,16 +759,18 @@ fn bitmaps(engine: &Engine, req: &BitmapRequest) -> Result<Vec<Vec<u8>>, Status>
     Ok(out)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn split(engine: &Arc<Engine>, req: &SplitRequest) -> Result<Vec<Vec<u8>>, Status> {
     let snapshot = snapshot_at(engine, req.qts)?;
     let def = engine.table(&req.table).map_err(|e| Status::not_found(e.to_string()))?;
     let mut files = Vec::new();
     let mut memory_views = Vec::new();
     let mut words = Vec::new();
+    // Results 0 and 1 are the head and the in-memory rows; bitmaps follow.
+    let mut bitmaps: Vec<Vec<u8>> = Vec::new();
+    let mut bitmap = |words: &[u64]| {
+        bitmaps.push(words_le(words));
+        bitmaps.len() + 1
+    };
     let qts = snapshot.qts();
     let internal = |e: fovea_core::Error| Status::internal(e.to_string());
     for view in views(engine, &req.table)? {
@@ -777,7 +781,7 @@ fn split(engine: &Arc<Engine>, req: &SplitRequest) -> Result<Vec<Vec<u8>>, Statu
                     let mut groups = Vec::new();
                     for (i, info) in r.row_groups.iter().enumerate() {
                         file.vis.deleted_bitmap(info.offset, info.rows, qts, &mut words).map_err(internal)?;
-                        groups.push(serde_json::json!({"row_group": i, "offset": info.offset, "rows": info.rows, "bitmap": hex(&words_le(&words))}));
+                        groups.push(serde_json::json!({"row_group": i, "offset": info.offset, "rows": info.rows, "bitmap": bitmap(&words)}));
                     }
                     files
                         .push(serde_json::json!({"file": file.id.0, "path": r.path.to_string(), "row_groups": groups}));
@@ -790,7 +794,7 @@ fn split(engine: &Arc<Engine>, req: &SplitRequest) -> Result<Vec<Vec<u8>>, Statu
                         match &b.data {
                             BlockData::Flushed(path) => {
                                 file.vis.deleted_bitmap(offset, b.rows, qts, &mut words).map_err(internal)?;
-                                flushed.push(serde_json::json!({"block": b.index, "path": path.to_string(), "offset": offset, "rows": b.rows, "bitmap": hex(&words_le(&words))}));
+                                flushed.push(serde_json::json!({"block": b.index, "path": path.to_string(), "offset": offset, "rows": b.rows, "bitmap": bitmap(&words)}));
                             }
                             BlockData::Memory(_) => in_memory.push(Arc::clone(b)),
                         }
@@ -829,7 +833,9 @@ fn split(engine: &Arc<Engine>, req: &SplitRequest) -> Result<Vec<Vec<u8>>, Statu
         w.finish().map_err(status)?;
     }
     let head = serde_json::json!({"table": req.table, "qts": qts.get(), "files": files, "memory_rows": batches.iter().map(|b| b.num_rows()).sum::<usize>()});
-    Ok(vec![head.to_string().into_bytes(), ipc])
+    let mut out = vec![head.to_string().into_bytes(), ipc];
+    out.append(&mut bitmaps);
+    Ok(out)
 }
 
 /// The blocks of a virtual file for a scan of its in-memory rows only.
@@ -922,4 +928,99 @@ pub async fn remote_query(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use fovea_core::{EngineConfig, Op, Value};
+
+    /// 500 rows flushed and combined into files, every 7th deleted, 50 new
+    /// rows in memory; the qts before and after the deletes.
+    fn lake() -> (Arc<Engine>, u64, u64) {
+        let engine = Engine::in_memory(EngineConfig::default().with_shards(1).with_blocks(100, 2)).unwrap();
+        let schema =
+            Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, false)]);
+        let t = engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap().id;
+        let insert = |keys: std::ops::Range<i64>| {
+            keys.map(|k| Op::Insert { table: t, row: vec![Value::Int(k), Value::Int(k)] }).collect::<Vec<_>>()
+        };
+        engine.apply(insert(0..500)).unwrap();
+        engine.flush().unwrap();
+        assert!(engine.combine().unwrap() > 0);
+        let before = engine.snapshot().qts().get();
+        engine.apply((0..500).step_by(7).map(|k| Op::Delete { table: t, key: vec![Value::Int(k)] }).collect()).unwrap();
+        engine.apply(insert(500..550)).unwrap();
+        let after = engine.snapshot().qts().get();
+        (engine, before, after)
+    }
+
+    fn ones(bytes: &[u8]) -> u32 {
+        bytes.iter().map(|b| b.count_ones()).sum()
+    }
+
+    #[test]
+    fn split_and_bitmaps_answer_with_the_rows_deleted_at_qts() {
+        let (engine, before, after) = lake();
+        let deleted = (0..500).step_by(7).count() as u32;
+        for (qts, want) in [(before, 0), (after, deleted)] {
+            let answer = split(&engine, &SplitRequest { table: "s.t".into(), qts }).unwrap();
+            let head: serde_json::Value = serde_json::from_slice(&answer[0]).unwrap();
+            let memory: usize = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(&answer[1]), None)
+                .unwrap()
+                .map(|b| b.unwrap().num_rows())
+                .sum();
+            assert_eq!(
+                (head["memory_rows"].as_u64(), memory),
+                (Some(memory as u64), if qts == after { 50 } else { 0 })
+            );
+            // Every bitmap is a result of its own, named by index; together
+            // they hold every deleted row once.
+            let mut bits = 0;
+            let mut regular = 0;
+            for file in head["files"].as_array().unwrap() {
+                let parts = file.get("row_groups").or_else(|| file.get("flushed_blocks")).unwrap();
+                for part in parts.as_array().unwrap() {
+                    let words = &answer[part["bitmap"].as_u64().unwrap() as usize];
+                    let rows = part["rows"].as_u64().unwrap() as usize;
+                    assert_eq!(words.len(), rows.div_ceil(64) * 8, "{part}");
+                    bits += ones(words);
+                }
+                if let Some(groups) = file.get("row_groups") {
+                    regular += 1;
+                    // fovea.bitmaps gives the same words for the same row groups.
+                    let row_groups: Vec<usize> = (0..groups.as_array().unwrap().len()).collect();
+                    let request = BitmapRequest {
+                        table: "s.t".into(),
+                        file: file["file"].as_u64().unwrap(),
+                        row_groups: row_groups.clone(),
+                        qts,
+                    };
+                    let words = bitmaps(&engine, &request).unwrap();
+                    for (rg, w) in row_groups.iter().zip(&words) {
+                        assert_eq!(w, &answer[groups[*rg]["bitmap"].as_u64().unwrap() as usize]);
+                    }
+                }
+            }
+            assert!(regular > 0, "{head}");
+            assert_eq!(bits, want, "qts {qts}: {head}");
+        }
+        // A bad row group is named.
+        let head: serde_json::Value =
+            serde_json::from_slice(&split(&engine, &SplitRequest { table: "s.t".into(), qts: after }).unwrap()[0])
+                .unwrap();
+        let file = head["files"].as_array().unwrap().iter().find(|f| f.get("row_groups").is_some()).unwrap();
+        let err = bitmaps(
+            &engine,
+            &BitmapRequest {
+                table: "s.t".into(),
+                file: file["file"].as_u64().unwrap(),
+                row_groups: vec![99],
+                qts: after,
+            },
+        )
+        .unwrap_err();
+        assert!(err.message().contains("not 99"), "{err}");
+    }
 }
