@@ -41,14 +41,14 @@ pub struct Metrics {
     /// Errors by kind.
     pub errors: Mutex<BTreeMap<String, u64>>,
     /// The input's last reported lag (per shard for Kinesis, held
-    /// transactions), with when it was taken.
-    pub input: Mutex<Option<(fovea_core::cdc::source::Lag, std::time::Instant)>>,
+    /// transactions).
+    pub input: Mutex<Option<fovea_core::cdc::source::Lag>>,
 }
 
 impl Metrics {
     /// Records the input's lag.
     pub fn set_input_lag(&self, lag: &fovea_core::cdc::source::Lag) {
-        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Some((lag.clone(), std::time::Instant::now()));
+        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Some(lag.clone());
     }
 
     /// Counts an error of `kind`.
@@ -127,7 +127,7 @@ impl Metrics {
         let errors: Vec<(String, f64)> =
             self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, n)| (k.clone(), *n as f64)).collect();
         family(&mut out, "errors_total", "counter", "Errors by kind.", Some("kind"), errors);
-        if let Some((lag, _)) = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(lag) = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             let (held_txns, held_bytes) = lag.held;
             family(
                 &mut out,
