@@ -38,7 +38,7 @@ use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
 use fovea_core::catalog::CheckpointRecord;
-use fovea_core::cdc::ordering::{Held, Link, Origin, SequenceNumber, ShardIx, Tail, TxnOrder, link_of};
+use fovea_core::cdc::ordering::{Held, Link, Origin, SequenceNumber, ShardIx, Tail, TxnOrder, keep_earliest, link_of};
 use fovea_core::cdc::source::{ChangeSource, Lag, Polled, ShardLag};
 use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line};
 use fovea_core::sink::Sink;
@@ -485,56 +485,60 @@ impl KinesisSource {
     fn flush_load(&mut self, sink: &mut Sink) -> Result<u64> {
         let Some((origin, rows)) = self.load.take() else { return Ok(0) };
         let txid = format!("kinesis-load:{}/{}", self.shards[origin.shard].name(), origin.seq);
+        self.push_made(sink, txid, rows, origin, None)
+    }
+
+    /// `&atomic=false`: a row is a transaction of its own.
+    fn push_alone(&mut self, sink: &mut Sink, record: ChangeRecord, origin: Origin) -> Result<u64> {
+        let ChangeRecord::Row(row) = record else { return Ok(0) };
+        let txid = format!("kinesis-row:{}/{}", self.shards[origin.shard].name(), origin.seq);
+        let commit_us = row.commit_us;
+        self.push_made(sink, txid, vec![ChangeRecord::Row(row)], origin, commit_us)
+    }
+
+    /// Pushes `rows`, read from one shard starting at `origin`, as one
+    /// transaction made for them and named `txid` (read again after a
+    /// restart, it is skipped by that name); returns the rows pushed.
+    fn push_made(
+        &mut self,
+        sink: &mut Sink,
+        txid: String,
+        rows: Vec<ChangeRecord>,
+        origin: Origin,
+        commit_us: Option<i64>,
+    ) -> Result<u64> {
         self.released.push_back(ReleasedMark {
             first: self.next,
             tail_before: self.order.tail().cloned(),
             origins: vec![(origin.shard, origin.seq.clone())],
         });
         let n = rows.len() as u64;
-        // The rows belong to the load transaction made for them.
-        let rows = rows.into_iter().map(|r| match r {
-            ChangeRecord::Row(mut row) => {
-                row.txid = Some(txid.clone());
-                ChangeRecord::Row(row)
-            }
-            other => other,
-        });
-        let rows: Vec<ChangeRecord> = rows.collect();
-        let records = std::iter::once(ChangeRecord::Begin { txid: txid.clone(), commit_us: None }).chain(rows).chain(
-            std::iter::once(ChangeRecord::End { txid, event_count: Some(n), per_table: Vec::new(), commit_us: None }),
-        );
-        for r in records {
-            let at = self.next;
-            self.next += 1;
-            let pos = |n: u64| SourcePosition { line: n, offset: 0 };
-            sink.push(r, pos(at), pos(at + 1)).map_err(|e| self.with_origin(e, &origin))?;
+        self.push(sink, ChangeRecord::Begin { txid: txid.clone(), commit_us }, &origin)?;
+        for r in rows {
+            // The rows belong to the transaction made for them.
+            let r = match r {
+                ChangeRecord::Row(mut row) => {
+                    row.txid = Some(txid.clone());
+                    ChangeRecord::Row(row)
+                }
+                other => other,
+            };
+            self.push(sink, r, &origin)?;
         }
+        self.push(
+            sink,
+            ChangeRecord::End { txid, event_count: Some(n), per_table: Vec::new(), commit_us: None },
+            &origin,
+        )?;
         Ok(n)
     }
 
-    /// `&atomic=false`: a row is a transaction of its own.
-    fn push_alone(&mut self, sink: &mut Sink, record: ChangeRecord, origin: Origin) -> Result<u64> {
-        let ChangeRecord::Row(mut row) = record else { return Ok(0) };
-        let txid = format!("kinesis-row:{}/{}", self.shards[origin.shard].name(), origin.seq);
-        row.txid = Some(txid.clone());
+    /// Pushes one record at the next ordinal; a sink error names `origin`.
+    fn push(&mut self, sink: &mut Sink, record: ChangeRecord, origin: &Origin) -> Result<()> {
+        let n = self.next;
+        self.next += 1;
         let at = |n: u64| SourcePosition { line: n, offset: 0 };
-        let first = self.next;
-        self.released.push_back(ReleasedMark {
-            first,
-            tail_before: self.order.tail().cloned(),
-            origins: vec![(origin.shard, origin.seq.clone())],
-        });
-        let records = [
-            ChangeRecord::Begin { txid: txid.clone(), commit_us: row.commit_us },
-            ChangeRecord::Row(row),
-            ChangeRecord::End { txid, event_count: Some(1), per_table: Vec::new(), commit_us: None },
-        ];
-        for r in records {
-            let n = self.next;
-            self.next += 1;
-            sink.push(r, at(n), at(n + 1)).map_err(|e| self.with_origin(e, &origin))?;
-        }
-        Ok(1)
+        sink.push(record, at(n), at(n + 1)).map_err(|e| self.with_origin(e, origin))
     }
 
     /// One shard without transaction details: records in shard order, as
@@ -548,10 +552,7 @@ impl KinesisSource {
             self.group_starts.push_back((self.next, origin.clone()));
             self.last_group = group;
         }
-        let n = self.next;
-        self.next += 1;
-        let at = |n: u64| SourcePosition { line: n, offset: 0 };
-        sink.push(record, at(n), at(n + 1)).map_err(|e| self.with_origin(e, &origin))?;
+        self.push(sink, record, &origin)?;
         Ok(1)
     }
 
@@ -564,20 +565,17 @@ impl KinesisSource {
             if txn.gap {
                 tracing::warn!(txid = %txn.txid, "the source transaction before this one in the commit chain never arrived (filtered by the producer, or before where reading started): applied after the gap grace, or at rest");
             }
-            let mut origins: Vec<(ShardIx, SequenceNumber)> = Vec::new();
+            let mut origins = HashMap::new();
             for h in &txn.records {
-                match origins.iter_mut().find(|(s, _)| *s == h.origin.shard) {
-                    Some((_, seq)) if *seq <= h.origin.seq => {}
-                    Some((_, seq)) => *seq = h.origin.seq.clone(),
-                    None => origins.push((h.origin.shard, h.origin.seq.clone())),
-                }
+                keep_earliest(&mut origins, &h.origin);
             }
-            self.released.push_back(ReleasedMark { first: self.next, tail_before, origins });
+            self.released.push_back(ReleasedMark {
+                first: self.next,
+                tail_before,
+                origins: origins.into_iter().collect(),
+            });
             for h in txn.records {
-                let n = self.next;
-                self.next += 1;
-                let at = |n: u64| SourcePosition { line: n, offset: 0 };
-                sink.push(h.record, at(n), at(n + 1)).map_err(|e| self.with_origin(e, &h.origin))?;
+                self.push(sink, h.record, &h.origin)?;
                 pushed += 1;
             }
         }
@@ -693,23 +691,16 @@ impl ChangeSource for KinesisSource {
             None => self.order.tail().cloned(),
         };
         let mut at: HashMap<ShardIx, SequenceNumber> = self.order.earliest_held();
-        let mut earliest = |shard: ShardIx, seq: &SequenceNumber| match at.get_mut(&shard) {
-            Some(s) if *s <= *seq => {}
-            Some(s) => *s = seq.clone(),
-            None => {
-                at.insert(shard, seq.clone());
-            }
-        };
         for m in &undone {
             for (shard, seq) in &m.origins {
-                earliest(*shard, seq);
+                keep_earliest(&mut at, &Origin { shard: *shard, seq: seq.clone() });
             }
         }
         // A group the sink has not finished (one shard, no details).
         if let Some((_, origin)) = self.group_starts.iter().find(|(n, _)| *n == position.line)
             && position.line < self.next
         {
-            earliest(origin.shard, &origin.seq);
+            keep_earliest(&mut at, origin);
         }
         let mut shards = BTreeMap::new();
         for (ix, shard) in self.shards.iter().enumerate() {
@@ -922,6 +913,30 @@ async fn list_shards(client: Client, stream: String) -> std::result::Result<Vec<
             return Ok(out);
         }
     }
+}
+
+/// What Debezium Server puts to Kinesis for one Kafka-style line
+/// (`{"topic","key","value"}`): the value, with the record key as partition
+/// key — without its schema envelope (a partition key is at most 256
+/// characters) — and BEGIN/END records keyed by transaction id. `None` for a
+/// tombstone, which it does not send.
+pub fn debezium_server_record(line: &str) -> Result<Option<(String, Vec<u8>)>> {
+    let malformed =
+        |e: serde_json::Error| Error::Corrupt { what: "a Kafka-style Debezium record".into(), reason: e.to_string() };
+    let v: Json = serde_json::from_str(line).map_err(malformed)?;
+    let value = &v["value"];
+    if value.is_null() {
+        return Ok(None);
+    }
+    let payload = if value.get("schema").is_some() { &value["payload"] } else { value };
+    let key = match payload.get("status") {
+        Some(_) => payload["id"].as_str().unwrap_or("").split(':').next().unwrap_or("").to_owned(),
+        None => {
+            let key = &v["key"];
+            if key.get("schema").is_some() { key["payload"].to_string() } else { key.to_string() }
+        }
+    };
+    Ok(Some((key, value.to_string().into_bytes())))
 }
 
 /// Writing to and resharding streams: for tests, benchmarks and tools that

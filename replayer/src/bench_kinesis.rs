@@ -21,24 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fovea_aws::kinesis::KinesisProducer;
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
 use crate::replay::CliResult;
-
-/// What Debezium Server puts for a Kafka-style line: the value, keyed by
-/// the record key (BEGIN/END by transaction id); `None` for tombstones.
-fn kinesis_record(line: &str) -> CliResult<Option<(String, Vec<u8>)>> {
-    let v: Json = serde_json::from_str(line)?;
-    let value = &v["value"];
-    if value.is_null() {
-        return Ok(None);
-    }
-    let key = match value.get("status") {
-        Some(_) => value["id"].as_str().unwrap_or("").split(':').next().unwrap_or("").to_owned(),
-        None => v["key"].to_string(),
-    };
-    Ok(Some((key, value.to_string().into_bytes())))
-}
 
 /// Rewrites every `"ts_us":N` and `"ts_ms":N` of a record to now.
 fn stamp_now(data: &[u8]) -> Vec<u8> {
@@ -129,7 +114,7 @@ pub fn run(b: &KinesisBench) -> CliResult<()> {
     }
     let mut records = Vec::new();
     for line in BufReader::new(std::fs::File::open(&file)?).lines() {
-        if let Some(r) = kinesis_record(&line?)? {
+        if let Some(r) = fovea_aws::kinesis::debezium_server_record(&line?)? {
             records.push(r);
         }
     }

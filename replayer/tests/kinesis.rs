@@ -47,29 +47,9 @@ impl Aws {
 
 type Records = Vec<(String, Vec<u8>)>;
 
-/// What Debezium Server puts: each record's value (tombstones are not
-/// sent), partitioned by the record key; BEGIN/END by transaction id.
+/// What Debezium Server puts for each line of a Kafka-style file.
 fn debezium_records(path: &std::path::Path) -> Records {
-    let mut out = Vec::new();
-    for line in gunzip(path).lines() {
-        let v: Json = serde_json::from_str(line).unwrap();
-        let value = &v["value"];
-        if value.is_null() {
-            continue;
-        }
-        let payload = if value.get("schema").is_some() { &value["payload"] } else { value };
-        let key = match payload.get("status") {
-            Some(_) => payload["id"].as_str().unwrap().split(':').next().unwrap().to_owned(),
-            // Debezium Server's key, without the schema (a partition key is
-            // at most 256 characters).
-            None => {
-                let key = &v["key"];
-                if key.get("schema").is_some() { key["payload"].to_string() } else { key.to_string() }
-            }
-        };
-        out.push((key, value.to_string().into_bytes()));
-    }
-    out
+    gunzip(path).lines().filter_map(|l| fovea_aws::kinesis::debezium_server_record(l).unwrap()).collect()
 }
 
 /// A producer's faults: 5% of records put twice (a retried put whose
@@ -500,16 +480,11 @@ fn generated_stream_through_kinesis_equals_the_file_replay() {
     let file = dir.path().join("stream.jsonl");
     let out = aws.fovea().args(["gen", "hybench", "--txns", "400"]).output().unwrap();
     std::fs::write(&file, ok(out)).unwrap();
-    let mut records = Vec::new();
-    for line in std::fs::read_to_string(&file).unwrap().lines() {
-        let v: Json = serde_json::from_str(line).unwrap();
-        let value = &v["value"];
-        let key = match value.get("status") {
-            Some(_) => value["id"].as_str().unwrap().split(':').next().unwrap().to_owned(),
-            None => v["key"].to_string(),
-        };
-        records.push((key, value.to_string().into_bytes()));
-    }
+    let records: Records = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .filter_map(|l| fovea_aws::kinesis::debezium_server_record(l).unwrap())
+        .collect();
     producer.create_stream("gen", 3).unwrap();
     producer.put("gen", &with_faults(&records, 21)).unwrap();
     let lake = |name: &str| dir.path().join(name).display().to_string();

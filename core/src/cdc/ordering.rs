@@ -478,13 +478,7 @@ impl TxnOrder {
         let mut out: HashMap<ShardIx, SequenceNumber> = HashMap::new();
         for t in self.held.values() {
             for h in t.begin.iter().chain(t.end.iter()).chain(t.rows.values()) {
-                match out.get_mut(&h.origin.shard) {
-                    Some(s) if *s <= h.origin.seq => {}
-                    Some(s) => *s = h.origin.seq.clone(),
-                    None => {
-                        out.insert(h.origin.shard, h.origin.seq.clone());
-                    }
-                }
+                keep_earliest(&mut out, &h.origin);
             }
         }
         out
@@ -784,6 +778,17 @@ impl TxnOrder {
             self.held.len(),
             self.max_held_bytes
         )
+    }
+}
+
+/// Records `origin` in `earliest` if it comes before what its shard has.
+pub fn keep_earliest(earliest: &mut HashMap<ShardIx, SequenceNumber>, origin: &Origin) {
+    match earliest.get_mut(&origin.shard) {
+        Some(s) if *s <= origin.seq => {}
+        Some(s) => *s = origin.seq.clone(),
+        None => {
+            earliest.insert(origin.shard, origin.seq.clone());
+        }
     }
 }
 

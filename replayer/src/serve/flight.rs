@@ -290,6 +290,26 @@ fn metadata_stream<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Resul
     Ok(stream_batches(batch.schema(), vec![batch]))
 }
 
+/// The answer to a query planned and registered as `id`: its ticket, to
+/// fetch with `DoGet`.
+fn planned_info(
+    id: u64,
+    schema: &arrow::datatypes::Schema,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
+    let ticket = TicketStatementQuery { statement_handle: id.to_le_bytes().to_vec().into() };
+    metadata_info(ticket.as_any().encode_to_vec(), schema, descriptor)
+}
+
+/// The one column of a `GetTableTypes` answer.
+fn table_types_schema() -> arrow::datatypes::SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+        "table_type",
+        arrow::datatypes::DataType::Utf8,
+        false,
+    )]))
+}
+
 fn metadata_info(
     ticket: Vec<u8>,
     schema: &arrow::datatypes::Schema,
@@ -404,14 +424,7 @@ impl FlightSqlService for FoveaFlight {
         let plan = ctx.sql(&query.query).await.map_err(status)?;
         let schema = plan.schema().as_arrow().clone();
         let id = self.queries.insert(query.query.clone(), Vec::new(), plan, snapshot);
-        let ticket = TicketStatementQuery { statement_handle: id.to_le_bytes().to_vec().into() };
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
-        let info = FlightInfo::new()
-            .try_with_schema(&schema)
-            .map_err(status)?
-            .with_endpoint(endpoint)
-            .with_descriptor(request.into_inner());
-        Ok(Response::new(info))
+        planned_info(id, &schema, request.into_inner())
     }
 
     async fn do_get_statement(
@@ -496,12 +509,7 @@ impl FlightSqlService for FoveaFlight {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
-            "table_type",
-            arrow::datatypes::DataType::Utf8,
-            false,
-        )]);
-        metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
+        metadata_info(query.as_any().encode_to_vec(), &table_types_schema(), request.into_inner())
     }
 
     async fn do_get_table_types(
@@ -509,11 +517,7 @@ impl FlightSqlService for FoveaFlight {
         _query: CommandGetTableTypes,
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let schema = Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
-            "table_type",
-            arrow::datatypes::DataType::Utf8,
-            false,
-        )]));
+        let schema = table_types_schema();
         let types: arrow::array::ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["TABLE"]));
         Ok(Response::new(metadata_stream(RecordBatch::try_new(schema, vec![types]))?))
     }
@@ -617,14 +621,7 @@ impl FlightSqlService for FoveaFlight {
         }
         let schema = frame.schema().as_arrow().clone();
         let query_id = self.queries.insert(sql, bound, frame, snapshot);
-        let ticket = TicketStatementQuery { statement_handle: query_id.to_le_bytes().to_vec().into() };
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
-        let info = FlightInfo::new()
-            .try_with_schema(&schema)
-            .map_err(status)?
-            .with_endpoint(endpoint)
-            .with_descriptor(request.into_inner());
-        Ok(Response::new(info))
+        planned_info(query_id, &schema, request.into_inner())
     }
 
     async fn get_flight_info_sql_info(
@@ -632,13 +629,8 @@ impl FlightSqlService for FoveaFlight {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(query.as_any().encode_to_vec()));
-        let info = FlightInfo::new()
-            .try_with_schema(query.into_builder(sql_info()).schema().as_ref())
-            .map_err(status)?
-            .with_endpoint(endpoint)
-            .with_descriptor(request.into_inner());
-        Ok(Response::new(info))
+        let schema = query.clone().into_builder(sql_info()).schema();
+        metadata_info(query.as_any().encode_to_vec(), &schema, request.into_inner())
     }
 
     async fn do_get_sql_info(
