@@ -161,6 +161,29 @@ pub struct RegularManifest {
     pub path: String,
     /// Row groups: offset, rows, min_ts, max_ts.
     pub row_groups: Vec<[u64; 4]>,
+    /// Byte range of the footer (start, end = object size), when known:
+    /// readers fetch exactly it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footer: Option<[u64; 2]>,
+}
+
+impl RegularManifest {
+    /// The file it describes (its footer is read on first use).
+    pub fn file(&self) -> RegularFile {
+        RegularFile::new(
+            Path::from(self.path.as_str()),
+            self.row_groups
+                .iter()
+                .map(|g| RowGroupInfo {
+                    offset: g[0] as usize,
+                    rows: g[1] as usize,
+                    min_ts: Ts(g[2]),
+                    max_ts: Ts(g[3]),
+                })
+                .collect(),
+            self.footer.map(|[start, end]| start..end),
+        )
+    }
 }
 
 /// Where a part continues.
@@ -302,6 +325,7 @@ impl Engine {
                                         .iter()
                                         .map(|g| [g.offset as u64, g.rows as u64, g.min_ts.get(), g.max_ts.get()])
                                         .collect(),
+                                    footer: r.footer_range.as_ref().map(|f| [f.start, f.end]),
                                 }),
                             });
                         }
@@ -509,25 +533,8 @@ impl Engine {
                     let kind = match &f.regular {
                         Some(r) => {
                             named.insert(r.path.clone());
-                            let path = Path::from(r.path.as_str());
-                            // The footer only: one request for the file's tail.
-                            let footer = lake.read_footer(&path)?;
-                            let metadata = footer.metadata.clone();
-                            FileKind::Regular(Arc::new(RegularFile {
-                                path,
-                                row_groups: r
-                                    .row_groups
-                                    .iter()
-                                    .map(|g| RowGroupInfo {
-                                        offset: g[0] as usize,
-                                        rows: g[1] as usize,
-                                        min_ts: Ts(g[2]),
-                                        max_ts: Ts(g[3]),
-                                    })
-                                    .collect(),
-                                metadata,
-                                size: footer.size as usize,
-                            }))
+                            // Its footer is read when a scan first needs it.
+                            FileKind::Regular(Arc::new(r.file()))
                         }
                         None => FileKind::Virtual {
                             blocks: f

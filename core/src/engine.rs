@@ -509,7 +509,7 @@ impl Engine {
                             // That row group's chunks only.
                             let batch = self.lake.read_row_groups(
                                 &r.path,
-                                &r.metadata,
+                                r.metadata(&self.lake)?,
                                 vec![rg],
                                 parquet::arrow::ProjectionMask::all(),
                                 None,
@@ -610,6 +610,11 @@ impl Engine {
         let rt = &tables.by_id[id.0 as usize];
         let views = rt.parts.iter().map(|p| p.view()).collect::<Result<_>>()?;
         Ok((Arc::clone(&rt.def), views))
+    }
+
+    /// Every table at `snapshot`, for planning scans on.
+    pub fn at(self: &Arc<Self>, snapshot: Snapshot) -> EngineSnapshot {
+        EngineSnapshot { engine: Arc::clone(self), snapshot }
     }
 
     /// Scans `table` at `snapshot`.
@@ -828,4 +833,27 @@ fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
         *slot = Arc::new(flushed);
     }
     Ok(())
+}
+
+/// A running engine's tables at one registered snapshot.
+#[derive(Clone)]
+pub struct EngineSnapshot {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The snapshot every scan answers at (registered while this lives).
+    pub snapshot: Snapshot,
+}
+
+impl crate::scan::SnapshotTables for EngineSnapshot {
+    fn qts(&self) -> Ts {
+        self.snapshot.qts()
+    }
+
+    fn tables(&self) -> Vec<Arc<TableDef>> {
+        self.engine.tables()
+    }
+
+    fn scan(&self, table: &str, options: ScanOptions) -> Result<Scan> {
+        self.engine.scan(&self.snapshot, table, options)
+    }
 }

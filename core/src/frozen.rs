@@ -25,7 +25,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::{FileId, Ts};
 use crate::mvcc::Snapshot;
-use crate::visibility::shift_down;
+use crate::visibility::copy_bits;
 
 const MAGIC: &[u8; 8] = b"FOVEAVC\0";
 const VERSION: u32 = 1;
@@ -73,18 +73,7 @@ impl FrozenVisibility {
     /// Deleted bits of rows `[start, start + rows)` of `file` into `out`
     /// (a file unknown to the checkpoint has none).
     pub fn deleted_bitmap(&self, file: FileId, start: usize, rows: usize, out: &mut Vec<u64>) {
-        out.clear();
-        if let Some(src) = self.files.get(&file) {
-            // The words holding the rows, then shifted into place.
-            let w0 = start / 64;
-            out.extend_from_slice(&src[w0.min(src.len())..(w0 + rows.div_ceil(64) + 1).min(src.len())]);
-        }
-        shift_down(out, start % 64, rows);
-        if !rows.is_multiple_of(64)
-            && let Some(last) = out.last_mut()
-        {
-            *last &= (1u64 << (rows % 64)) - 1;
-        }
+        copy_bits(self.files.get(&file).map_or(&[][..], Vec::as_slice), start, rows, out);
     }
 
     /// The checkpoint's bytes.
@@ -157,6 +146,14 @@ impl FrozenVisibility {
         engine.lake().put(&path, frozen.encode())?;
         let back = Self::decode(&engine.lake().get(&path)?, path.as_ref())?;
         Ok((path, back))
+    }
+}
+
+impl crate::scan::DeletedRows for FrozenVisibility {
+    /// At the checkpoint's own qts, whatever the scan's.
+    fn deleted_bitmap(&self, file: FileId, start: usize, rows: usize, _qts: Ts, out: &mut Vec<u64>) -> Result<()> {
+        FrozenVisibility::deleted_bitmap(self, file, start, rows, out);
+        Ok(())
     }
 }
 

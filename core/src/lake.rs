@@ -73,23 +73,51 @@ pub struct RowGroupInfo {
     pub max_ts: Ts,
 }
 
-/// A regular Parquet file with its parsed footer.
+/// A regular Parquet file. Its footer is read when a reader first needs
+/// it (a reader of a lake with many files opens only those it reads) and
+/// then reused by every scan.
 pub struct RegularFile {
     /// Object path.
     pub path: Path,
     /// Row groups in file order.
     pub row_groups: Vec<RowGroupInfo>,
-    /// Parsed footer, reused by every scan.
-    pub metadata: ArrowReaderMetadata,
-    /// Size in bytes.
-    pub size: usize,
+    /// Where the footer is (its length field and magic included), when
+    /// known: read with exactly one request for those bytes.
+    pub footer_range: Option<Range<u64>>,
+    metadata: OnceLock<ArrowReaderMetadata>,
 }
 
 impl RegularFile {
+    /// A file whose footer is read on first use (from `footer_range` when
+    /// known, else from the object's tail).
+    pub fn new(path: Path, row_groups: Vec<RowGroupInfo>, footer_range: Option<Range<u64>>) -> Self {
+        RegularFile { path, row_groups, footer_range, metadata: OnceLock::new() }
+    }
+
     /// Total rows.
     pub fn rows(&self) -> usize {
         self.row_groups.iter().map(|r| r.rows).sum()
     }
+
+    /// The parsed footer, read from `lake` the first time. Two threads that
+    /// race here both read it; one result is kept (they are equal).
+    pub fn metadata(&self, lake: &Lake) -> Result<&ArrowReaderMetadata> {
+        if let Some(m) = self.metadata.get() {
+            return Ok(m);
+        }
+        let footer = lake.read_footer_in(&self.path, self.footer_range.clone())?;
+        Ok(self.metadata.get_or_init(|| footer.metadata))
+    }
+}
+
+/// Where the footer of a Parquet object of `bytes` is: its last 8 bytes
+/// are the footer's length (u32 LE) and `PAR1`.
+pub fn footer_range(bytes: &[u8]) -> Option<Range<u64>> {
+    let size = bytes.len();
+    let len_at = size.checked_sub(8)?;
+    let len = u32::from_le_bytes(bytes[len_at..len_at + 4].try_into().ok()?) as usize;
+    let start = len_at.checked_sub(len)?;
+    (&bytes[size - 4..] == b"PAR1").then_some(start as u64..size as u64)
 }
 
 /// A Parquet object's footer, with the tail bytes fetched to read it (they
@@ -209,9 +237,19 @@ impl Lake {
     /// for its last [`FOOTER_FETCH`] bytes (a second one only for a larger
     /// footer).
     pub fn read_footer(&self, path: &Path) -> Result<Footer> {
+        self.read_footer_in(path, None)
+    }
+
+    /// [`Self::read_footer`], fetching exactly `known` (the footer's bytes,
+    /// ending at the object's end) when given.
+    pub fn read_footer_in(&self, path: &Path, known: Option<Range<u64>>) -> Result<Footer> {
         let p = path.clone();
         let (tail, size) = self.run(move |store| async move {
-            let options = GetOptions { range: Some(GetRange::Suffix(FOOTER_FETCH)), ..GetOptions::default() };
+            let range = match &known {
+                Some(r) => GetRange::Bounded(r.clone()),
+                None => GetRange::Suffix(FOOTER_FETCH),
+            };
+            let options = GetOptions { range: Some(range), ..GetOptions::default() };
             let got = store.get_opts(&p, options).await?;
             let size = got.meta.size;
             Ok((got.bytes().await?, size))
@@ -367,9 +405,11 @@ pub fn combine(lake: &Lake, path: Path, blocks: &[RecordBatch], row_group_rows: 
             blocks.len()
         )));
     }
-    let size = bytes.len();
-    lake.put(&path, bytes)?;
-    Ok(RegularFile { path, row_groups, metadata, size })
+    let file = RegularFile::new(path, row_groups, footer_range(&bytes));
+    // Parsed already: readers of this process need no request for it.
+    let _ = file.metadata.set(metadata);
+    lake.put(&file.path, bytes)?;
+    Ok(file)
 }
 
 /// The hidden create_ts column of a file batch (always the last column).

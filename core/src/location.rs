@@ -25,6 +25,7 @@ use crate::engine::{Engine, EngineConfig, METADATA_DIR};
 use crate::error::Result;
 use crate::lease::{DEFAULT_LEASE_TTL, LeaseKeeper, ReaderRegistration};
 use crate::mvcc::{Clock, SqliteTxnStore, TxnStore};
+use crate::reader::CheckpointReader;
 
 /// The backends of one lake.
 #[derive(Clone)]
@@ -129,4 +130,46 @@ pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_
         engine.note_source_commit(h.ts, us);
     }
     Ok(OpenLake { engine, catalog, checkpoint, lease, reader })
+}
+
+/// A lake opened for reading as of its newest checkpoint, without its
+/// engine (see [`crate::reader`]).
+pub struct OpenReader {
+    /// The tables as of the checkpoint (no tables before the first one).
+    pub reader: Arc<CheckpointReader>,
+    /// The catalog.
+    pub catalog: Arc<dyn Catalog>,
+    /// The checkpoint read.
+    pub checkpoint: Option<CheckpointRecord>,
+    /// The newest replayed source transaction the checkpoint holds: its
+    /// mirror ts and source commit time (µs since the epoch), when known.
+    pub source_commit: Option<(crate::Ts, i64)>,
+}
+
+/// Opens the lake of `backends` for reading at its newest checkpoint:
+/// registers the reader (renewed every `ttl / 3`; the writer keeps what it
+/// reads), reads the manifest, and nothing else until a scan asks.
+pub fn open_reader(backends: LakeBackends, ttl: Duration) -> Result<OpenReader> {
+    let LakeBackends { store, txn, catalog } = backends;
+    // Registered before the catalog is read: the writer cannot drop the
+    // checkpoint about to be read.
+    let registration = ReaderRegistration::register(txn, ttl)?;
+    let checkpoint = catalog.latest_checkpoint()?;
+    let reader = match &checkpoint {
+        Some(c) => {
+            registration.set_qts(crate::Ts(c.manifest.checkpoint_ts))?;
+            CheckpointReader::open(store, &c.manifest, Arc::new(registration))?
+        }
+        None => CheckpointReader::empty(store, Arc::new(registration)),
+    };
+    let source_commit = match &checkpoint {
+        Some(c) => catalog
+            .history(None, 1)?
+            .into_iter()
+            .next()
+            .filter(|h| h.ts.get() <= c.manifest.checkpoint_ts)
+            .and_then(|h| Some((h.ts, h.commit_us?))),
+        None => None,
+    };
+    Ok(OpenReader { reader: Arc::new(reader), catalog, checkpoint, source_commit })
 }

@@ -25,11 +25,12 @@ use arrow::compute::kernels::cmp;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use fovea_scan_wasm as kernel;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
 use crate::buffer::{ActiveRows, Block, BlockData, FileKind, PartView};
 use crate::error::{Error, Result};
-use crate::ids::Ts;
+use crate::ids::{FileId, Ts};
 use crate::lake::{Lake, RegularFile, create_ts_column};
 use crate::mvcc::Snapshot;
 use crate::schema::{CREATE_TS_COLUMN, TableDef, Value};
@@ -120,11 +121,50 @@ pub struct ScanMetrics {
     pub rows_returned: usize,
 }
 
+/// Where a scan gets the rows of a file deleted at its snapshot: the
+/// tiles of a running engine ([`FileVisibility`]), a visibility checkpoint
+/// ([`crate::frozen::FrozenVisibility`]), or the deleted rows a lake
+/// checkpoint recorded ([`crate::reader`]).
+pub trait DeletedRows: Send + Sync {
+    /// Deleted bits of rows `[start, start + rows)` of `file` at `qts` into
+    /// `out` (bit `i` is row `start + i`; bits past `rows` are zero).
+    fn deleted_bitmap(&self, file: FileId, start: usize, rows: usize, qts: Ts, out: &mut Vec<u64>) -> Result<()>;
+}
+
+impl DeletedRows for FileVisibility {
+    fn deleted_bitmap(&self, file: FileId, start: usize, rows: usize, qts: Ts, out: &mut Vec<u64>) -> Result<()> {
+        if file != self.file() {
+            return Err(Error::invariant(format!("visibility of {} asked for {file}", self.file())));
+        }
+        FileVisibility::deleted_bitmap(self, start, rows, qts, out)
+    }
+}
+
+/// Tables at one snapshot on which scans are planned: a running engine at
+/// a registered snapshot ([`crate::engine::EngineSnapshot`]), or a lake
+/// read as of its newest checkpoint ([`crate::reader::CheckpointReader`]).
+/// Every scan planned on one value answers at the same snapshot.
+pub trait SnapshotTables: Send + Sync {
+    /// The snapshot timestamp.
+    fn qts(&self) -> Ts;
+    /// Every table, by id.
+    fn tables(&self) -> Vec<Arc<TableDef>>;
+    /// Plans a scan of `table` (reads no data).
+    fn scan(&self, table: &str, options: ScanOptions) -> Result<Scan>;
+}
+
+/// A file a scan may read, with where its deleted rows come from.
+pub(crate) struct ScanFile {
+    pub(crate) id: FileId,
+    pub(crate) deletes: Arc<dyn DeletedRows>,
+    pub(crate) kind: FileKind,
+}
+
 #[derive(Clone)]
 enum Split {
-    RowGroup { file: Arc<RegularFile>, vis: Arc<FileVisibility>, rg: usize },
-    Block { vis: Arc<FileVisibility>, block: Arc<Block>, offset: usize },
-    Active(ActiveRows),
+    RowGroup { file: Arc<RegularFile>, id: FileId, deletes: Arc<dyn DeletedRows>, rg: usize },
+    Block { id: FileId, deletes: Arc<dyn DeletedRows>, block: Arc<Block>, offset: usize },
+    Active { id: FileId, deletes: Arc<dyn DeletedRows>, offset: usize, batch: RecordBatch },
 }
 
 impl Split {
@@ -133,7 +173,7 @@ impl Split {
         match self {
             Split::RowGroup { file, rg, .. } => file.row_groups[*rg].rows,
             Split::Block { block, .. } => block.rows,
-            Split::Active(a) => a.batch.num_rows(),
+            Split::Active { batch, .. } => batch.num_rows(),
         }
     }
 }
@@ -144,7 +184,10 @@ impl Split {
 /// over with the same splits; [`Scan::partition`] divides them.
 #[derive(Clone)]
 pub struct Scan {
-    snapshot: Snapshot,
+    /// Keeps what the scan reads from being retired (a registered
+    /// [`Snapshot`], or a lake reader's registration) until it is dropped.
+    _hold: Arc<dyn std::any::Any + Send + Sync>,
+    qts: Ts,
     lake: Lake,
     table: Arc<TableDef>,
     options: ScanOptions,
@@ -170,6 +213,30 @@ impl Scan {
         views: Vec<PartView>,
         options: ScanOptions,
     ) -> Result<Self> {
+        let mut files = Vec::new();
+        let mut active = Vec::new();
+        for view in views {
+            for f in view.files {
+                files.push(ScanFile { id: f.id, deletes: f.vis, kind: f.kind });
+            }
+            active.extend(view.active);
+        }
+        let qts = snapshot.qts();
+        Self::plan(Arc::new(snapshot), qts, lake, table, files, active, options)
+    }
+
+    /// Plans a scan at `qts` of `files` then `active` rows, `hold` keeping
+    /// them from being retired. Reads no data (a footer only where a filter
+    /// prunes row groups by statistics).
+    pub(crate) fn plan(
+        hold: Arc<dyn std::any::Any + Send + Sync>,
+        qts: Ts,
+        lake: Lake,
+        table: Arc<TableDef>,
+        files: Vec<ScanFile>,
+        active: Vec<ActiveRows>,
+        options: ScanOptions,
+    ) -> Result<Self> {
         let n = table.schema.fields().len();
         let projection: Vec<usize> = options.projection.clone().unwrap_or_else(|| (0..n).collect());
         let mut wanted = projection.clone();
@@ -192,48 +259,55 @@ impl Scan {
             .collect();
         let output_schema =
             Arc::new(Schema::new(projection.iter().map(|&c| table.schema.field(c).clone()).collect::<Vec<_>>()));
-        let qts = options.frozen.as_ref().map_or_else(|| snapshot.qts(), |f| f.qts());
+        // A visibility checkpoint answers for every file at its own qts.
+        let frozen = options.frozen.clone().map(|f| (f.qts(), f as Arc<dyn DeletedRows>));
+        let qts = frozen.as_ref().map_or(qts, |(q, _)| *q);
+        let deletes_of = |d: Arc<dyn DeletedRows>| frozen.as_ref().map_or(d, |(_, f)| Arc::clone(f));
+        let enforced = options.visibility == VisibilityMode::Enforced;
         let mut metrics = ScanMetrics::default();
         let mut splits = VecDeque::new();
-        for view in views {
-            for file in view.files {
-                match file.kind {
-                    FileKind::Regular(r) => {
-                        let keep = prune_row_groups(&table, &r, options.filter.as_ref())?;
-                        for (rg, info) in r.row_groups.iter().enumerate() {
-                            if options.visibility == VisibilityMode::Enforced && info.min_ts > qts {
-                                metrics.splits_skipped_by_ts += 1;
-                            } else if !keep[rg] {
-                                metrics.splits_skipped_by_filter += 1;
-                            } else {
-                                splits.push_back(Split::RowGroup {
-                                    file: Arc::clone(&r),
-                                    vis: Arc::clone(&file.vis),
-                                    rg,
-                                });
-                            }
-                        }
-                    }
-                    FileKind::Virtual { blocks, .. } => {
-                        let mut offset = 0;
-                        for block in blocks {
-                            let rows = block.rows;
-                            if options.visibility == VisibilityMode::Enforced && block.min_ts > qts {
-                                metrics.splits_skipped_by_ts += 1;
-                            } else {
-                                splits.push_back(Split::Block { vis: Arc::clone(&file.vis), block, offset });
-                            }
-                            offset += rows;
+        for file in files {
+            let deletes = deletes_of(file.deletes);
+            match file.kind {
+                FileKind::Regular(r) => {
+                    let keep = prune_row_groups(&lake, &table, &r, options.filter.as_ref())?;
+                    for (rg, info) in r.row_groups.iter().enumerate() {
+                        if enforced && info.min_ts > qts {
+                            metrics.splits_skipped_by_ts += 1;
+                        } else if !keep[rg] {
+                            metrics.splits_skipped_by_filter += 1;
+                        } else {
+                            let (id, deletes) = (file.id, Arc::clone(&deletes));
+                            splits.push_back(Split::RowGroup { file: Arc::clone(&r), id, deletes, rg });
                         }
                     }
                 }
-            }
-            if let Some(active) = view.active {
-                splits.push_back(Split::Active(active));
+                FileKind::Virtual { blocks, .. } => {
+                    let mut offset = 0;
+                    for block in blocks {
+                        let rows = block.rows;
+                        if enforced && block.min_ts > qts {
+                            metrics.splits_skipped_by_ts += 1;
+                        } else {
+                            splits.push_back(Split::Block {
+                                id: file.id,
+                                deletes: Arc::clone(&deletes),
+                                block,
+                                offset,
+                            });
+                        }
+                        offset += rows;
+                    }
+                }
             }
         }
+        for a in active {
+            let deletes = deletes_of(a.vis);
+            splits.push_back(Split::Active { id: a.file, deletes, offset: a.offset, batch: a.batch });
+        }
         Ok(Scan {
-            snapshot,
+            _hold: hold,
+            qts,
             lake,
             table,
             options,
@@ -289,7 +363,7 @@ impl Scan {
 
     /// The snapshot timestamp.
     pub fn qts(&self) -> Ts {
-        self.options.frozen.as_ref().map_or_else(|| self.snapshot.qts(), |f| f.qts())
+        self.qts
     }
 
     /// Schema of the returned batches.
@@ -332,26 +406,26 @@ impl Scan {
     fn next_visible(&mut self) -> Result<Option<RecordBatch>> {
         while let Some(split) = self.splits.pop_front() {
             self.metrics.splits_read += 1;
-            let (batch, vis, offset) = match split {
-                Split::RowGroup { file, vis, rg } => {
+            let (batch, id, deletes, offset) = match split {
+                Split::RowGroup { file, id, deletes, rg } => {
                     // (read_row_group returns read columns + hidden, by name.)
                     // Decoding everything and then filtering measured faster
                     // than handing the bitmap to the decoder as a row
                     // selection (1.09 vs 1.11–1.22 of a plain scan at 1%
                     // scattered deletes).
                     let batch = self.read_row_group(&file, rg)?;
-                    (batch, vis, file.row_groups[rg].offset)
+                    (batch, id, deletes, file.row_groups[rg].offset)
                 }
-                Split::Block { vis, block, offset } => {
+                Split::Block { id, deletes, block, offset } => {
                     let batch = match &block.data {
                         BlockData::Memory(b) => b.clone(),
                         BlockData::Flushed(path) => self.lake.read_block_columns(path, Some(&self.stored_columns()))?,
                     };
-                    (self.project_decoded(&batch)?, vis, offset)
+                    (self.project_decoded(&batch)?, id, deletes, offset)
                 }
-                Split::Active(a) => (self.project_decoded(&a.batch)?, a.vis, a.offset),
+                Split::Active { id, deletes, offset, batch } => (self.project_decoded(&batch)?, id, deletes, offset),
             };
-            if let Some(out) = self.filter(batch, &vis, offset)? {
+            if let Some(out) = self.filter(batch, id, deletes.as_ref(), offset)? {
                 return Ok(Some(out));
             }
         }
@@ -376,14 +450,21 @@ impl Scan {
     /// One row group of a regular file: only the byte ranges of the read
     /// columns' chunks are fetched (the footer is cached in the file).
     fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<RecordBatch> {
-        let mask = crate::lake::projection_by_name(&file.metadata, &self.stored_columns());
-        let batch = self.lake.read_row_groups(&file.path, &file.metadata, vec![rg], mask, None)?;
+        let metadata = file.metadata(&self.lake)?;
+        let mask = crate::lake::projection_by_name(metadata, &self.stored_columns());
+        let batch = self.lake.read_row_groups(&file.path, metadata, vec![rg], mask, None)?;
         self.project_decoded(&batch)
     }
 
     /// Applies VFoR and the filter to a decoded batch (read columns + hidden
     /// column last) whose first row is at `offset` of its file.
-    fn filter(&mut self, batch: RecordBatch, vis: &FileVisibility, offset: usize) -> Result<Option<RecordBatch>> {
+    fn filter(
+        &mut self,
+        batch: RecordBatch,
+        file: FileId,
+        deletes: &dyn DeletedRows,
+        offset: usize,
+    ) -> Result<Option<RecordBatch>> {
         let rows = batch.num_rows();
         self.metrics.rows_read += rows;
         let words = kernel::mask_words(rows);
@@ -395,10 +476,7 @@ impl Scan {
             if max_ts > qts {
                 kernel::create_ts_mask(create_ts.values(), qts.get() as i64, &mut mask);
             }
-            match &self.options.frozen {
-                Some(frozen) => frozen.deleted_bitmap(vis.file(), offset, rows, &mut self.scratch),
-                None => vis.deleted_bitmap(offset, rows, qts, &mut self.scratch)?,
-            }
+            deletes.deleted_bitmap(file, offset, rows, qts, &mut self.scratch)?;
             kernel::and_not(&mut mask, &self.scratch);
         }
         self.finish(batch, mask)
@@ -483,21 +561,26 @@ fn compare(left: &dyn Datum, right: &dyn Datum, op: CmpOp) -> Result<BooleanArra
 
 /// Which row groups of `file` may hold rows matching `filter`, from the
 /// user columns' min/max statistics. Unknown statistics keep a row group.
-fn prune_row_groups(table: &TableDef, file: &RegularFile, filter: Option<&Predicate>) -> Result<Vec<bool>> {
+/// The footer is read only when there is a filter.
+fn prune_row_groups(
+    lake: &Lake,
+    table: &TableDef,
+    file: &RegularFile,
+    filter: Option<&Predicate>,
+) -> Result<Vec<bool>> {
     let n = file.row_groups.len();
     let Some(filter) = filter else {
         return Ok(vec![true; n]);
     };
-    prune_with(table, file, filter)
+    prune_with(table, file.metadata(lake)?, n, filter)
 }
 
-fn prune_with(table: &TableDef, file: &RegularFile, p: &Predicate) -> Result<Vec<bool>> {
-    let n = file.row_groups.len();
+fn prune_with(table: &TableDef, metadata: &ArrowReaderMetadata, n: usize, p: &Predicate) -> Result<Vec<bool>> {
     match p {
         Predicate::And(ps) => {
             let mut keep = vec![true; n];
             for p in ps {
-                for (k, x) in keep.iter_mut().zip(prune_with(table, file, p)?) {
+                for (k, x) in keep.iter_mut().zip(prune_with(table, metadata, n, p)?) {
                     *k &= x;
                 }
             }
@@ -507,7 +590,7 @@ fn prune_with(table: &TableDef, file: &RegularFile, p: &Predicate) -> Result<Vec
             if value.is_null() {
                 return Ok(vec![false; n]);
             }
-            let meta = file.metadata.metadata();
+            let meta = metadata.metadata();
             let field = table.schema.field(*column);
             let Ok(conv) =
                 StatisticsConverter::try_new(field.name(), &table.file_schema, meta.file_metadata().schema_descr())

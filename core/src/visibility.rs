@@ -342,6 +342,15 @@ pub(crate) fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
     }
 }
 
+/// Bits `[start, start + rows)` of `src` into `out` (bit `start + r` to
+/// bit `r`; bits `src` lacks are zero, as are bits past `rows`).
+pub(crate) fn copy_bits(src: &[u64], start: usize, rows: usize, out: &mut Vec<u64>) {
+    out.clear();
+    let w0 = start / 64;
+    out.extend_from_slice(&src[w0.min(src.len())..(w0 + rows.div_ceil(64) + 1).min(src.len())]);
+    shift_down(out, start % 64, rows);
+}
+
 /// Visibility of one file (regular or virtual): its tiles, readable by any
 /// number of threads.
 pub struct FileVisibility {

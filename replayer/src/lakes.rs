@@ -10,7 +10,7 @@ use fovea_aws::catalog::DynamoCatalog;
 use fovea_aws::dynamo::DynamoState;
 use fovea_core::EngineConfig;
 use fovea_core::engine::METADATA_DIR;
-use fovea_core::location::{LakeBackends, OpenLake, OpenMode};
+use fovea_core::location::{LakeBackends, OpenLake, OpenMode, OpenReader};
 use fovea_core::metered::{MeteredStore, StoreMeter};
 use object_store::ObjectStore;
 
@@ -94,22 +94,28 @@ impl LakeArgs {
         open_write(self.backends()?, config, lease)
     }
 
-    /// Opens an existing lake for reading beside a possibly running
-    /// replayer; a local folder that is not a lake is an error (nothing is
-    /// created).
-    pub fn open_read(&self) -> CliResult<OpenLake> {
+    /// Opens an existing lake for reading as of its newest checkpoint,
+    /// beside a possibly running replayer, without its engine: a local
+    /// folder that is not a lake is an error (nothing is created).
+    pub fn open_read(&self) -> CliResult<OpenReader> {
+        Ok(fovea_core::location::open_reader(self.existing_lake()?, fovea_core::lease::DEFAULT_LEASE_TTL)?)
+    }
+
+    /// The catalog of an existing lake (nothing else is opened).
+    pub fn open_catalog(&self) -> CliResult<Arc<dyn fovea_core::catalog::Catalog>> {
+        Ok(self.existing_lake()?.catalog)
+    }
+
+    /// The backends of an existing lake: a local folder that is not a lake
+    /// is an error.
+    fn existing_lake(&self) -> CliResult<LakeBackends> {
         if let Some(dir) = self.dir()
             && self.state.is_none()
             && !dir.join(METADATA_DIR).is_dir()
         {
             return Err(format!("{} is not a fovea lake (no {METADATA_DIR} folder)", dir.display()).into());
         }
-        Ok(fovea_core::location::open(
-            self.existing_backends()?,
-            EngineConfig::default(),
-            OpenMode::Read,
-            fovea_core::lease::DEFAULT_LEASE_TTL,
-        )?)
+        self.existing_backends()
     }
 }
 

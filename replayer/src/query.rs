@@ -2,11 +2,14 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
 use fovea_core::cdc::types::format_value;
+use fovea_core::location::OpenReader;
+use fovea_core::reader::CheckpointReader;
 use fovea_core::schema::rows_from_batch;
-use fovea_core::{Ts, Value};
+use fovea_core::{SnapshotTables, Value};
 
 use crate::lakes::LakeArgs;
 use crate::replay::{CliResult, csv_field};
@@ -31,27 +34,41 @@ pub fn sql(
     out: &mut dyn Write,
 ) -> CliResult<()> {
     let lake = lake.open_read()?;
+    check_as_of(&lake.reader, as_of)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    run_one(&lake.engine, &runtime, as_of, format, text, out)
+    run_one(&lake, &runtime, format, text, out)
+}
+
+/// A reader answers at its checkpoint's snapshot only.
+pub(crate) fn check_as_of(reader: &CheckpointReader, as_of: Option<u64>) -> CliResult<()> {
+    let qts = reader.qts().get();
+    match as_of {
+        None => Ok(()),
+        Some(ts) if ts == qts => Ok(()),
+        Some(ts) if ts < qts => Err(format!(
+            "--as-of {ts}: the oldest available ts of a reader of this lake is {qts} (its newest checkpoint); older snapshots are answered by fovea serve while a query holds them"
+        )
+        .into()),
+        Some(ts) => Err(format!(
+            "--as-of {ts}: a reader of this lake answers as of its newest checkpoint (ts {qts}); newer snapshots are answered by the running fovea serve (fovea sql --url)"
+        )
+        .into()),
+    }
 }
 
 fn run_one(
-    engine: &std::sync::Arc<fovea_core::Engine>,
+    lake: &OpenReader,
     runtime: &tokio::runtime::Runtime,
-    as_of: Option<u64>,
     format: OutputFormat,
     text: &str,
     out: &mut dyn Write,
 ) -> CliResult<()> {
-    let snapshot = match as_of {
-        Some(ts) => engine.snapshot_at(Ts(ts))?,
-        None => engine.snapshot(),
-    };
     let started_us = fovea_core::catalog::now_us();
-    let batches = runtime.block_on(fovea_sql::query(engine, &snapshot, text))?;
+    let source = Arc::clone(&lake.reader) as Arc<dyn SnapshotTables>;
+    let batches = runtime.block_on(fovea_sql::query_on(source, text))?;
     write_batches(&batches, format, out)?;
     if format == OutputFormat::Table {
-        eprintln!("{}", freshness_line(engine, snapshot.qts(), started_us));
+        eprintln!("{}", freshness_line(lake, started_us));
     }
     Ok(())
 }
@@ -64,9 +81,10 @@ pub fn remote(url: &str, token: Option<&str>, format: OutputFormat, text: &str, 
     write_batches(&batches, format, out)
 }
 
-/// `snapshot ts N reflects the source as of … (freshness … )`.
-fn freshness_line(engine: &fovea_core::Engine, qts: Ts, now_us: i64) -> String {
-    match engine.source_commit_at(qts) {
+/// `snapshot ts N: newest replayed source commit … (freshness … )`.
+fn freshness_line(lake: &OpenReader, now_us: i64) -> String {
+    let qts = lake.reader.qts();
+    match lake.source_commit {
         Some((ts, commit)) => format!(
             "snapshot ts {}: newest replayed source commit {} UTC (mirror ts {ts}), freshness {:.1} ms",
             qts.get(),
@@ -82,6 +100,7 @@ fn freshness_line(engine: &fovea_core::Engine, qts: Ts, now_us: i64) -> String {
 /// `~/.fovea_history`.
 pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, format: OutputFormat) -> CliResult<()> {
     let opened = lake.open_read()?;
+    check_as_of(&opened.reader, as_of)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut editor = rustyline::DefaultEditor::new()?;
     let history = std::env::var_os("HOME").map(|h| Path::new(&h).join(".fovea_history"));
@@ -113,7 +132,7 @@ pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, format: OutputFormat) ->
         editor.add_history_entry(statement.trim())?;
         let started = std::time::Instant::now();
         let stdout = std::io::stdout();
-        match run_one(&opened.engine, &runtime, as_of, format, &statement, &mut stdout.lock()) {
+        match run_one(&opened, &runtime, format, &statement, &mut stdout.lock()) {
             Ok(()) => eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3),
             Err(e) => eprintln!("error: {e}"),
         }
@@ -174,11 +193,22 @@ fn write_batches(batches: &[RecordBatch], format: OutputFormat, out: &mut dyn Wr
     Ok(())
 }
 
-/// Replayed source transactions and catalog operations, newest first.
+/// Replayed source transactions and catalog operations, newest first,
+/// from the catalog alone (no engine, no lake files).
 pub fn history(lake: &LakeArgs, table: Option<&str>, limit: usize, out: &mut dyn Write) -> CliResult<()> {
-    let opened = lake.open_read()?;
-    writeln!(out, "{}", freshness_line(&opened.engine, opened.engine.clock().latest(), fovea_core::catalog::now_us()))?;
-    let catalog = opened.catalog;
+    let catalog = lake.open_catalog()?;
+    if let Some(h) = catalog.history(None, 1)?.into_iter().next() {
+        let line = match h.commit_us {
+            Some(commit) => format!(
+                "newest replayed source commit {} UTC (mirror ts {}), freshness {:.1} ms",
+                fovea_core::cdc::types::format_timestamp(commit),
+                h.ts.get(),
+                (fovea_core::catalog::now_us() - commit) as f64 / 1e3
+            ),
+            None => format!("newest replayed transaction at mirror ts {}: no source commit time known", h.ts.get()),
+        };
+        writeln!(out, "{line}")?;
+    }
     writeln!(
         out,
         "{:>10}  {:<22}  {:<26}  {:>8}  {:>10}  tables",

@@ -1,5 +1,6 @@
 //! `fovea replay` and `fovea export`.
 
+use fovea_core::SnapshotTables;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use fovea_core::cdc::types::format_value;
 use fovea_core::index::encode_key;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
-use fovea_core::{EngineConfig, ScanOptions, Ts};
+use fovea_core::{EngineConfig, ScanOptions};
 
 /// Boxed error of the command line.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -100,13 +101,9 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
 /// order, sorted by primary key, NULL as an empty field).
 pub fn export(lake: &crate::lakes::LakeArgs, table: &str, as_of: Option<u64>, out: &mut dyn Write) -> CliResult<()> {
     let lake = lake.open_read()?;
-    let engine = &lake.engine;
-    let def = engine.table(table)?;
-    let snapshot = match as_of {
-        Some(ts) => engine.snapshot_at(Ts(ts))?,
-        None => engine.snapshot(),
-    };
-    let batches = engine.scan(&snapshot, table, ScanOptions::default())?.collect_batches()?;
+    crate::query::check_as_of(&lake.reader, as_of)?;
+    let def = lake.reader.table(table)?;
+    let batches = lake.reader.scan(table, ScanOptions::default())?.collect_batches()?;
     let mut rows = Vec::new();
     for b in &batches {
         rows.extend(rows_from_batch(b)?);

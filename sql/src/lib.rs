@@ -1,8 +1,9 @@
 //! SQL over fovea tables with DataFusion.
 //!
 //! ```text
-//!  query ─▶ one Snapshot (qts = HWM − 1, or AS OF) ─▶ SessionContext with a
-//!           FoveaTable per table, all holding that snapshot
+//!  query ─▶ one snapshot: a running engine's (qts = HWM − 1, or AS OF), or a
+//!           lake read as of its newest checkpoint (no engine in the reader)
+//!        ─▶ SessionContext with a FoveaTable per table, all at that snapshot
 //!        ─▶ DataFusion plans; FoveaTable::scan pushes projection, simple
 //!           comparisons and LIMIT into the VFoR scan (row groups pruned on
 //!           user-column and _fovea_create_ts statistics), DataFusion
@@ -31,7 +32,7 @@ use datafusion::prelude::SessionContext;
 pub use exec::FoveaScanExec;
 use fovea_core::frozen::FrozenVisibility;
 use fovea_core::scan::{CmpOp, Predicate};
-use fovea_core::{Engine, ScanOptions, Snapshot, TableDef, Value, VisibilityMode};
+use fovea_core::{Engine, ScanOptions, Snapshot, SnapshotTables, TableDef, Value, VisibilityMode};
 
 /// Columns fovea adds to a table (never shown to SQL) start with this.
 pub const HIDDEN_PREFIX: &str = "_fovea_";
@@ -40,11 +41,10 @@ pub const HIDDEN_PREFIX: &str = "_fovea_";
 /// it out).
 pub const CATALOG: &str = "fovea";
 
-/// Every table as SQL sees it, sorted: schema, table, and its columns
-/// (fovea's hidden ones left out).
-pub fn tables(engine: &Engine) -> Vec<(String, String, arrow::datatypes::Schema)> {
-    let mut out: Vec<_> = engine
-        .tables()
+/// Every table of `defs` as SQL sees it, sorted: schema, table, and its
+/// columns (fovea's hidden ones left out).
+pub fn tables(defs: Vec<Arc<TableDef>>) -> Vec<(String, String, arrow::datatypes::Schema)> {
+    let mut out: Vec<_> = defs
         .into_iter()
         .map(|def| {
             let (schema, table) = def.name.split_once('.').unwrap_or(("public", def.name.as_str()));
@@ -64,9 +64,8 @@ pub fn tables(engine: &Engine) -> Vec<(String, String, arrow::datatypes::Schema)
 
 /// A fovea table as DataFusion sees it, at one snapshot.
 pub struct FoveaTable {
-    engine: Arc<Engine>,
+    source: Arc<dyn SnapshotTables>,
     def: Arc<TableDef>,
-    snapshot: Snapshot,
     visibility: VisibilityMode,
     frozen: Option<Arc<FrozenVisibility>>,
     /// The table's columns SQL sees (all but fovea's hidden `_fovea_*`
@@ -77,20 +76,20 @@ pub struct FoveaTable {
 
 impl std::fmt::Debug for FoveaTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FoveaTable").field("table", &self.def.name).field("snapshot", &self.snapshot).finish()
+        f.debug_struct("FoveaTable").field("table", &self.def.name).field("qts", &self.source.qts()).finish()
     }
 }
 
 impl FoveaTable {
-    /// `def` of `engine` at `snapshot`.
-    pub fn new(engine: Arc<Engine>, def: Arc<TableDef>, snapshot: Snapshot) -> Self {
+    /// `def` of `source` (at its snapshot).
+    pub fn new(source: Arc<dyn SnapshotTables>, def: Arc<TableDef>) -> Self {
         let columns: Vec<usize> = (0..def.schema.fields().len())
             .filter(|&i| !def.schema.field(i).name().starts_with(HIDDEN_PREFIX))
             .collect();
         let schema = Arc::new(arrow::datatypes::Schema::new(
             columns.iter().map(|&i| def.schema.field(i).clone()).collect::<Vec<_>>(),
         ));
-        FoveaTable { engine, def, snapshot, visibility: VisibilityMode::Enforced, frozen: None, columns, schema }
+        FoveaTable { source, def, visibility: VisibilityMode::Enforced, frozen: None, columns, schema }
     }
 
     /// The same with visibility off: every stored version, for measuring
@@ -208,10 +207,7 @@ impl TableProvider for FoveaTable {
             frozen: self.frozen.clone(),
         };
         // Planning takes one view of the table and reads no data.
-        let scan = self
-            .engine
-            .scan(&self.snapshot, &self.def.name, options)
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let scan = self.source.scan(&self.def.name, options).map_err(|e| DataFusionError::External(Box::new(e)))?;
         let shown =
             (!pushed.is_empty()).then(|| pushed.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" AND "));
         let partitions = state.config_options().execution.target_partitions;
@@ -231,7 +227,7 @@ pub fn session_with(
     snapshot: &Snapshot,
     visibility: VisibilityMode,
 ) -> datafusion::common::Result<SessionContext> {
-    session_full(engine, snapshot, visibility, None)
+    session_full(Arc::new(engine.at(snapshot.clone())), visibility, None)
 }
 
 /// A session reading at a visibility checkpoint: every table as of
@@ -241,12 +237,17 @@ pub fn session_at_checkpoint(
     snapshot: &Snapshot,
     frozen: Arc<FrozenVisibility>,
 ) -> datafusion::common::Result<SessionContext> {
-    session_full(engine, snapshot, VisibilityMode::Enforced, Some(frozen))
+    session_full(Arc::new(engine.at(snapshot.clone())), VisibilityMode::Enforced, Some(frozen))
+}
+
+/// A session over any tables at one snapshot (a running engine's, or a
+/// lake read as of its newest checkpoint, [`fovea_core::reader`]).
+pub fn session_on(source: Arc<dyn SnapshotTables>) -> datafusion::common::Result<SessionContext> {
+    session_full(source, VisibilityMode::Enforced, None)
 }
 
 fn session_full(
-    engine: &Arc<Engine>,
-    snapshot: &Snapshot,
+    source: Arc<dyn SnapshotTables>,
     visibility: VisibilityMode,
     frozen: Option<Arc<FrozenVisibility>>,
 ) -> datafusion::common::Result<SessionContext> {
@@ -256,12 +257,12 @@ fn session_full(
         .with_information_schema(true);
     let ctx = SessionContext::new_with_config(config);
     let catalog = ctx.catalog(CATALOG).ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
-    for def in engine.tables() {
+    for def in source.tables() {
         let (schema, table) = def.name.split_once('.').unwrap_or(("public", def.name.as_str()));
         if catalog.schema(schema).is_none() {
             catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
         }
-        let mut provider = FoveaTable::new(Arc::clone(engine), Arc::clone(&def), snapshot.clone());
+        let mut provider = FoveaTable::new(Arc::clone(&source), Arc::clone(&def));
         provider.visibility = visibility;
         provider.frozen = frozen.clone();
         ctx.register_table(TableReference::partial(schema, table), Arc::new(provider))?;
@@ -275,6 +276,10 @@ pub async fn query(
     snapshot: &Snapshot,
     sql: &str,
 ) -> datafusion::common::Result<Vec<RecordBatch>> {
-    let ctx = session(engine, snapshot)?;
-    ctx.sql(sql).await?.collect().await
+    query_on(Arc::new(engine.at(snapshot.clone())), sql).await
+}
+
+/// Runs `sql` on `source`'s tables and returns the result batches.
+pub async fn query_on(source: Arc<dyn SnapshotTables>, sql: &str) -> datafusion::common::Result<Vec<RecordBatch>> {
+    session_on(source)?.sql(sql).await?.collect().await
 }

@@ -11,15 +11,18 @@ use std::sync::Arc;
 
 use fovea_core::Clock;
 use fovea_core::mvcc::{MemoryTxnStore, TxnStore};
+use fovea_core::reader::CheckpointReader;
 use fovea_core::scan::{CmpOp, Predicate};
-use fovea_core::{Engine, EngineConfig, Error, Op, ScanOptions, Snapshot, TableId, Ts, Value};
+use fovea_core::{Engine, EngineConfig, Error, Op, ScanOptions, Snapshot, SnapshotTables, TableId, Ts, Value};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{SeedableRng, rngs::SmallRng};
 
-use crate::oracle::{ACCOUNTS, ITEMS, Oracle, canonical, create_tables, extra_table, key, row, scan_rows};
+use crate::oracle::{
+    ACCOUNTS, ITEMS, Oracle, canonical, create_tables, extra_table, key, row, scan_rows, scan_rows_on,
+};
 
 #[derive(Clone, Debug)]
 enum RawOp {
@@ -106,13 +109,18 @@ fn table_name(n: usize) -> String {
     }
 }
 
-fn check(engine: &Engine, oracle: &Oracle, snapshot: &Snapshot) -> Result<(), TestCaseError> {
-    let qts = snapshot.qts().get();
-    let names: Vec<String> = engine.tables().iter().map(|t| t.name.clone()).collect();
+fn check(engine: &Arc<Engine>, oracle: &Oracle, snapshot: &Snapshot) -> Result<(), TestCaseError> {
+    check_on(&engine.at(snapshot.clone()), oracle)
+}
+
+/// Every table of `tables` against the oracle at its qts.
+fn check_on(tables: &dyn SnapshotTables, oracle: &Oracle) -> Result<(), TestCaseError> {
+    let qts = tables.qts().get();
+    let names: Vec<String> = tables.tables().iter().map(|t| t.name.clone()).collect();
     prop_assert_eq!(names.len(), oracle.tables.len(), "tables {:?}", names);
     for t in 0..oracle.tables.len() {
         let name = table_name(t);
-        let got = scan_rows(engine, snapshot, &name, ScanOptions::default());
+        let got = scan_rows_on(tables.scan(&name, ScanOptions::default()).expect("plan"));
         prop_assert_eq!(got, oracle.visible(t, qts), "table {} at qts {}", name, qts);
     }
     // Projection in a new order plus a pushed-down filter.
@@ -121,7 +129,7 @@ fn check(engine: &Engine, oracle: &Oracle, snapshot: &Snapshot) -> Result<(), Te
         filter: Some(Predicate::Compare { column: 0, op: CmpOp::GtEq, value: Value::Int(5) }),
         ..ScanOptions::default()
     };
-    let got = scan_rows(engine, snapshot, ACCOUNTS, options);
+    let got = scan_rows_on(tables.scan(ACCOUNTS, options).expect("plan"));
     let mut expect: Vec<_> = oracle
         .visible(0, qts)
         .into_iter()
@@ -226,6 +234,10 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
                 }
                 let manifest = engine.write_checkpoint().unwrap();
                 prop_assert_eq!(manifest.checkpoint_ts, engine.clock().latest().get());
+                // A reader of the checkpoint alone (no engine) sees the
+                // oracle at its timestamp.
+                let reader = CheckpointReader::open(Arc::clone(&store), &manifest, Arc::new(())).unwrap();
+                check_on(&reader, &oracle)?;
                 live.clear();
                 drop(engine);
                 engine = Engine::restore(

@@ -139,7 +139,12 @@ pub fn canonical(rows: &mut [Row]) {
 
 /// Scans `table` at `snapshot` and returns its rows in canonical order.
 pub fn scan_rows(engine: &Engine, snapshot: &Snapshot, table: &str, options: ScanOptions) -> Vec<Row> {
-    let batches = engine.scan(snapshot, table, options).expect("plan").collect_batches().expect("scan");
+    scan_rows_on(engine.scan(snapshot, table, options).expect("plan"))
+}
+
+/// The rows of a planned scan, canonical order.
+pub fn scan_rows_on(scan: fovea_core::Scan) -> Vec<Row> {
+    let batches = scan.collect_batches().expect("scan");
     let mut rows: Vec<Row> = batches.iter().flat_map(|b| rows_from_batch(b).expect("convert")).collect();
     canonical(&mut rows);
     rows

@@ -107,3 +107,86 @@ fn a_registered_reader_keeps_what_it_reads() {
     assert_eq!(writer.engine.oldest_reader().unwrap(), None);
     let _ = writer.catalog.version().unwrap();
 }
+
+/// A reader of the checkpoint alone: opening reads no lake object, a scan
+/// of one table never touches another's files, `LIMIT` reads one split,
+/// and the answers are the writer's at the checkpoint.
+#[test]
+fn a_checkpoint_reader_opens_only_what_it_reads() {
+    use fovea_core::SnapshotTables;
+    use fovea_core::location::open_reader;
+    use fovea_core::metered::{MeteredStore, StoreMeter};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig::default().with_shards(2).with_blocks(100, 2);
+    let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)]));
+    let a = writer.engine.create_table("s.a", Arc::clone(&schema), vec![0]).unwrap();
+    let b = writer.engine.create_table("s.b", schema, vec![0]).unwrap();
+    for t in [&a, &b] {
+        let rows = (0..1000).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect();
+        writer.engine.apply(rows).unwrap();
+    }
+    // Deletes and updates of a, some combined into regular files, some not.
+    writer.engine.flush().unwrap();
+    writer.engine.combine().unwrap();
+    let changes = (0..1000)
+        .step_by(7)
+        .map(|k| match k % 2 {
+            0 => Op::Delete { table: a.id, key: vec![Value::Int(k)] },
+            _ => Op::Upsert { table: a.id, row: vec![Value::Int(k), Value::Int(-k)] },
+        })
+        .collect();
+    writer.engine.apply(changes).unwrap();
+    writer.engine.flush().unwrap();
+    checkpoint(&writer);
+    // After the checkpoint: not seen by the reader.
+    writer.engine.apply(vec![Op::Delete { table: a.id, key: vec![Value::Int(1)] }]).unwrap();
+    let c = writer.catalog.latest_checkpoint().unwrap().unwrap().manifest.checkpoint_ts;
+    let at_checkpoint = writer.engine.snapshot_at(fovea_core::Ts(c)).unwrap();
+    let expect = |t: &str| {
+        let mut rows: Vec<Vec<Value>> = writer
+            .engine
+            .scan(&at_checkpoint, t, ScanOptions::default())
+            .unwrap()
+            .flat_map(|b| fovea_core::schema::rows_from_batch(&b.unwrap()).unwrap())
+            .collect();
+        rows.sort_by_key(|r| format!("{r:?}"));
+        rows
+    };
+    let (want_a, want_b) = (expect("s.a"), expect("s.b"));
+    assert_eq!(want_a.len(), 1000 - 72);
+
+    let meter = Arc::new(StoreMeter::default());
+    let mut backends = LakeBackends::local(dir.path()).unwrap();
+    backends.store = Arc::new(MeteredStore::new(backends.store, Arc::clone(&meter)));
+    let opened = open_reader(backends, Duration::from_secs(60)).unwrap();
+    assert_eq!(meter.counts().requests(), 0, "opening read lake objects: {:?}", meter.counts());
+    assert_eq!(opened.reader.qts(), at_checkpoint.qts());
+
+    // Table b's files gone: a scan of a does not notice.
+    let b_files = dir.path().join("tables").join(b.id.0.to_string());
+    let hidden = dir.path().join("hidden-b");
+    std::fs::rename(&b_files, &hidden).unwrap();
+    let mut limited = opened.reader.scan("s.a", ScanOptions::default()).unwrap().with_limit(Some(10));
+    let first = limited.next_batch().unwrap().unwrap();
+    assert_eq!(first.num_rows(), 10);
+    assert!(limited.next_batch().unwrap().is_none());
+    assert_eq!(limited.metrics().splits_read, 1);
+    // One footer, one deleted-rows object, the split's three column chunks.
+    assert!(meter.counts().gets <= 5, "LIMIT 10: {:?}", meter.counts());
+    let rows = |t: &str| {
+        let mut rows: Vec<Vec<Value>> = opened
+            .reader
+            .scan(t, ScanOptions::default())
+            .unwrap()
+            .flat_map(|b| fovea_core::schema::rows_from_batch(&b.unwrap()).unwrap())
+            .collect();
+        rows.sort_by_key(|r| format!("{r:?}"));
+        rows
+    };
+    assert_eq!(rows("s.a"), want_a);
+    std::fs::rename(&hidden, &b_files).unwrap();
+    assert_eq!(rows("s.b"), want_b);
+}

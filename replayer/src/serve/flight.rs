@@ -475,7 +475,7 @@ impl FlightSqlService for FoveaFlight {
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let mut builder = query.into_builder();
-        let mut schemas: Vec<String> = fovea_sql::tables(&self.engine).into_iter().map(|(s, _, _)| s).collect();
+        let mut schemas: Vec<String> = fovea_sql::tables(self.engine.tables()).into_iter().map(|(s, _, _)| s).collect();
         schemas.dedup();
         for s in schemas {
             builder.append(fovea_sql::CATALOG, s);
@@ -498,7 +498,7 @@ impl FlightSqlService for FoveaFlight {
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let mut builder = query.into_builder();
-        for (schema, table, columns) in fovea_sql::tables(&self.engine) {
+        for (schema, table, columns) in fovea_sql::tables(self.engine.tables()) {
             builder.append(fovea_sql::CATALOG, schema, table, "TABLE", &columns).map_err(status)?;
         }
         Ok(Response::new(metadata_stream(builder.build())?))
