@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use object_store::path::Path;
@@ -38,6 +38,7 @@ use crate::index::PrimaryIndex;
 use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
+use crate::schema::TableDef;
 use crate::visibility::FileVisibility;
 
 /// Where lake files live.
@@ -76,6 +77,41 @@ pub struct TableManifest {
     pub columns: Vec<ColumnManifest>,
     /// Primary-key column indices.
     pub primary_key: Vec<usize>,
+}
+
+impl TableManifest {
+    /// The manifest entry of `def`.
+    pub fn of(def: &TableDef) -> Self {
+        TableManifest {
+            name: def.name.clone(),
+            columns: def
+                .schema
+                .fields()
+                .iter()
+                .map(|f| ColumnManifest {
+                    name: f.name().clone(),
+                    data_type: type_name(f.data_type()),
+                    nullable: f.is_nullable(),
+                })
+                .collect(),
+            primary_key: def.primary_key.clone(),
+        }
+    }
+
+    /// Its user columns as an Arrow schema.
+    pub fn schema(&self) -> Result<SchemaRef> {
+        let fields = self
+            .columns
+            .iter()
+            .map(|c| Ok(Field::new(&c.name, parse_type_name(&c.data_type)?, c.nullable)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(Schema::new(fields)))
+    }
+
+    /// The table it describes, with id `id`.
+    pub fn def(&self, id: TableId) -> Result<Arc<TableDef>> {
+        TableDef::new(id, &self.name, self.schema()?, self.primary_key.clone())
+    }
 }
 
 /// A column.
@@ -440,23 +476,7 @@ impl Engine {
             next_file_id: self.file_ids.load(Ordering::Relaxed),
             block_rows: self.config.block_rows,
             blocks_per_file: self.config.blocks_per_file,
-            tables: tables
-                .iter()
-                .map(|t| TableManifest {
-                    name: t.name.clone(),
-                    columns: t
-                        .schema
-                        .fields()
-                        .iter()
-                        .map(|f| ColumnManifest {
-                            name: f.name().clone(),
-                            data_type: type_name(f.data_type()),
-                            nullable: f.is_nullable(),
-                        })
-                        .collect(),
-                    primary_key: t.primary_key.clone(),
-                })
-                .collect(),
+            tables: tables.iter().map(|t| TableManifest::of(t)).collect(),
             shards,
         })
     }
@@ -485,12 +505,7 @@ impl Engine {
             EngineConfig { shards: m.shards.len(), block_rows: m.block_rows, blocks_per_file: m.blocks_per_file };
         let engine = Engine::open(store, clock, config)?;
         for t in &m.tables {
-            let fields = t
-                .columns
-                .iter()
-                .map(|c| Ok(Field::new(&c.name, parse_type_name(&c.data_type)?, c.nullable)))
-                .collect::<Result<Vec<_>>>()?;
-            engine.create_table(&t.name, Arc::new(Schema::new(fields)), t.primary_key.clone())?;
+            engine.create_table(&t.name, t.schema()?, t.primary_key.clone())?;
         }
         let c = Ts(m.checkpoint_ts);
         let lake = engine.lake.clone();

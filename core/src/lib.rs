@@ -29,6 +29,7 @@ pub mod reader;
 pub mod replay;
 pub mod scan;
 pub mod sink;
+pub mod split;
 
 pub use engine::{Engine, EngineConfig};
 pub use mvcc::{Clock, Snapshot};

@@ -20,17 +20,17 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use arrow::datatypes::{Field, Schema};
 use object_store::ObjectStore;
 use object_store::path::Path;
 
 use crate::buffer::{Block, BlockData, FileKind};
-use crate::checkpoint::{MANIFEST_FORMAT, Manifest, parse_type_name};
+use crate::checkpoint::{MANIFEST_FORMAT, Manifest};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, TableId, Ts};
 use crate::lake::Lake;
 use crate::scan::{DeletedRows, Scan, ScanFile, ScanOptions, SnapshotTables};
 use crate::schema::TableDef;
+use crate::split::DeletedSource;
 use crate::visibility::copy_bits;
 
 /// The lake's tables as of one checkpoint; every answer is as of its
@@ -112,6 +112,11 @@ impl DeletedRows for CheckpointDeletes {
         copy_bits(self.words()?, start, rows, out);
         Ok(())
     }
+
+    /// The object itself: a worker reads it as this reader would.
+    fn describe(&self, _file: FileId, _start: usize, _rows: usize, _qts: Ts) -> Result<DeletedSource> {
+        Ok(DeletedSource::Checkpoint { path: self.path.as_ref().map(Path::to_string), capacity: self.capacity })
+    }
 }
 
 impl CheckpointReader {
@@ -126,12 +131,7 @@ impl CheckpointReader {
         let mut tables = Vec::with_capacity(manifest.tables.len());
         let mut by_name = HashMap::new();
         for (i, t) in manifest.tables.iter().enumerate() {
-            let fields = t
-                .columns
-                .iter()
-                .map(|c| Ok(Field::new(&c.name, parse_type_name(&c.data_type)?, c.nullable)))
-                .collect::<Result<Vec<_>>>()?;
-            let def = TableDef::new(TableId(i as u32), &t.name, Arc::new(Schema::new(fields)), t.primary_key.clone())?;
+            let def = t.def(TableId(i as u32))?;
             by_name.insert(t.name.clone(), i);
             tables.push(ReaderTable { def, files: Vec::new() });
         }

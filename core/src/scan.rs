@@ -31,9 +31,10 @@ use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use crate::buffer::{ActiveRows, Block, BlockData, FileKind, PartView};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, Ts};
-use crate::lake::{Lake, RegularFile, create_ts_column};
+use crate::lake::{Lake, RegularFile, RowGroupInfo, create_ts_column};
 use crate::mvcc::Snapshot;
 use crate::schema::{CREATE_TS_COLUMN, TableDef, Value};
+pub use crate::split::{DeletedSource, SplitTask};
 use crate::visibility::FileVisibility;
 
 /// Whether the scan applies visibility. `Off` returns every stored version
@@ -49,7 +50,8 @@ pub enum VisibilityMode {
 }
 
 /// A comparison operator of a [`Predicate`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CmpOp {
     /// `=`
     Eq,
@@ -67,7 +69,8 @@ pub enum CmpOp {
 
 /// A filter pushed into the scan: evaluated per row, and used to skip row
 /// groups whose statistics exclude it. NULLs never match.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Predicate {
     /// `column op value`, column by index in the table schema.
     Compare {
@@ -129,6 +132,15 @@ pub trait DeletedRows: Send + Sync {
     /// Deleted bits of rows `[start, start + rows)` of `file` at `qts` into
     /// `out` (bit `i` is row `start + i`; bits past `rows` are zero).
     fn deleted_bitmap(&self, file: FileId, start: usize, rows: usize, qts: Ts, out: &mut Vec<u64>) -> Result<()>;
+
+    /// Where a worker without this source gets the same bits: by default
+    /// the bitmap itself (what the tiles or a visibility checkpoint say
+    /// now); a source in the lake names its object instead.
+    fn describe(&self, file: FileId, start: usize, rows: usize, qts: Ts) -> Result<DeletedSource> {
+        let mut words = Vec::new();
+        self.deleted_bitmap(file, start, rows, qts, &mut words)?;
+        Ok(DeletedSource::bitmap(&words))
+    }
 }
 
 impl DeletedRows for FileVisibility {
@@ -161,8 +173,8 @@ pub(crate) struct ScanFile {
 }
 
 #[derive(Clone)]
-enum Split {
-    RowGroup { file: Arc<RegularFile>, id: FileId, deletes: Arc<dyn DeletedRows>, rg: usize },
+pub(crate) enum Split {
+    RowGroup { file: Arc<RegularFile>, id: FileId, deletes: Arc<dyn DeletedRows>, rg: usize, info: RowGroupInfo },
     Block { id: FileId, deletes: Arc<dyn DeletedRows>, block: Arc<Block>, offset: usize },
     Active { id: FileId, deletes: Arc<dyn DeletedRows>, offset: usize, batch: RecordBatch },
 }
@@ -171,7 +183,7 @@ impl Split {
     /// Rows stored in the split (visible or not).
     fn rows(&self) -> usize {
         match self {
-            Split::RowGroup { file, rg, .. } => file.row_groups[*rg].rows,
+            Split::RowGroup { info, .. } => info.rows,
             Split::Block { block, .. } => block.rows,
             Split::Active { batch, .. } => batch.num_rows(),
         }
@@ -187,20 +199,20 @@ pub struct Scan {
     /// Keeps what the scan reads from being retired (a registered
     /// [`Snapshot`], or a lake reader's registration) until it is dropped.
     _hold: Arc<dyn std::any::Any + Send + Sync>,
-    qts: Ts,
-    lake: Lake,
-    table: Arc<TableDef>,
-    options: ScanOptions,
+    pub(crate) qts: Ts,
+    pub(crate) lake: Lake,
+    pub(crate) table: Arc<TableDef>,
+    pub(crate) options: ScanOptions,
     /// User columns decoded, sorted; the hidden column follows them.
-    read_columns: Vec<usize>,
+    pub(crate) read_columns: Vec<usize>,
     /// Positions (in the decoded batch) of the output columns.
     output_positions: Vec<usize>,
     output_schema: SchemaRef,
-    splits: VecDeque<Split>,
+    pub(crate) splits: VecDeque<Split>,
     metrics: ScanMetrics,
     scratch: Vec<u64>,
     /// Stop after returning this many rows.
-    limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
 }
 
 impl Scan {
@@ -237,28 +249,8 @@ impl Scan {
         active: Vec<ActiveRows>,
         options: ScanOptions,
     ) -> Result<Self> {
-        let n = table.schema.fields().len();
-        let projection: Vec<usize> = options.projection.clone().unwrap_or_else(|| (0..n).collect());
-        let mut wanted = projection.clone();
-        if let Some(f) = &options.filter {
-            f.columns(&mut wanted);
-        }
-        if let Some(&bad) = wanted.iter().find(|&&c| c >= n) {
-            return Err(Error::Schema {
-                table: table.name.clone(),
-                column: format!("#{bad}"),
-                message: format!("column index out of range (the table has {n} columns)"),
-            });
-        }
-        let mut read_columns = wanted.clone();
-        read_columns.sort_unstable();
-        read_columns.dedup();
-        let output_positions = projection
-            .iter()
-            .map(|c| read_columns.binary_search(c).unwrap_or_else(|_| unreachable!("c was added")))
-            .collect();
-        let output_schema =
-            Arc::new(Schema::new(projection.iter().map(|&c| table.schema.field(c).clone()).collect::<Vec<_>>()));
+        let mut scan = Self::empty(hold, qts, lake, table, options)?;
+        let (lake, table, options) = (&scan.lake, &scan.table, &scan.options);
         // A visibility checkpoint answers for every file at its own qts.
         let frozen = options.frozen.clone().map(|f| (f.qts(), f as Arc<dyn DeletedRows>));
         let qts = frozen.as_ref().map_or(qts, |(q, _)| *q);
@@ -270,15 +262,15 @@ impl Scan {
             let deletes = deletes_of(file.deletes);
             match file.kind {
                 FileKind::Regular(r) => {
-                    let keep = prune_row_groups(&lake, &table, &r, options.filter.as_ref())?;
+                    let keep = prune_row_groups(lake, table, &r, options.filter.as_ref())?;
                     for (rg, info) in r.row_groups.iter().enumerate() {
                         if enforced && info.min_ts > qts {
                             metrics.splits_skipped_by_ts += 1;
                         } else if !keep[rg] {
                             metrics.splits_skipped_by_filter += 1;
                         } else {
-                            let (id, deletes) = (file.id, Arc::clone(&deletes));
-                            splits.push_back(Split::RowGroup { file: Arc::clone(&r), id, deletes, rg });
+                            let (id, deletes, info) = (file.id, Arc::clone(&deletes), *info);
+                            splits.push_back(Split::RowGroup { file: Arc::clone(&r), id, deletes, rg, info });
                         }
                     }
                 }
@@ -305,6 +297,42 @@ impl Scan {
             let deletes = deletes_of(a.vis);
             splits.push_back(Split::Active { id: a.file, deletes, offset: a.offset, batch: a.batch });
         }
+        scan.qts = qts;
+        scan.splits = splits;
+        scan.metrics = metrics;
+        Ok(scan)
+    }
+
+    /// A scan at `qts` of `options`' columns of `table` with no splits yet.
+    pub(crate) fn empty(
+        hold: Arc<dyn std::any::Any + Send + Sync>,
+        qts: Ts,
+        lake: Lake,
+        table: Arc<TableDef>,
+        options: ScanOptions,
+    ) -> Result<Self> {
+        let n = table.schema.fields().len();
+        let projection: Vec<usize> = options.projection.clone().unwrap_or_else(|| (0..n).collect());
+        let mut wanted = projection.clone();
+        if let Some(f) = &options.filter {
+            f.columns(&mut wanted);
+        }
+        if let Some(&bad) = wanted.iter().find(|&&c| c >= n) {
+            return Err(Error::Schema {
+                table: table.name.clone(),
+                column: format!("#{bad}"),
+                message: format!("column index out of range (the table has {n} columns)"),
+            });
+        }
+        let mut read_columns = wanted.clone();
+        read_columns.sort_unstable();
+        read_columns.dedup();
+        let output_positions = projection
+            .iter()
+            .map(|c| read_columns.binary_search(c).unwrap_or_else(|_| unreachable!("c was added")))
+            .collect();
+        let output_schema =
+            Arc::new(Schema::new(projection.iter().map(|&c| table.schema.field(c).clone()).collect::<Vec<_>>()));
         Ok(Scan {
             _hold: hold,
             qts,
@@ -314,8 +342,8 @@ impl Scan {
             read_columns,
             output_positions,
             output_schema,
-            splits,
-            metrics,
+            splits: VecDeque::new(),
+            metrics: ScanMetrics::default(),
             scratch: Vec::new(),
             limit: None,
         })
@@ -371,6 +399,11 @@ impl Scan {
         Arc::clone(&self.output_schema)
     }
 
+    /// The lake it reads.
+    pub fn lake(&self) -> Lake {
+        self.lake.clone()
+    }
+
     /// Counters so far.
     pub fn metrics(&self) -> ScanMetrics {
         self.metrics
@@ -407,14 +440,14 @@ impl Scan {
         while let Some(split) = self.splits.pop_front() {
             self.metrics.splits_read += 1;
             let (batch, id, deletes, offset) = match split {
-                Split::RowGroup { file, id, deletes, rg } => {
+                Split::RowGroup { file, id, deletes, rg, info } => {
                     // (read_row_group returns read columns + hidden, by name.)
                     // Decoding everything and then filtering measured faster
                     // than handing the bitmap to the decoder as a row
                     // selection (1.09 vs 1.11–1.22 of a plain scan at 1%
                     // scattered deletes).
                     let batch = self.read_row_group(&file, rg)?;
-                    (batch, id, deletes, file.row_groups[rg].offset)
+                    (batch, id, deletes, info.offset)
                 }
                 Split::Block { id, deletes, block, offset } => {
                     let batch = match &block.data {
@@ -434,7 +467,7 @@ impl Scan {
 
     /// The read columns (+ hidden) of a stored batch, matched by name: a
     /// batch written before a column was added reads it as NULL.
-    fn project_decoded(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+    pub(crate) fn project_decoded(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         project_by_name(&self.table, &self.read_columns, batch)
     }
 

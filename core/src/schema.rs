@@ -12,7 +12,7 @@ use crate::ids::TableId;
 pub const CREATE_TS_COLUMN: &str = "_fovea_create_ts";
 
 /// One value of a row, as the change stream delivers it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Value {
     /// SQL NULL.
     Null,

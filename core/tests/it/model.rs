@@ -13,6 +13,7 @@ use fovea_core::Clock;
 use fovea_core::mvcc::{MemoryTxnStore, TxnStore};
 use fovea_core::reader::CheckpointReader;
 use fovea_core::scan::{CmpOp, Predicate};
+use fovea_core::split::SplitTask;
 use fovea_core::{Engine, EngineConfig, Error, Op, ScanOptions, Snapshot, SnapshotTables, TableId, Ts, Value};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -129,7 +130,16 @@ fn check_on(tables: &dyn SnapshotTables, oracle: &Oracle) -> Result<(), TestCase
         filter: Some(Predicate::Compare { column: 0, op: CmpOp::GtEq, value: Value::Int(5) }),
         ..ScanOptions::default()
     };
-    let got = scan_rows_on(tables.scan(ACCOUNTS, options).expect("plan"));
+    let scan = tables.scan(ACCOUNTS, options).expect("plan");
+    // The same scan as tasks a stateless worker runs (through JSON).
+    let mut by_tasks = Vec::new();
+    for task in scan.tasks().expect("tasks") {
+        let json = serde_json::to_string(&task).expect("to json");
+        let task: SplitTask = serde_json::from_str(&json).expect("from json");
+        by_tasks.extend(scan_rows_on(task.scan(scan.lake()).expect("task")));
+    }
+    canonical(&mut by_tasks);
+    let got = scan_rows_on(scan);
     let mut expect: Vec<_> = oracle
         .visible(0, qts)
         .into_iter()
@@ -137,6 +147,7 @@ fn check_on(tables: &dyn SnapshotTables, oracle: &Oracle) -> Result<(), TestCase
         .map(|r| vec![r[2].clone(), r[0].clone()])
         .collect();
     canonical(&mut expect);
+    prop_assert_eq!(&by_tasks, &expect, "filtered scan as tasks at qts {}", qts);
     prop_assert_eq!(got, expect, "filtered scan at qts {}", qts);
     Ok(())
 }
