@@ -204,7 +204,7 @@ impl Scan {
     fn rows_data(&self, batch: &RecordBatch) -> Result<SplitData> {
         let batch = self.project_decoded(batch)?;
         let mut ipc = Vec::new();
-        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &batch.schema())?;
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(&mut ipc, &batch.schema())?;
         w.write(&batch)?;
         w.finish()?;
         drop(w);
@@ -264,7 +264,7 @@ impl SplitTask {
             }
             SplitData::Rows { ipc } => {
                 let bytes = BASE64.decode(ipc).map_err(|e| bad(format!("rows: {e}")))?;
-                let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+                let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
                 let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
                 let batch = match batches.as_slice() {
                     [one] => one.clone(),

@@ -341,15 +341,15 @@ pub struct RemoteLake {
 }
 
 /// One measured replay.
-struct ReplayRun {
-    rows: u64,
-    txns: u64,
-    seconds: f64,
+pub(crate) struct ReplayRun {
+    pub(crate) rows: u64,
+    pub(crate) txns: u64,
+    pub(crate) seconds: f64,
     store: fovea_core::metered::StoreCounts,
     dynamo_writes: Option<u64>,
 }
 
-fn replay_into(
+pub(crate) fn replay_into(
     lake: crate::lakes::LakeArgs,
     input: &std::path::Path,
     progress: bool,

@@ -246,6 +246,14 @@ pub fn session_on(source: Arc<dyn SnapshotTables>) -> datafusion::common::Result
     session_full(source, VisibilityMode::Enforced, None)
 }
 
+/// [`session_on`] with a visibility mode (`Off` only to measure VFoR's cost).
+pub fn session_on_with(
+    source: Arc<dyn SnapshotTables>,
+    visibility: VisibilityMode,
+) -> datafusion::common::Result<SessionContext> {
+    session_full(source, visibility, None)
+}
+
 fn session_full(
     source: Arc<dyn SnapshotTables>,
     visibility: VisibilityMode,

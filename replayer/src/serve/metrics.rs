@@ -200,6 +200,14 @@ pub fn rss_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
+/// Peak resident set size of this process (`VmHWM` of `/proc/self/status`).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Serves `GET /metrics` (and `/healthz`) until the runtime stops.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
