@@ -803,7 +803,10 @@ impl Drop for Engine {
 
 fn flush_loop(rx: Receiver<FlushJob>, lake: Lake, flusher: Arc<Flusher>, block_rows: usize) {
     for job in rx {
-        let result = flush_block(&lake, &job, block_rows);
+        // A panic is this block's flush failure, not a dead flusher that
+        // `flush()` would wait for forever.
+        let what = || format!("flushing {} block {} of {}", job.file, job.block.index, job.part.table.name);
+        let result = crate::error::catch_panic(what, || flush_block(&lake, &job, block_rows));
         let mut st = lock(&flusher.state);
         if let Err(e) = result {
             tracing::error!(table = %job.part.table.name, file = %job.file, block = job.block.index, error = %e, "flush failed; the block stays in memory");
@@ -818,6 +821,8 @@ fn flush_loop(rx: Receiver<FlushJob>, lake: Lake, flusher: Arc<Flusher>, block_r
 }
 
 fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
+    #[cfg(test)]
+    tests::maybe_panic();
     let BlockData::Memory(batch) = &job.block.data else {
         return Ok(());
     };
@@ -855,5 +860,57 @@ impl crate::scan::SnapshotTables for EngineSnapshot {
 
     fn scan(&self, table: &str, options: ScanOptions) -> Result<Scan> {
         self.engine.scan(&self.snapshot, table, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::schema::Value;
+
+    static PANIC_FLUSH: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn maybe_panic() {
+        // Relaxed: a test flag, set before the flush is queued.
+        if PANIC_FLUSH.load(Ordering::Relaxed) {
+            panic!("injected flush panic");
+        }
+    }
+
+    #[test]
+    fn a_panicking_flush_is_a_flush_failure_not_a_hang() {
+        let engine = Engine::in_memory(EngineConfig::default().with_shards(1).with_blocks(4, 2)).unwrap();
+        let schema = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+        let t = engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap();
+        PANIC_FLUSH.store(true, Ordering::Relaxed);
+        engine.apply((0..10).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k)] }).collect()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = Arc::clone(&engine);
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter.flush().map_err(|e| e.to_string()));
+        });
+        let message = rx.recv_timeout(Duration::from_secs(5)).expect("flush hung").unwrap_err();
+        PANIC_FLUSH.store(false, Ordering::Relaxed);
+        assert!(message.contains("panicked: injected flush panic"), "{message}");
+        assert!(engine.flush_failures() > 0);
+        // The blocks stay in memory and readable; a later flush writes them.
+        let rows = |e: &Engine| -> usize {
+            e.scan(&e.snapshot(), "s.t", ScanOptions::default())
+                .unwrap()
+                .collect_batches()
+                .unwrap()
+                .iter()
+                .map(|b| b.num_rows())
+                .sum()
+        };
+        assert_eq!(rows(&engine), 10);
+        engine.apply(vec![Op::Insert { table: t.id, row: vec![Value::Int(99)] }]).unwrap();
+        engine.flush().unwrap();
+        assert_eq!(rows(&engine), 11);
     }
 }

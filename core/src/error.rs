@@ -193,3 +193,22 @@ impl Error {
 
 /// Result with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs `f` on a background thread's behalf, turning a panic into an
+/// error naming `what` (the thread would otherwise die without saying so,
+/// and whoever waits for its work would wait forever).
+///
+/// Unwind safety: the state `f` touches is behind mutexes whose poisoning
+/// readers ignore; the error stops the work that panicked (replay stops at
+/// that transaction, a flush leaves its block in memory) and nothing the
+/// panic left half-done is committed.
+pub(crate) fn catch_panic<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(Error::invariant(format!("{} panicked: {message}", what())))
+    })
+}

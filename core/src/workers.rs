@@ -236,15 +236,27 @@ fn work(s: usize, engine: &Engine, shared: &Shared) {
             if ts.get() >= shared.failed_ts.load(Ordering::Relaxed) {
                 continue;
             }
+            // A panic is this job's error: the pool's waiters are told
+            // instead of waiting forever for a dead thread.
             let result = match job {
                 Job::Apply { chunk, ts, ops, origins } => {
-                    engine.apply_on_shard(s, ts, &ops, &origins).map_err(|error| WorkerError { chunk, ts, error })
+                    let what = || format!("shard worker {s} applying ts {ts}");
+                    crate::error::catch_panic(what, || {
+                        #[cfg(test)]
+                        tests::maybe_panic(ts);
+                        engine.apply_on_shard(s, ts, &ops, &origins)
+                    })
+                    .map_err(|error| WorkerError { chunk, ts, error })
                 }
                 Job::Commit { ts, remaining } => {
                     // AcqRel: the last worker to arrive sees the others' writes
                     // (they happened before their decrement) before committing.
                     if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        engine.commit(ts).map_err(|error| WorkerError { chunk: u64::MAX, ts, error })
+                        crate::error::catch_panic(
+                            || format!("shard worker {s} committing ts {ts}"),
+                            || engine.commit(ts),
+                        )
+                        .map_err(|error| WorkerError { chunk: u64::MAX, ts, error })
                     } else {
                         Ok(())
                     }
@@ -266,5 +278,62 @@ fn work(s: usize, engine: &Engine, shared: &Shared) {
         if *inflight == 0 {
             shared.drained.notify_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::schema::Value;
+
+    /// The ts whose apply panics (0: none).
+    static PANIC_AT: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn maybe_panic(ts: Ts) {
+        // Relaxed: a test flag, set before the job is submitted.
+        if PANIC_AT.load(Ordering::Relaxed) == ts.get() {
+            panic!("injected panic at ts {ts}");
+        }
+    }
+
+    #[test]
+    fn a_panicking_worker_stops_the_pool_with_an_error() {
+        let engine = Engine::in_memory(EngineConfig::default().with_shards(2)).unwrap();
+        let schema = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+        let t = engine.create_table("s.t", std::sync::Arc::new(schema), vec![0]).unwrap();
+        let pool = ShardPool::start(std::sync::Arc::clone(&engine)).unwrap();
+        let insert = |k: i64| Op::Insert { table: t.id, row: vec![Value::Int(k)] };
+        let first = engine.begin().unwrap();
+        pool.submit(first, vec![insert(1), insert(2)]).unwrap();
+        pool.commit(first).unwrap();
+        let second = engine.begin().unwrap();
+        PANIC_AT.store(second.get(), Ordering::Relaxed);
+        pool.submit(second, (10..20).map(insert).collect()).unwrap();
+        pool.commit(second).unwrap();
+        // drain returns (within a second) with the panic as the error.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(pool.drain().map_err(|e| (e.ts, e.error.to_string())));
+        });
+        let (ts, message) = rx.recv_timeout(Duration::from_secs(5)).expect("drain hung").unwrap_err();
+        PANIC_AT.store(0, Ordering::Relaxed);
+        assert_eq!(ts, second);
+        assert!(message.contains("panicked: injected panic"), "{message}");
+        // The transaction before it committed, the one that panicked did not.
+        let visible: usize = engine
+            .scan(&engine.snapshot(), "s.t", crate::ScanOptions::default())
+            .unwrap()
+            .collect_batches()
+            .unwrap()
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        assert_eq!(visible, 2);
     }
 }
