@@ -29,7 +29,7 @@ use crate::lake::{Lake, block_path, encode_parquet, file_path};
 use crate::mvcc::{Clock, MemoryTxnStore, Snapshot, SqliteTxnStore, TxnStore, lock};
 use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
 use crate::scan::{Scan, ScanOptions};
-use crate::schema::TableDef;
+use crate::schema::{TableDef, TypeChange};
 
 /// File ids of a writer with lease epoch `e` start at `e << 40` (see
 /// [`Engine::fence_file_ids`]): 2^40 files per epoch.
@@ -315,14 +315,41 @@ impl Engine {
         Ok(def)
     }
 
-    /// Changes the columns of `name` (columns added or removed in the
-    /// source). Stored files keep their columns; readers match columns by
-    /// name, so old rows read an added column as NULL. Key columns cannot
-    /// be removed. Each shard's open file is sealed, so new rows are
-    /// written to files of the new schema.
+    /// Changes the columns of `name` (columns added, removed or widened in
+    /// the source). Stored files keep their columns; readers match columns
+    /// by name, so old rows read an added column as NULL and a widened one
+    /// through an exact cast ([`TypeChange::Widen`]). Key columns cannot be
+    /// removed; a type change that is not a widening is refused. Each
+    /// shard's open file is sealed, so new rows are written to files of the
+    /// new schema.
     pub fn evolve_table(&self, name: &str, schema: SchemaRef) -> Result<Arc<TableDef>> {
+        self.change_table(name, schema, false)
+    }
+
+    /// [`Engine::evolve_table`] allowing any type change, for a table
+    /// whose live rows the open mirror transaction has deleted (a copy
+    /// from the source replaces them). Snapshots before it read the old
+    /// rows through a cast that fails, naming the column, where a value
+    /// does not convert.
+    pub fn reshape_table(&self, name: &str, schema: SchemaRef) -> Result<Arc<TableDef>> {
+        self.change_table(name, schema, true)
+    }
+
+    fn change_table(&self, name: &str, schema: SchemaRef, any_type: bool) -> Result<Arc<TableDef>> {
         let _order = lock(&self.sequencer_apply);
         let old = self.table(name)?;
+        for f in schema.fields() {
+            let Ok(i) = old.schema.index_of(f.name()) else { continue };
+            let from = old.schema.field(i).data_type();
+            let key = old.primary_key.contains(&i);
+            if from != f.data_type() && !any_type && TypeChange::of(from, f.data_type(), key) != TypeChange::Widen {
+                return Err(Error::Schema {
+                    table: name.into(),
+                    column: f.name().clone(),
+                    message: format!("type {from} cannot become {} in place", f.data_type()),
+                });
+            }
+        }
         if let Some(f) =
             schema.fields().iter().find(|f| old.schema.field_with_name(f.name()).is_err() && !f.is_nullable())
         {
@@ -526,10 +553,16 @@ impl Engine {
             return Err(Error::invariant(format!("row at {} offset {offset} of {} not found", loc.file, table.name)));
         };
         let user: Vec<usize> = (0..table.schema.fields().len()).collect();
-        let mut row = crate::schema::rows_from_batch(&crate::scan::project_by_name(table, &user, &batch)?)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::invariant("a one-row batch without a row"))?;
+        let mut row = crate::schema::rows_from_batch(&{
+            let (projected, unconverted) = crate::scan::project_by_name(table, &user, &batch)?;
+            if let Some(u) = unconverted {
+                u.check(table, &[u64::MAX])?;
+            }
+            projected
+        })?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::invariant("a one-row batch without a row"))?;
         row.pop(); // the hidden column
         Ok(Some(row))
     }

@@ -439,7 +439,7 @@ impl Scan {
     fn next_visible(&mut self) -> Result<Option<RecordBatch>> {
         while let Some(split) = self.splits.pop_front() {
             self.metrics.splits_read += 1;
-            let (batch, id, deletes, offset) = match split {
+            let ((batch, unconverted), id, deletes, offset) = match split {
                 Split::RowGroup { file, id, deletes, rg, info } => {
                     // (read_row_group returns read columns + hidden, by name.)
                     // Decoding everything and then filtering measured faster
@@ -458,7 +458,7 @@ impl Scan {
                 }
                 Split::Active { id, deletes, offset, batch } => (self.project_decoded(&batch)?, id, deletes, offset),
             };
-            if let Some(out) = self.filter(batch, id, deletes.as_ref(), offset)? {
+            if let Some(out) = self.filter(batch, unconverted, id, deletes.as_ref(), offset)? {
                 return Ok(Some(out));
             }
         }
@@ -466,8 +466,9 @@ impl Scan {
     }
 
     /// The read columns (+ hidden) of a stored batch, matched by name: a
-    /// batch written before a column was added reads it as NULL.
-    pub(crate) fn project_decoded(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+    /// batch written before a column was added reads it as NULL, one
+    /// written before a type change through a cast.
+    pub(crate) fn project_decoded(&self, batch: &RecordBatch) -> Result<(RecordBatch, Option<Unconverted>)> {
         project_by_name(&self.table, &self.read_columns, batch)
     }
 
@@ -482,7 +483,7 @@ impl Scan {
 
     /// One row group of a regular file: only the byte ranges of the read
     /// columns' chunks are fetched (the footer is cached in the file).
-    fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<RecordBatch> {
+    fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<(RecordBatch, Option<Unconverted>)> {
         let metadata = file.metadata(&self.lake)?;
         let mask = crate::lake::projection_by_name(metadata, &self.stored_columns());
         let batch = self.lake.read_row_groups(&file.path, metadata, vec![rg], mask, None)?;
@@ -494,6 +495,7 @@ impl Scan {
     fn filter(
         &mut self,
         batch: RecordBatch,
+        unconverted: Option<Unconverted>,
         file: FileId,
         deletes: &dyn DeletedRows,
         offset: usize,
@@ -511,6 +513,9 @@ impl Scan {
             }
             deletes.deleted_bitmap(file, offset, rows, qts, &mut self.scratch)?;
             kernel::and_not(&mut mask, &self.scratch);
+        }
+        if let Some(u) = unconverted {
+            u.check(&self.table, &mask)?;
         }
         self.finish(batch, mask)
     }
@@ -625,14 +630,30 @@ fn prune_with(table: &TableDef, metadata: &ArrowReaderMetadata, n: usize, p: &Pr
             }
             let meta = metadata.metadata();
             let field = table.schema.field(*column);
+            // Statistics in the file's own column type (it may predate a
+            // widening), then cast to the table's.
             let Ok(conv) =
-                StatisticsConverter::try_new(field.name(), &table.file_schema, meta.file_metadata().schema_descr())
+                StatisticsConverter::try_new(field.name(), metadata.schema(), meta.file_metadata().schema_descr())
             else {
                 return Ok(vec![true; n]);
             };
             let (Ok(mins), Ok(maxs)) =
                 (conv.row_group_mins(meta.row_groups()), conv.row_group_maxes(meta.row_groups()))
             else {
+                return Ok(vec![true; n]);
+            };
+            let to_table_type = |a: arrow::array::ArrayRef| -> Option<arrow::array::ArrayRef> {
+                if a.data_type() == field.data_type() {
+                    Some(a)
+                } else if *field.data_type() == arrow::datatypes::DataType::Utf8 {
+                    // Numbers as text do not keep their order: no pruning.
+                    None
+                } else {
+                    let options = arrow::compute::CastOptions { safe: false, ..Default::default() };
+                    arrow::compute::cast_with_options(&a, field.data_type(), &options).ok()
+                }
+            };
+            let (Some(mins), Some(maxs)) = (to_table_type(mins), to_table_type(maxs)) else {
                 return Ok(vec![true; n]);
             };
             let literal = Scalar::new(crate::buffer::value_array(table, *column, value)?);
@@ -651,16 +672,72 @@ fn prune_with(table: &TableDef, metadata: &ArrowReaderMetadata, n: usize, p: &Pr
     }
 }
 
+/// Stored values that do not convert to their column's current type
+/// (written before a type change that was not a widening; the rows then
+/// replaced): NULL in the projected batch, an error if any is visible.
+pub(crate) struct Unconverted {
+    column: String,
+    from: arrow::datatypes::DataType,
+    to: arrow::datatypes::DataType,
+    /// True where a value was lost.
+    rows: BooleanArray,
+}
+
+impl Unconverted {
+    /// The error if a row of `visible` (a mask over the batch) lost its value.
+    pub(crate) fn check(&self, table: &TableDef, visible: &[u64]) -> Result<()> {
+        let lost = self.rows.values().set_indices().find(|&i| visible[i / 64] >> (i % 64) & 1 == 1);
+        match lost {
+            None => Ok(()),
+            Some(_) => Err(Error::Schema {
+                table: table.name.clone(),
+                column: self.column.clone(),
+                message: format!(
+                    "a value stored as {} before the column's type changed does not convert to {}",
+                    self.from, self.to
+                ),
+            }),
+        }
+    }
+}
+
 /// `columns` of `table` (by index in its current schema) plus the hidden
-/// column, taken from `batch` by name; columns the batch lacks are NULL.
-pub(crate) fn project_by_name(table: &TableDef, columns: &[usize], batch: &RecordBatch) -> Result<RecordBatch> {
+/// column, taken from `batch` by name; columns the batch lacks are NULL,
+/// columns stored in another type are cast (exactly after a widening; a
+/// value that does not convert is reported in the second result).
+pub(crate) fn project_by_name(
+    table: &TableDef,
+    columns: &[usize],
+    batch: &RecordBatch,
+) -> Result<(RecordBatch, Option<Unconverted>)> {
     let stored = batch.schema();
     let mut fields = Vec::with_capacity(columns.len() + 1);
     let mut arrays = Vec::with_capacity(columns.len() + 1);
+    let mut unconverted: Option<Unconverted> = None;
     for &c in columns {
         let field = table.file_schema.field(c);
         match stored.index_of(field.name()) {
-            Ok(i) => arrays.push(Arc::clone(batch.column(i))),
+            Ok(i) if batch.column(i).data_type() == field.data_type() => arrays.push(Arc::clone(batch.column(i))),
+            Ok(i) => {
+                let column = batch.column(i);
+                let cast = arrow::compute::cast(column, field.data_type())?;
+                if cast.null_count() > column.null_count() {
+                    // Non-null before, null after: lost in the cast.
+                    let lost =
+                        arrow::compute::and_not(&arrow::compute::is_null(&cast)?, &arrow::compute::is_null(column)?)?;
+                    let rows = match unconverted.take() {
+                        Some(u) => arrow::compute::or(&u.rows, &lost)?,
+                        None => lost,
+                    };
+                    unconverted = Some(Unconverted {
+                        column: field.name().clone(),
+                        from: column.data_type().clone(),
+                        to: field.data_type().clone(),
+                        rows,
+                    });
+                }
+                arrays.push(cast);
+            }
             Err(_) => arrays.push(arrow::array::new_null_array(field.data_type(), batch.num_rows())),
         }
         fields.push(field.clone());
@@ -668,5 +745,5 @@ pub(crate) fn project_by_name(table: &TableDef, columns: &[usize], batch: &Recor
     let hidden = stored.index_of(CREATE_TS_COLUMN)?;
     fields.push(stored.field(hidden).clone());
     arrays.push(Arc::clone(batch.column(hidden)));
-    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+    Ok((RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?, unconverted))
 }

@@ -184,6 +184,71 @@ pub fn is_supported(t: &DataType) -> bool {
     )
 }
 
+/// What a column whose stored type is `current` needs when its source
+/// declares `declared` instead (after `ALTER COLUMN … TYPE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TypeChange {
+    /// The same type.
+    None,
+    /// The column is widened in place: every stored value converts exactly
+    /// into `declared` (Iceberg's promotions — int → bigint, float → double,
+    /// a decimal's precision raised — plus date → timestamp and
+    /// integer/decimal → text); files written before are read through that
+    /// cast.
+    Widen,
+    /// Stored values cannot all be converted exactly (bigint → int,
+    /// text → int, …): the table's rows must be copied again from the
+    /// source in the new type.
+    Recopy,
+}
+
+impl TypeChange {
+    /// Classifies a change of a column from `current` to `declared`;
+    /// `key`: the column is in the primary key, whose encoded values must
+    /// not change (date → timestamp or a decimal's scale would).
+    pub fn of(current: &DataType, declared: &DataType, key: bool) -> TypeChange {
+        if current == declared {
+            TypeChange::None
+        } else if exact_into(current, declared, !key) {
+            TypeChange::Widen
+        } else {
+            TypeChange::Recopy
+        }
+    }
+}
+
+/// Whether every value of `from` converts exactly into `to` with Arrow's
+/// cast (and reads as PostgreSQL would show it after the same `ALTER`).
+/// `rescale`: changes of a value's encoding (a decimal's scale, days →
+/// microseconds) are allowed.
+fn exact_into(from: &DataType, to: &DataType, rescale: bool) -> bool {
+    use DataType::*;
+    fn int_width(t: &DataType) -> Option<u8> {
+        match t {
+            Int8 => Some(1),
+            Int16 => Some(2),
+            Int32 => Some(4),
+            Int64 => Some(8),
+            _ => None,
+        }
+    }
+    match (from, to) {
+        (a, b) if a == b => true,
+        (a, b) if int_width(a).is_some() && int_width(b).is_some() => int_width(a) <= int_width(b),
+        (Float32, Float64) => true,
+        (Decimal128(p1, s1), Decimal128(p2, s2)) => {
+            // Integer digits kept, fraction digits kept; another scale
+            // changes the unscaled values.
+            (s1 == s2 || rescale) && s2 >= s1 && i16::from(*p2) - i16::from(*s2) >= i16::from(*p1) - i16::from(*s1)
+        }
+        (Date32, Timestamp(TimeUnit::Microsecond, None)) => rescale,
+        // Integers and decimals print as PostgreSQL prints them; other
+        // types' text (timestamps, floats) differs.
+        (Int8 | Int16 | Int32 | Int64 | Decimal128(_, _), Utf8) => rescale,
+        _ => false,
+    }
+}
+
 /// Whether `v` can be stored in a column of type `t`.
 pub fn accepts(t: &DataType, v: &Value) -> std::result::Result<(), String> {
     fn int_range(i: i64, lo: i64, hi: i64) -> std::result::Result<(), String> {
@@ -250,4 +315,43 @@ pub fn rows_from_batch(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<R
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_changes_widen_only_where_every_value_converts_exactly() {
+        use DataType::*;
+        let ts = Timestamp(TimeUnit::Microsecond, None);
+        let tz = Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let cases = [
+            (Int32, Int32, false, TypeChange::None),
+            (Int32, Int64, true, TypeChange::Widen),
+            (Int16, Int32, true, TypeChange::Widen),
+            (Int64, Int32, false, TypeChange::Recopy),
+            (Float32, Float64, false, TypeChange::Widen),
+            (Float64, Float32, false, TypeChange::Recopy),
+            (Decimal128(10, 2), Decimal128(14, 2), true, TypeChange::Widen),
+            (Decimal128(10, 2), Decimal128(14, 4), false, TypeChange::Widen),
+            // A key's encoded values would change with the scale.
+            (Decimal128(10, 2), Decimal128(14, 4), true, TypeChange::Recopy),
+            // Fewer integer digits.
+            (Decimal128(10, 2), Decimal128(10, 4), false, TypeChange::Recopy),
+            (Decimal128(14, 2), Decimal128(10, 2), false, TypeChange::Recopy),
+            (Date32, ts.clone(), false, TypeChange::Widen),
+            (Date32, ts.clone(), true, TypeChange::Recopy),
+            (Date32, tz, false, TypeChange::Recopy),
+            (ts, Date32, false, TypeChange::Recopy),
+            (Int32, Utf8, false, TypeChange::Widen),
+            (Decimal128(10, 2), Utf8, false, TypeChange::Widen),
+            (Float64, Utf8, false, TypeChange::Recopy),
+            (Utf8, Int32, false, TypeChange::Recopy),
+            (Boolean, Int32, false, TypeChange::Recopy),
+        ];
+        for (from, to, key, expected) in cases {
+            assert_eq!(TypeChange::of(&from, &to, key), expected, "{from} -> {to} (key: {key})");
+        }
+    }
 }

@@ -55,7 +55,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::Ts;
 use crate::replay::Op;
-use crate::schema::{Row, TableDef, Value, render_key};
+use crate::schema::{Row, TableDef, TypeChange, Value, render_key};
 use crate::workers::{ShardPool, WorkerError};
 use std::hash::Hasher;
 use twox_hash::XxHash64;
@@ -274,6 +274,10 @@ pub struct Sink {
     engine: Arc<Engine>,
     pool: ShardPool,
     chunks: VecDeque<Chunk>,
+    /// Commits handed to the shards since the last drain, with their
+    /// transaction's first line: a commit failing there sets the resume
+    /// point as a failed chunk does.
+    commits: VecDeque<(Ts, SourcePosition)>,
     /// The transaction a shard failed on, and its first input line.
     failed_at: Option<(Ts, SourcePosition)>,
     last_flush: Instant,
@@ -311,6 +315,7 @@ impl Sink {
         let mut sink = Sink {
             pool: ShardPool::start(Arc::clone(&engine))?,
             chunks: VecDeque::new(),
+            commits: VecDeque::new(),
             failed_at: None,
             last_flush: Instant::now(),
             engine,
@@ -376,6 +381,7 @@ impl Sink {
                 let txid = r.txid.clone().unwrap_or_default();
                 self.table(&r, position, &txid)?;
             }
+            ChangeRecord::Replace(r) => self.replace_table(&r, position)?,
             ChangeRecord::Begin { txid, commit_us } => {
                 self.seen_begin = true;
                 if let Some(open) = self.open.take() {
@@ -769,6 +775,7 @@ impl Sink {
         match self.pool.drain() {
             Ok(()) => {
                 self.chunks.clear();
+                self.commits.clear();
                 Ok(())
             }
             Err(e) => Err(self.worker_error(e)),
@@ -776,7 +783,18 @@ impl Sink {
     }
 
     fn worker_error(&mut self, e: WorkerError) -> Error {
-        let Some(c) = self.chunks.iter().find(|c| c.chunk == e.chunk) else { return e.error };
+        let Some(c) = self.chunks.iter().find(|c| c.chunk == e.chunk) else {
+            // A commit failed (or a job of a transaction whose chunks were
+            // drained): nothing from its ts on became visible, so the next
+            // checkpoint resumes at its first line — or, not knowing it, at
+            // the last checkpoint's position (re-read transactions are
+            // recognised as applied).
+            let first = self.commits.iter().find(|(ts, _)| *ts == e.ts).map(|(_, first)| *first);
+            let first = first.or(self.checkpointed_at).unwrap_or_default();
+            self.failed_at = Some(self.failed_at.map_or((e.ts, first), |(ts, at)| (ts.min(e.ts), at.min(first))));
+            self.history.retain(|h| h.ts < e.ts);
+            return e.error;
+        };
         // Nothing from this transaction on is committed: a checkpoint taken
         // now must resume at its first line and leave out later history.
         self.failed_at = Some((c.ts, c.first));
@@ -809,6 +827,7 @@ impl Sink {
             // ts (for a table it named): end it, with nothing in it.
             if let Some(ts) = open.ts {
                 self.pool.commit(ts)?;
+                self.commits.push_back((ts, open.first));
             }
             self.stats.skipped += 1;
             return Ok(());
@@ -820,6 +839,7 @@ impl Sink {
                 self.engine.note_source_commit(ts, us);
             }
             self.pool.commit(ts)?;
+            self.commits.push_back((ts, open.first));
             // Group commit: hand work to the shards in groups, not per transaction.
             if self.pool.pending_jobs() >= GROUP_JOBS || self.last_flush.elapsed() >= GROUP_LATENCY {
                 self.pool.flush();
@@ -984,6 +1004,68 @@ impl Sink {
         Ok(&self.tables[&r.table])
     }
 
+    /// [`ChangeRecord::Replace`]: in the open transaction, deletes every
+    /// live row of the table and gives it the declared columns.
+    fn replace_table(&mut self, r: &RowChange, position: SourcePosition) -> Result<()> {
+        let txid = r.txid.clone().unwrap_or_default();
+        let err = |m: String| input_error(position, Some(&r.table), Some(&txid), m);
+        let open = self.open.as_ref().filter(|o| o.kind == TxnKind::Metadata && o.txid == txid);
+        let Some(open) = open else {
+            return Err(err("a table's rows can be replaced only inside its transaction".into()));
+        };
+        if open.rows_per_table.contains_key(&r.table) || open.segments.is_some() {
+            return Err(err("a table's rows are replaced before any row of it in the transaction".into()));
+        }
+        if !self.tables.contains_key(&r.table) {
+            self.table(r, position, &txid)?;
+            return Ok(());
+        }
+        let declared = r.declared.as_ref().ok_or_else(|| err("a replaced table needs its declared columns".into()))?;
+        // Every live row as of the last committed transaction goes.
+        self.apply_chunk()?;
+        self.drain()?;
+        let def = Arc::clone(&self.tables[&r.table].def);
+        let keys = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
+        let batches = self.engine.scan(&self.engine.snapshot(), &r.table, keys)?.collect_batches()?;
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        let mut deleted = 0u64;
+        for batch in &batches {
+            let key_columns = batch.project(&(0..def.primary_key.len()).collect::<Vec<_>>())?;
+            for key in crate::schema::rows_from_batch(&key_columns)? {
+                open.ops.push(Op::Delete { table: def.id, key });
+                open.op_positions.push(position);
+                deleted += 1;
+            }
+        }
+        self.apply_chunk()?;
+        self.drain()?;
+        let key = r
+            .key_names
+            .clone()
+            .unwrap_or_else(|| def.primary_key.iter().map(|&i| def.schema.field(i).name().clone()).collect());
+        let fields: Vec<Field> = declared
+            .iter()
+            .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable || !key.contains(&c.name)))
+            .collect();
+        let changed: Vec<String> = fields
+            .iter()
+            .filter(|f| def.schema.field_with_name(f.name()).is_ok_and(|o| o.data_type() != f.data_type()))
+            .map(|f| format!("{} {}", f.name(), f.data_type()))
+            .collect();
+        let new = self
+            .engine
+            .reshape_table(&r.table, Arc::new(Schema::new(fields)))
+            .map_err(|e| err(format!("replacing the table's rows: {e}")))?;
+        let ts = self.open.as_ref().and_then(|o| o.ts).unwrap_or_else(|| self.engine.clock().hwm());
+        self.operations.push(CatalogOperation {
+            description: format!("replace rows of {} (copied again from the source)", r.table),
+            actions: serde_json::json!([{ "replace_table": r.table, "deleted": deleted, "retyped": changed }]),
+            ts,
+        });
+        self.tables.insert(r.table.clone(), SinkTable::new(new));
+        Ok(())
+    }
+
     /// Creates table `name` in mirror transaction `ts` (`None`: see
     /// [`Self::table_ts`]) and records the catalog operation.
     fn create_table(
@@ -1025,8 +1107,37 @@ impl Sink {
         Ok(())
     }
 
-    /// Columns added to or gone from the source table show in the after
-    /// image: evolve the table's schema to match.
+    /// Columns the source declares in a type the table cannot hold
+    /// (`ALTER COLUMN … TYPE`), with what each needs. A `--schema-file`
+    /// table keeps the types its file declares.
+    fn retyped_columns(&self, r: &RowChange) -> Vec<(String, DataType, TypeChange)> {
+        let (Some(declared), Some(t)) = (r.declared.as_ref(), self.tables.get(&r.table)) else { return Vec::new() };
+        if self.ddl.contains_key(&r.table) {
+            return Vec::new();
+        }
+        let fields = t.def.schema.fields();
+        declared
+            .iter()
+            .enumerate()
+            .filter_map(|(hint, c)| {
+                let i = t.column(hint, &c.name)?;
+                let current = fields[i].data_type();
+                if *current == c.data_type {
+                    return None;
+                }
+                match TypeChange::of(current, &c.data_type, t.def.primary_key.contains(&i)) {
+                    TypeChange::None => None,
+                    change => Some((c.name.clone(), c.data_type.clone(), change)),
+                }
+            })
+            .collect()
+    }
+
+    /// Columns added to, gone from or widened in the source table show in
+    /// the after image and the declared columns: evolve the table's schema
+    /// to match. A type change that cannot be made in place is an error
+    /// naming the column (a PostgreSQL input copies such a table again
+    /// instead, see [`ChangeRecord::Replace`]).
     fn evolve_if_needed(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<()> {
         let Some(after) = r.after.as_ref().filter(|_| r.op != RowOp::Delete) else { return Ok(()) };
         let t = &self.tables[&r.table];
@@ -1040,8 +1151,24 @@ impl Sink {
             .map(|f| f.name().clone())
             .filter(|n| !after.iter().any(|(a, _)| a == n))
             .collect();
-        if added.is_empty() && gone.is_empty() {
+        let retyped = self.retyped_columns(r);
+        if added.is_empty() && gone.is_empty() && retyped.is_empty() {
             return Ok(());
+        }
+        if let Some((name, to, _)) = retyped.iter().find(|(_, _, c)| *c == TypeChange::Recopy) {
+            let from = t.def.schema.field_with_name(name).map(|f| f.data_type().to_string()).unwrap_or_default();
+            return Err(input_error(
+                position,
+                Some(&r.table),
+                Some(txid),
+                format!(
+                    "column {name} changed type from {from} to {to}, which the rows already replicated cannot be \
+                     converted to exactly (fovea widens types in place: integer to a wider integer, float to double, \
+                     a decimal's precision, date to timestamp, integer or decimal to text). Help: a PostgreSQL input \
+                     copies such a table again by itself; for this input, replicate the table into a new lake from a \
+                     fresh snapshot"
+                ),
+            ));
         }
         // Operations built with the old schema go in first (a snapshot
         // run's waiting ones too).
@@ -1049,8 +1176,17 @@ impl Sink {
         self.apply_chunk()?;
         self.drain()?;
         let t = &self.tables[&r.table];
-        let mut fields: Vec<Field> =
-            t.def.schema.fields().iter().filter(|f| !gone.contains(f.name())).map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = t
+            .def
+            .schema
+            .fields()
+            .iter()
+            .filter(|f| !gone.contains(f.name()))
+            .map(|f| match retyped.iter().find(|(n, _, _)| n == f.name()) {
+                Some((_, to, _)) => f.as_ref().clone().with_data_type(to.clone()),
+                None => f.as_ref().clone(),
+            })
+            .collect();
         for (name, v) in &added {
             let declared =
                 r.declared.as_ref().and_then(|d| d.iter().find(|c| &c.name == name)).map(|c| c.data_type.clone());
@@ -1063,7 +1199,12 @@ impl Sink {
             .map_err(|e| input_error(position, Some(&r.table), Some(txid), format!("schema change: {e}")))?;
         self.operations.push(CatalogOperation {
             description: format!("evolve schema of {}", r.table),
-            actions: serde_json::json!([{ "evolve_schema": r.table, "added": added.iter().map(|(n, _)| n).collect::<Vec<_>>(), "removed": gone }]),
+            actions: serde_json::json!([{
+                "evolve_schema": r.table,
+                "added": added.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                "removed": gone,
+                "widened": retyped.iter().map(|(n, t, _)| serde_json::json!({ "column": n, "type": t.to_string() })).collect::<Vec<_>>(),
+            }]),
             ts: self.engine.clock().hwm(),
         });
         self.tables.insert(r.table.clone(), SinkTable::new(def));

@@ -202,7 +202,12 @@ impl Scan {
 
     /// In-memory rows as inline IPC: the read columns and the hidden one.
     fn rows_data(&self, batch: &RecordBatch) -> Result<SplitData> {
-        let batch = self.project_decoded(batch)?;
+        // Rows stored in another type travel as stored: the worker's
+        // projection casts them and knows which are visible.
+        let batch = match self.project_decoded(batch)? {
+            (projected, None) => projected,
+            (_, Some(_)) => batch.clone(),
+        };
         let mut ipc = Vec::new();
         let mut w = arrow_ipc::writer::StreamWriter::try_new(&mut ipc, &batch.schema())?;
         w.write(&batch)?;

@@ -132,6 +132,12 @@ pub enum ChangeRecord {
     /// key in `key_names`): the table is created if it is new, so an empty
     /// source table exists in the mirror too.
     Table(Box<RowChange>),
+    /// A table's rows are replaced by the rows that follow in the same
+    /// transaction (a copy from the source): every live row is deleted, and
+    /// its columns become those in `declared` whatever their types were
+    /// (a type change that cannot be made in place). Creates the table if
+    /// it is new, like [`ChangeRecord::Table`].
+    Replace(Box<RowChange>),
     /// A Kafka tombstone (`value: null`) or other record with nothing to apply.
     Skip,
 }

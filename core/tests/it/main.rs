@@ -8,4 +8,5 @@ mod ordering;
 mod parquet_roundtrip;
 mod range_reads;
 mod readers;
+mod schema_change;
 mod sink;

@@ -32,7 +32,7 @@ use fovea_core::cdc::pgoutput::{
 use fovea_core::cdc::source::{ChangeSource, Lag, Polled};
 use fovea_core::cdc::types::format_value;
 use fovea_core::cdc::{ChangeRecord, DeclaredColumn, RowChange, RowOp, SourcePosition};
-use fovea_core::schema::rows_from_batch;
+use fovea_core::schema::{TypeChange, rows_from_batch};
 use fovea_core::sink::Sink;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
@@ -381,8 +381,10 @@ impl PgSource {
                 key_names: Some(key.clone()),
                 in_transaction_block: true,
             };
-            // An empty table exists in the mirror too.
-            sink.push(ChangeRecord::Table(Box::new(row_change(None))), position, position)?;
+            // An empty table exists in the mirror too; a table the mirror
+            // has (copied again after a type change, or back in the
+            // publication) gets exactly the copied rows, in the copied types.
+            sink.push(ChangeRecord::Replace(Box::new(row_change(None))), position, position)?;
             let source_columns = if keyless { &declared[..declared.len() - 1] } else { &declared[..] };
             // Plain columns through the simple query protocol: PostgreSQL's
             // own text output (a cast to text would trim char(n) padding).
@@ -532,11 +534,20 @@ impl PgSource {
         if txn.end_lsn <= self.applied {
             return Ok(());
         }
-        let new_tables: BTreeSet<String> =
+        let mut copy: BTreeSet<String> =
             txn.rows.iter().map(|r| r.table.clone()).filter(|t| !self.state.copied.contains(t)).collect();
-        if !new_tables.is_empty() {
+        // A column whose new type the rows replicated so far cannot be
+        // converted to exactly (`ALTER COLUMN … TYPE`): the table is copied
+        // again, in the new type, instead of stopping the replica.
+        for r in &txn.rows {
+            if !copy.contains(&r.table) && needs_copy_again(engine, r) {
+                tracing::warn!(table = %r.table, "a column's type changed in a way that cannot be applied in place: copying the table again");
+                copy.insert(r.table.clone());
+            }
+        }
+        if !copy.is_empty() {
             // Committed before the copy's snapshot: the copy holds it.
-            let tables: Vec<String> = new_tables.into_iter().collect();
+            let tables: Vec<String> = copy.into_iter().collect();
             self.copy_tables(&tables, sink)?;
         }
         let end = txn.end_lsn;
@@ -645,6 +656,19 @@ impl PgSource {
         txn.rows = out;
         Ok(txn)
     }
+}
+
+/// Whether a row declares a column type its mirror table cannot hold nor
+/// be widened to in place ([`TypeChange::Recopy`]).
+fn needs_copy_again(engine: &Engine, r: &RowChange) -> bool {
+    let (Some(declared), Ok(def)) = (r.declared.as_ref(), engine.table(&r.table)) else { return false };
+    declared.iter().any(|c| {
+        def.schema.index_of(&c.name).is_ok_and(|i| {
+            let current = def.schema.field(i).data_type();
+            current != &c.data_type
+                && TypeChange::of(current, &c.data_type, def.primary_key.contains(&i)) == TypeChange::Recopy
+        })
+    })
 }
 
 /// `"name"` with inner quotes doubled.
