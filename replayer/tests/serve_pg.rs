@@ -186,3 +186,76 @@ fn a_missing_slot_or_publication_is_a_clear_error() {
     let err = serve_fails(&lake, &format!("{}?slot=s&publication=p", pg.url("bench")));
     assert!(err.contains("replication slot s does not exist") && err.contains("create_slot=true"), "{err}");
 }
+
+/// `ALTER COLUMN … TYPE` in PostgreSQL while fovea follows: widenings
+/// change the table in place (a value above 2^31 right after int → bigint,
+/// real → double, numeric(10,2) → numeric(14,2), varchar(10) → text,
+/// date → timestamp); bigint → int and text → int copy the table again in
+/// the new type; a SIGKILL and restart after it all; the tables equal
+/// PostgreSQL's at every step and their Arrow types follow the source.
+#[test]
+fn column_type_changes_never_stop_the_replica() {
+    let pg = PgCluster::start();
+    pg.psql(
+        "bench",
+        "CREATE TABLE t (id int PRIMARY KEY, delta int, price real, amount numeric(10,2), name varchar(10), \
+                         day date, small bigint, code text, other int);
+         INSERT INTO t SELECT g, g * 10, g / 4.0, g * 1.25, 'n' || g, DATE '2026-01-01' + g, g, g::text, g
+           FROM generate_series(1, 50) g;
+         CREATE TABLE u (k int PRIMARY KEY, v text);
+         INSERT INTO u SELECT g, 'v' || g FROM generate_series(1, 20) g;
+         CREATE PUBLICATION fovea_pub FOR ALL TABLES",
+    );
+    let tables = [("public.t", "id"), ("public.u", "k")];
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
+    let args = ["--checkpoint-secs", "0.5"];
+    let server = Server::start(&lake, &input, &args);
+    eventually(Duration::from_secs(60), "the initial copy", || compare_all(&pg, &server, &tables).ok());
+    let types = |server: &Server, columns: &str| {
+        server.sql(&format!("SELECT {columns} FROM public.t WHERE id = 1")).unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(types(&server, "arrow_typeof(delta), arrow_typeof(day)"), "Int32,Date32\n");
+
+    // Widenings, each followed by values only the new type holds.
+    pg.psql(
+        "bench",
+        "ALTER TABLE t ALTER COLUMN delta TYPE bigint;
+         UPDATE t SET delta = 5000000000 WHERE id = 1;
+         INSERT INTO t (id, delta, code, other) VALUES (100, -6000000000, '100', 100);
+         ALTER TABLE t ALTER COLUMN price TYPE double precision, ALTER COLUMN amount TYPE numeric(14,2),
+                       ALTER COLUMN name TYPE text, ALTER COLUMN day TYPE timestamp;
+         UPDATE t SET price = 0.1, amount = 123456789012.34, name = repeat('x', 30), day = day + interval '90 minutes'
+           WHERE id = 2;
+         BEGIN; UPDATE u SET v = v || '!' WHERE k = 1; UPDATE t SET other = -1 WHERE id = 3; COMMIT;",
+    );
+    eventually(Duration::from_secs(60), "the widened columns", || compare_all(&pg, &server, &tables).ok());
+    assert_eq!(
+        types(&server, "arrow_typeof(delta), arrow_typeof(price), arrow_typeof(amount), arrow_typeof(day)"),
+        "Int64,Float64,\"Decimal128(14, 2)\",Timestamp(µs)\n"
+    );
+
+    // Changes the stored rows cannot follow in place: the table is copied
+    // again (in one transaction with the change that revealed it).
+    pg.psql(
+        "bench",
+        "ALTER TABLE t ALTER COLUMN small TYPE int, ALTER COLUMN code TYPE int USING code::int;
+         BEGIN; UPDATE t SET code = code + 1000 WHERE id < 5; UPDATE u SET v = 'both' WHERE k = 2; COMMIT;
+         DELETE FROM t WHERE id = 50;",
+    );
+    eventually(Duration::from_secs(60), "the copied table", || compare_all(&pg, &server, &tables).ok());
+    assert_eq!(types(&server, "arrow_typeof(small), arrow_typeof(code)"), "Int32,Int32\n");
+    assert!(server.log().contains("copying the table again"), "{}", server.log());
+
+    // A SIGKILL, changes while down, a restart: the same tables.
+    server.kill();
+    pg.psql(
+        "bench",
+        "UPDATE t SET delta = delta * 2, code = code + 1 WHERE id % 3 = 0; INSERT INTO u VALUES (99, 'late')",
+    );
+    let server = Server::start(&lake, &input, &args);
+    eventually(Duration::from_secs(60), "after the restart", || compare_all(&pg, &server, &tables).ok());
+    compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    assert_eq!(types(&server, "arrow_typeof(delta), arrow_typeof(code)"), "Int64,Int32\n");
+}
