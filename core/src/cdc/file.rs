@@ -214,8 +214,12 @@ fn read_loop(mut source: LineSource, to: Vec<SyncSender<LineBatch>>, follow: boo
 
 fn decode_loop(from: Receiver<LineBatch>, format: InputFormat, to: SyncSender<DecodedBatch>) {
     for batch in from {
+        // A decoder panic is that line's error, not a dead thread.
+        let decode = |pos: SourcePosition, line: &str| {
+            crate::error::catch_panic(|| format!("decoding input line {}", pos.line), || decode_line(line, pos, format))
+        };
         let mut records: Vec<_> =
-            batch.lines.iter().map(|(pos, next, line)| (*pos, *next, decode_line(line, *pos, format))).collect();
+            batch.lines.iter().map(|(pos, next, line)| (*pos, *next, decode(*pos, line))).collect();
         // Nothing after a decoding error is applied: the sink stops there.
         if let Some(i) = records.iter().position(|r| r.2.is_err()) {
             records.truncate(i + 1);

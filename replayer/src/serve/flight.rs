@@ -52,6 +52,10 @@ const MAX_REQUEST_BYTES: usize = 1 << 20;
 const MAX_ROW_GROUPS: usize = 4096;
 /// A planned query whose ticket is not fetched within this is dropped.
 const UNCLAIMED_QUERY: Duration = Duration::from_secs(600);
+/// Planned queries not fetched yet a server holds at most (each holds a
+/// snapshot, so LWM and storage GC wait for it): more are refused until
+/// some are fetched or expire.
+const MAX_PLANNED_QUERIES: usize = 1024;
 
 /// Security options.
 #[derive(Clone, Debug, Default)]
@@ -100,7 +104,13 @@ impl QueryRegistry {
         params: Vec<fovea_sql::datafusion::common::ScalarValue>,
         frame: fovea_sql::DataFrame,
         snapshot: Snapshot,
-    ) -> u64 {
+    ) -> Result<u64, Status> {
+        let mut queries = self.lock();
+        if queries.len() >= MAX_PLANNED_QUERIES {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_PLANNED_QUERIES} planned queries are waiting to be fetched; fetch or let some expire ({UNCLAIMED_QUERY:?}) first"
+            )));
+        }
         // Relaxed: a unique counter, nothing is published through it.
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let query = PlannedQuery {
@@ -110,8 +120,8 @@ impl QueryRegistry {
             held: HeldSnapshot::Live(snapshot),
             planned: Instant::now(),
         };
-        self.lock().insert(id, query);
-        id
+        queries.insert(id, query);
+        Ok(id)
     }
 
     fn take(&self, id: u64) -> Option<PlannedQuery> {
@@ -423,7 +433,7 @@ impl FlightSqlService for FoveaFlight {
         let ctx = fovea_sql::session(&self.engine, &snapshot).map_err(status)?;
         let plan = ctx.sql(&query.query).await.map_err(status)?;
         let schema = plan.schema().as_arrow().clone();
-        let id = self.queries.insert(query.query.clone(), Vec::new(), plan, snapshot);
+        let id = self.queries.insert(query.query.clone(), Vec::new(), plan, snapshot)?;
         planned_info(id, &schema, request.into_inner())
     }
 
@@ -620,7 +630,7 @@ impl FlightSqlService for FoveaFlight {
             frame = frame.with_param_values(bound.clone()).map_err(status)?;
         }
         let schema = frame.schema().as_arrow().clone();
-        let query_id = self.queries.insert(sql, bound, frame, snapshot);
+        let query_id = self.queries.insert(sql, bound, frame, snapshot)?;
         planned_info(query_id, &schema, request.into_inner())
     }
 

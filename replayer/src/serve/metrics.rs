@@ -215,22 +215,44 @@ pub async fn serve_metrics(
     engine: Arc<Engine>,
     started: std::time::Instant,
 ) {
+    // At most this many scrapes at once; each has this long to send its
+    // request and take the answer (a slow or idle client cannot hold one).
+    const CONNECTIONS: usize = 32;
+    const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of
+                // spinning on the error.
+                tracing::warn!("metrics endpoint: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                continue;
+            }
+        };
         let metrics = Arc::clone(&metrics);
         let engine = Arc::clone(&engine);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
-            // Read the request head (bounded); the body, if any, is ignored.
-            while n < buf.len() {
-                match stream.read(&mut buf[n..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => n += k,
+            // Read the request head (bounded in size and time); the body,
+            // if any, is ignored.
+            let read_head = async {
+                while n < buf.len() {
+                    match stream.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k,
+                    }
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
                 }
-                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
+            };
+            if tokio::time::timeout(IO_TIMEOUT, read_head).await.is_err() {
+                return;
             }
             let head = String::from_utf8_lossy(&buf[..n]);
             let path = head.split_whitespace().nth(1).unwrap_or("");
@@ -243,7 +265,7 @@ pub async fn serve_metrics(
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(response.as_bytes())).await;
         });
     }
 }
