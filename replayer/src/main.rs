@@ -9,6 +9,7 @@ mod lakes;
 mod query;
 mod replay;
 mod serve;
+mod tls;
 mod workload;
 
 use std::path::PathBuf;
@@ -143,9 +144,14 @@ enum Command {
         /// Fail instead of creating a missing DynamoDB state table.
         #[arg(long)]
         no_create: bool,
-        /// A `fovea serve` Flight SQL address, e.g. grpc://127.0.0.1:50051.
+        /// A `fovea serve` Flight SQL address, e.g. grpc://127.0.0.1:50051,
+        /// or grpc+tls://HOST:PORT for a server with --tls-cert.
         #[arg(long)]
         connect: Option<String>,
+        /// PEM root certificate(s) to trust for grpc+tls:// (default: the
+        /// system's roots).
+        #[arg(long, requires = "connect")]
+        tls_ca: Option<std::path::PathBuf>,
         /// Bearer token for --connect.
         #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -329,6 +335,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FOVEA_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
+    tls::install_crypto_provider();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { lake, seconds, rate } => demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false }),
@@ -372,13 +379,13 @@ fn main() -> ExitCode {
                 })
             }
         }
-        Command::Sql { lake, state, no_create, connect, token, as_of, format, sql } => {
+        Command::Sql { lake, state, no_create, connect, tls_ca, token, as_of, format, sql } => {
             let lake = lake.map(|lake| lakes::LakeArgs { lake, state, no_create });
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             match (lake, connect, sql) {
                 (_, Some(url), Some(sql)) if as_of.is_none() => {
-                    query::remote(&url, token.as_deref(), format, &sql, &mut out)
+                    query::remote(&url, tls_ca.as_deref(), token.as_deref(), format, &sql, &mut out)
                         .and_then(|()| Ok(std::io::Write::flush(&mut out)?))
                 }
                 (_, Some(_), Some(_)) => Err("--as-of is not available with --connect".into()),

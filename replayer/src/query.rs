@@ -74,10 +74,18 @@ fn run_one(
 }
 
 /// Runs one SQL statement on a running `fovea serve` over Flight SQL.
-pub fn remote(url: &str, token: Option<&str>, format: OutputFormat, text: &str, out: &mut dyn Write) -> CliResult<()> {
+pub fn remote(
+    url: &str,
+    tls_ca: Option<&Path>,
+    token: Option<&str>,
+    format: OutputFormat,
+    text: &str,
+    out: &mut dyn Write,
+) -> CliResult<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let batches =
-        runtime.block_on(crate::serve::flight::remote_query(url, token, text)).map_err(|e| format!("{url}: {e}"))?;
+    let batches = runtime
+        .block_on(crate::serve::flight::remote_query(url, tls_ca, token, text))
+        .map_err(|e| format!("{url}: {}", crate::replay::error_chain(e.as_ref())))?;
     write_batches(&batches, format, out)
 }
 

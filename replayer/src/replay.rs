@@ -16,6 +16,21 @@ use fovea_core::{EngineConfig, ScanOptions};
 /// Boxed error of the command line.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// An error with its sources, outermost first ("transport error: …:
+/// invalid peer certificate: UnknownIssuer").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Options of `fovea replay`.
 pub struct ReplayArgs {
     /// The lake.

@@ -293,18 +293,36 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--token"), "{}", String::from_utf8_lossy(&out.stderr));
+    // A token without TLS off loopback too: it would travel in the clear.
+    let out = common::fovea()
+        .args(["serve", "--lake"])
+        .arg(&lake)
+        .args(["--input", &spec, "--listen", &format!("0.0.0.0:{}", common::free_port())])
+        .env("FOVEA_TOKEN", "s3cret")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-cert"), "{}", String::from_utf8_lossy(&out.stderr));
 
+    // TLS with a certificate of a test CA.
+    let certs = common::TestCerts::new();
     let port = common::free_port();
     let mut cmd = common::fovea();
     let stderr = dir.path().join("serve.log");
     cmd.args(["serve", "--lake"])
         .arg(&lake)
         .args(["--input", &spec, "--listen", &format!("0.0.0.0:{port}")])
+        .arg("--tls-cert")
+        .arg(&certs.cert)
+        .arg("--tls-key")
+        .arg(&certs.key)
         .env("FOVEA_TOKEN", "s3cret")
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap());
     let mut server = Server::spawn(cmd, stderr, None);
-    server.url = format!("http://127.0.0.1:{port}");
+    assert_eq!(server.url, format!("grpc+tls://0.0.0.0:{port}"));
+    server.url = format!("grpc+tls://127.0.0.1:{port}");
+    server.tls_ca = Some(certs.ca.clone());
     eventually(Duration::from_secs(30), "the input", || {
         (server.sql_with_token("SELECT count(*) FROM public.t", Some("s3cret")).ok()? == "49\n").then_some(())
     });
@@ -312,10 +330,38 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
     assert!(denied.contains("bearer token"), "{denied}");
     let wrong = server.sql_with_token("SELECT 1", Some("s3cres")).unwrap_err();
     assert!(wrong.contains("bearer token"), "{wrong}");
+    // Plaintext to the TLS server, and TLS trusting another CA, fail.
+    let plain = common::fovea()
+        .args(["sql", "--connect", &format!("grpc://127.0.0.1:{port}"), "--token", "s3cret", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
+    let other = common::TestCerts::new();
+    let untrusted = common::fovea()
+        .args(["sql", "--connect", &server.url, "--token", "s3cret", "--tls-ca"])
+        .arg(&other.ca)
+        .arg("SELECT 1")
+        .output()
+        .unwrap();
+    assert!(!untrusted.status.success());
+    let err = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(err.contains("invalid peer certificate"), "{err}");
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let mut c = client(&server.url, Some("s3cret")).await;
+        let ca = std::fs::read(&certs.ca).unwrap();
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .domain_name("localhost")
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        let channel = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut c = FlightSqlServiceClient::new(channel);
+        c.set_token("s3cret".into());
         // The split of table t: the in-memory rows, visibility applied.
         let hwm = 2u64;
         let split = action(

@@ -259,3 +259,43 @@ fn column_type_changes_never_stop_the_replica() {
     compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
     assert_eq!(types(&server, "arrow_typeof(delta), arrow_typeof(code)"), "Int64,Int32\n");
 }
+
+/// PostgreSQL taking TLS connections only: `sslmode=verify-full` with the
+/// server's CA copies and streams (both connections encrypted, as
+/// `pg_stat_ssl` shows); plaintext is refused by the server and named;
+/// a certificate from another CA is refused by fovea.
+#[test]
+fn postgres_over_tls() {
+    let certs = common::TestCerts::new();
+    let pg = PgCluster::start_tls_only(&certs);
+    pg.psql(
+        "bench",
+        "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g;
+         CREATE PUBLICATION p FOR TABLE t",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let base = format!("{}?slot=s&publication=p&create_slot=true", pg.url("bench"));
+
+    let err = serve_fails(&lake, &format!("{base}&sslmode=disable"));
+    assert!(err.contains("no encryption") && err.contains("pg_hba.conf"), "{err}");
+    let other = common::TestCerts::new();
+    let err = serve_fails(&lake, &format!("{base}&sslmode=verify-full&sslrootcert={}", other.ca.display()));
+    assert!(err.contains("invalid peer certificate"), "{err}");
+    let err = serve_fails(&lake, &format!("{base}&sslmode=verify-full"));
+    assert!(err.contains("sslrootcert"), "{err}");
+
+    let input = format!("{base}&sslmode=verify-full&sslrootcert={}", certs.ca.display());
+    let server = Server::start(&lake, &input, &[]);
+    pg.psql("bench", "INSERT INTO t SELECT g, 'w' || g FROM generate_series(101, 150) g; DELETE FROM t WHERE id <= 10");
+    eventually(Duration::from_secs(60), "the streamed rows", || compare_all(&pg, &server, &[("public.t", "id")]).ok());
+    let plain = pg.psql(
+        "bench",
+        "SELECT count(*) FILTER (WHERE NOT s.ssl) || ' ' || count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+         WHERE a.application_name = 'fovea' OR a.backend_type = 'walsender'",
+    );
+    assert_eq!(plain.trim(), "0 1", "fovea's replication connection must be encrypted");
+    let all_plain = pg.psql("bench", "SELECT count(*) FROM pg_stat_ssl WHERE NOT ssl AND pid <> pg_backend_pid()");
+    assert_eq!(all_plain.trim(), "0");
+    server.stop();
+}

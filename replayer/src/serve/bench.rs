@@ -168,6 +168,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         listen: format!("127.0.0.1:{}", free_port()?).parse()?,
         metrics: Some(metrics_addr.parse()?),
         token: None,
+        tls_cert: None,
+        tls_key: None,
         checkpoint_secs: 10.0,
         gc_secs: 10.0,
         long_query_secs: 30.0,

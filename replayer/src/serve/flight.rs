@@ -62,6 +62,8 @@ const MAX_PLANNED_QUERIES: usize = 1024;
 pub struct FlightOptions {
     /// Bearer token every RPC must carry, if set.
     pub token: Option<String>,
+    /// The server's certificate and key: TLS on every connection.
+    pub tls: Option<tonic::transport::Identity>,
 }
 
 enum HeldSnapshot {
@@ -890,9 +892,45 @@ pub async fn serve_flight(
         check,
     );
     let incoming = tokio_stream_listener(listener);
-    if let Err(e) = tonic::transport::Server::builder().add_service(server).serve_with_incoming(incoming).await {
-        tracing::error!("Flight SQL server stopped: {e}");
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(identity) = options.tls {
+        builder = match builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!("Flight SQL server: TLS: {}", crate::replay::error_chain(&e));
+                return;
+            }
+        };
     }
+    if let Err(e) = builder.add_service(server).serve_with_incoming(incoming).await {
+        tracing::error!("Flight SQL server stopped: {}", crate::replay::error_chain(&e));
+    }
+}
+
+/// A channel to a Flight SQL server: `grpc://` / `http://` in plaintext,
+/// `grpc+tls://` / `https://` with TLS trusting `tls_ca` (PEM) or the
+/// system's roots.
+pub async fn flight_channel(
+    url: &str,
+    tls_ca: Option<&std::path::Path>,
+) -> Result<tonic::transport::Channel, Box<dyn std::error::Error + Send + Sync>> {
+    let (scheme, rest) =
+        url.split_once("://").ok_or_else(|| format!("{url}: expected grpc://HOST:PORT or grpc+tls://HOST:PORT"))?;
+    let tls = match scheme {
+        "grpc" | "http" => false,
+        "grpc+tls" | "https" => true,
+        other => return Err(format!("{url}: unknown scheme {other} (grpc:// or grpc+tls://)").into()),
+    };
+    if !tls && tls_ca.is_some() {
+        return Err(format!("{url}: --tls-ca given for a plaintext address (use grpc+tls://)").into());
+    }
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{}://{rest}", if tls { "https" } else { "http" }))?;
+    if tls {
+        let host = endpoint.uri().host().unwrap_or_default().trim_matches(['[', ']']).to_owned();
+        endpoint = endpoint.tls_config(crate::tls::client_tls(tls_ca, &host)?)?;
+    }
+    Ok(endpoint.connect().await?)
 }
 
 fn tokio_stream_listener(
@@ -912,10 +950,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// A Flight SQL client: runs `sql` on the server at `url` and returns its batches.
 pub async fn remote_query(
     url: &str,
+    tls_ca: Option<&std::path::Path>,
     token: Option<&str>,
     sql: &str,
 ) -> Result<Vec<RecordBatch>, Box<dyn std::error::Error + Send + Sync>> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?.connect().await?;
+    let channel = flight_channel(url, tls_ca).await?;
     let mut client = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
     if let Some(t) = token {
         client.set_token(t.to_owned());

@@ -48,6 +48,13 @@ pub struct ServeArgs {
     /// Bearer token every RPC must carry.
     #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM certificate (chain) of the Flight SQL server: clients connect
+    /// with grpc+tls://. Needed, with --token, off loopback.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
     #[arg(long, default_value_t = 10.0)]
     pub checkpoint_secs: f64,
@@ -76,13 +83,18 @@ pub struct ServeArgs {
 
 /// Runs until SIGINT/SIGTERM (or `stop` is set), then checkpoints.
 pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
-    if !args.listen.ip().is_loopback() && args.token.is_none() {
+    if !args.listen.ip().is_loopback() && (args.token.is_none() || args.tls_cert.is_none()) {
         return Err(format!(
-            "--listen {} is not a loopback address: set --token (or FOVEA_TOKEN) so every RPC must carry it",
+            "--listen {} is not a loopback address: set --token (or FOVEA_TOKEN) so every RPC must carry it, and \
+             --tls-cert/--tls-key so the token and the data travel encrypted",
             args.listen
         )
         .into());
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
+        _ => None,
+    };
     let mut config = EngineConfig::default();
     if let Some(s) = args.shards {
         config = config.with_shards(s);
@@ -114,7 +126,8 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let queries = Arc::new(QueryRegistry::new());
-    let flight_options = FlightOptions { token: args.token.clone() };
+    let scheme = if tls.is_some() { "grpc+tls" } else { "grpc" };
+    let flight_options = FlightOptions { token: args.token.clone(), tls };
     let listener = runtime.block_on(tokio::net::TcpListener::bind(args.listen))?;
     let flight_addr = listener.local_addr()?;
     runtime.spawn(flight::serve_flight(
@@ -144,7 +157,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     }
     tracing::info!(%flight_addr, input = %input_name, "serving");
     // Tests and scripts wait for this line.
-    println!("fovea serve: Flight SQL on grpc://{flight_addr}");
+    println!("fovea serve: Flight SQL on {scheme}://{flight_addr}");
 
     let maintenance = {
         let (engine, catalog, metrics, queries, stop, args) = (

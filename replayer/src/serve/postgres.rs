@@ -39,6 +39,7 @@ use serde_json::Value as Json;
 
 use super::replication::{Event, ReplicationStream};
 use crate::replay::CliResult;
+use crate::tls::{PgConnector, PgTls};
 
 /// Rows fetched per round trip of the initial copy.
 const COPY_BATCH: usize = 10_000;
@@ -54,15 +55,19 @@ pub struct PgInput {
     pub publication: String,
     /// Create the slot if it does not exist.
     pub create_slot: bool,
+    /// TLS: `sslmode` and `sslrootcert` as libpq reads them.
+    pub tls: PgTls,
 }
 
 impl PgInput {
-    /// Parses `postgres://…?slot=NAME&publication=NAME[&create_slot=true]`.
+    /// Parses `postgres://…?slot=NAME&publication=NAME[&create_slot=true]
+    /// [&sslmode=MODE&sslrootcert=FILE]`.
     pub fn parse(url: &str) -> CliResult<Self> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let (tls, pairs) = PgTls::take_from(query.split('&').filter(|p| !p.is_empty()))?;
         let mut kept = Vec::new();
         let (mut slot, mut publication, mut create_slot) = (None, None, false);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
+        for pair in pairs {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "slot" => slot = Some(v.to_owned()),
@@ -85,21 +90,32 @@ impl PgInput {
             }
         }
         let conninfo = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
-        Ok(PgInput { conninfo, slot, publication, create_slot })
+        Ok(PgInput { conninfo, slot, publication, create_slot, tls })
     }
 
-    /// The input's name in checkpoints: the server and slot, without the
-    /// password.
-    pub fn name(&self) -> String {
-        let shown = match self.conninfo.split_once('@') {
+    /// The connection string for `postgres`, with the TLS mode it knows
+    /// (the certificate checks are fovea's connector's).
+    fn postgres_conninfo(&self) -> String {
+        let sep = if self.conninfo.contains('?') { '&' } else { '?' };
+        format!("{}{sep}{}", self.conninfo, self.tls.postgres_param())
+    }
+
+    /// The server, database and user, without the password (for errors).
+    fn shown(&self) -> String {
+        match self.conninfo.split_once('@') {
             Some((scheme_user, rest)) => {
                 let user =
                     scheme_user.rsplit_once(':').filter(|(s, _)| s.contains("//")).map_or(scheme_user, |(u, _)| u);
                 format!("{user}@{rest}")
             }
             None => self.conninfo.clone(),
-        };
-        format!("{shown}#slot={}", self.slot)
+        }
+    }
+
+    /// The input's name in checkpoints: the server and slot, without the
+    /// password.
+    pub fn name(&self) -> String {
+        format!("{}#slot={}", self.shown(), self.slot)
     }
 }
 
@@ -164,9 +180,15 @@ const POLL_TRANSACTIONS: u64 = 4096;
 /// …or reads for at most this long, so checkpoints and stops stay timely.
 const POLL_TIME: std::time::Duration = std::time::Duration::from_millis(50);
 
-fn connect(conninfo: &str) -> CliResult<postgres::Client> {
-    let mut client = postgres::Client::connect(conninfo, postgres::NoTls)
-        .map_err(|e| format!("cannot connect to PostgreSQL ({conninfo}): {e}"))?;
+fn connect(input: &PgInput) -> CliResult<postgres::Client> {
+    let conninfo = input.postgres_conninfo();
+    let connected = match PgConnector::new(&input.tls)? {
+        Some(tls) => postgres::Client::connect(&conninfo, tls),
+        None => postgres::Client::connect(&conninfo, postgres::NoTls),
+    };
+    // Named without the password.
+    let mut client = connected
+        .map_err(|e| format!("cannot connect to PostgreSQL ({}): {}", input.shown(), crate::replay::error_chain(&e)))?;
     // Text output in UTC and ISO, which the value parsers take.
     client.batch_execute("SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET extra_float_digits = 1")?;
     Ok(client)
@@ -176,7 +198,7 @@ impl PgSource {
     /// Connects, checks (or creates) the slot and publication, and resumes
     /// from a checkpoint's position and state.
     pub fn open(input: PgInput, resume: Option<(SourcePosition, Option<String>)>) -> CliResult<Self> {
-        let mut client = connect(&input.conninfo)?;
+        let mut client = connect(&input)?;
         let publication = client.query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&input.publication])?;
         if publication.is_none() {
             return Err(format!(
@@ -311,7 +333,7 @@ impl PgSource {
     }
 
     fn copy_tables(&mut self, tables: &[String], sink: &mut Sink) -> CliResult<u64> {
-        let mut copy = connect(&self.input.conninfo)?;
+        let mut copy = connect(&self.input)?;
         let mut txn = copy
             .build_transaction()
             .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -471,7 +493,7 @@ impl PgSource {
 
     fn poll_connected(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<PollOutcome> {
         if self.client.is_closed() {
-            self.client = connect(&self.input.conninfo)?;
+            self.client = connect(&self.input)?;
             tracing::info!("reconnected to PostgreSQL");
         }
         if self.last_publication_check.elapsed() >= std::time::Duration::from_secs(1) {
@@ -482,14 +504,8 @@ impl PgSource {
             None => {
                 // A new session describes every relation again.
                 self.decoder = std::mem::take(&mut self.decoder).fresh_session();
-                let s = ReplicationStream::start(
-                    &self.input.conninfo,
-                    &self.input.slot,
-                    &self.input.publication,
-                    self.applied,
-                    self.confirmed,
-                )
-                .inspect_err(|_| self.stream_failed = true)?;
+                let s = ReplicationStream::start(&self.input, self.applied, self.confirmed)
+                    .inspect_err(|_| self.stream_failed = true)?;
                 tracing::info!(slot = %self.input.slot, from = %self.applied, "streaming");
                 s
             }
@@ -769,8 +785,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!((i.slot.as_str(), i.publication.as_str(), i.create_slot), ("s1", "p1", true));
-        assert_eq!(i.conninfo, "postgres://u:secret@127.0.0.1:5432/db?sslmode=disable");
-        assert_eq!(i.name(), "postgres://u@127.0.0.1:5432/db?sslmode=disable#slot=s1");
+        // TLS settings are not part of the input's name (checkpoints).
+        assert_eq!(i.conninfo, "postgres://u:secret@127.0.0.1:5432/db");
+        assert_eq!(i.postgres_conninfo(), "postgres://u:secret@127.0.0.1:5432/db?sslmode=disable");
+        assert_eq!(i.name(), "postgres://u@127.0.0.1:5432/db#slot=s1");
+        assert_eq!(i.tls.mode, crate::tls::SslMode::Disable);
         assert!(PgInput::parse("postgres://h/db?publication=p").is_err());
         assert!(PgInput::parse("postgres://h/db?slot=a;drop&publication=p").is_err());
     }

@@ -19,7 +19,9 @@ use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
 use postgres_protocol::message::frontend;
 
+use super::postgres::PgInput;
 use crate::replay::CliResult;
+use crate::tls::PgWire;
 
 /// Status updates are sent at least this often (below the server's
 /// default `wal_sender_timeout` of 60 s).
@@ -38,7 +40,7 @@ pub enum Event {
 
 /// A logical replication stream of one slot.
 pub struct ReplicationStream {
-    socket: TcpStream,
+    socket: PgWire,
     inbox: BytesMut,
     /// Newest WAL position received.
     received: Lsn,
@@ -55,8 +57,9 @@ impl ReplicationStream {
     /// Connects with the settings of `conninfo` and starts streaming `slot`
     /// (pgoutput, `publication`) from `start` (the server starts from the
     /// slot's confirmed position if that is later).
-    pub fn start(conninfo: &str, slot: &str, publication: &str, start: Lsn, flushed: Lsn) -> CliResult<Self> {
-        let config: postgres::Config = conninfo.parse()?;
+    pub fn start(input: &PgInput, start: Lsn, flushed: Lsn) -> CliResult<Self> {
+        let (slot, publication) = (&input.slot, &input.publication);
+        let config: postgres::Config = input.conninfo.parse()?;
         let host = match config.get_hosts().first() {
             Some(postgres::config::Host::Tcp(h)) => h.clone(),
             Some(_) => return Err("the replication stream needs a TCP host (host=… in the URL)".into()),
@@ -68,6 +71,9 @@ impl ReplicationStream {
         let socket =
             TcpStream::connect((host.as_str(), port)).map_err(|e| io_err(e, &format!("connect {host}:{port}")))?;
         socket.set_nodelay(true)?;
+        // The handshake may wait on the server: bounded.
+        socket.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let socket = PgWire::negotiate(socket, &host, &input.tls)?;
         let mut stream = ReplicationStream {
             socket,
             inbox: BytesMut::with_capacity(1 << 16),
@@ -102,7 +108,7 @@ impl ReplicationStream {
                 other => return Err(format!("START_REPLICATION: unexpected message {:?}", other as char).into()),
             }
         }
-        stream.socket.set_read_timeout(Some(Duration::from_millis(5)))?;
+        stream.socket.socket().set_read_timeout(Some(Duration::from_millis(5)))?;
         // Report the confirmed position at once: a confirmation that could
         // not be sent before a reconnect reaches the server now.
         stream.send_status(false)?;

@@ -55,6 +55,8 @@ pub fn free_port() -> u16 {
 pub struct Server {
     pub child: Child,
     pub url: String,
+    /// Root certificate `fovea sql --connect` trusts (grpc+tls://).
+    pub tls_ca: Option<PathBuf>,
     pub metrics: Option<String>,
     pub stderr: PathBuf,
 }
@@ -99,7 +101,7 @@ impl Server {
                 panic!("fovea serve did not start:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
             }
         };
-        Server { child, url, metrics, stderr }
+        Server { child, url, tls_ca: None, metrics, stderr }
     }
 
     pub fn log(&self) -> String {
@@ -132,6 +134,9 @@ impl Server {
         cmd.args(["sql", "--format", "csv", "--connect", &self.url, sql]).env_remove("FOVEA_TOKEN");
         if let Some(t) = token {
             cmd.args(["--token", t]);
+        }
+        if let Some(ca) = &self.tls_ca {
+            cmd.arg("--tls-ca").arg(ca);
         }
         let out = cmd.output().unwrap();
         if !out.status.success() {
@@ -229,8 +234,71 @@ pub fn pg_bin() -> PathBuf {
     );
 }
 
+/// A test certificate authority and a server certificate it signed for
+/// `localhost` and 127.0.0.1 (openssl, P-256 keys), as PEM files.
+pub struct TestCerts {
+    pub dir: tempfile::TempDir,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCerts {
+    pub fn new() -> TestCerts {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).current_dir(dir.path()).output().unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let ca = ["-subj", "/CN=fovea test CA", "-addext", "basicConstraints=critical,CA:TRUE"];
+        let usage = ["-addext", "keyUsage=critical,keyCertSign,cRLSign"];
+        let out = ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2"];
+        openssl(&[&["req", "-x509"][..], &ec, &ca, &usage, &out].concat());
+        std::fs::write(p("server.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+        openssl(
+            &[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat(),
+        );
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ]);
+        TestCerts { ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), dir }
+    }
+}
+
 impl PgCluster {
     pub fn start() -> PgCluster {
+        Self::start_with("", None)
+    }
+
+    /// A cluster that takes TLS connections only (`hostssl` lines, no
+    /// `host`), with `certs`' server certificate.
+    pub fn start_tls_only(certs: &TestCerts) -> PgCluster {
+        Self::start_with(
+            "ssl = on\nssl_cert_file = 'server.pem'\nssl_key_file = 'server.key'\n",
+            Some((
+                certs,
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n",
+            )),
+        )
+    }
+
+    fn start_with(extra_conf: &str, tls: Option<(&TestCerts, &str)>) -> PgCluster {
         let bin = pg_bin();
         let dir = tempfile::Builder::new().prefix("fovea-pg").tempdir_in("/tmp").unwrap();
         let data = dir.path().join("data");
@@ -253,6 +321,21 @@ impl PgCluster {
         let conf_path = data.join("postgresql.conf");
         let mut f = std::fs::OpenOptions::new().append(true).open(&conf_path).unwrap();
         f.write_all(conf.as_bytes()).unwrap();
+        f.write_all(extra_conf.as_bytes()).unwrap();
+        if let Some((certs, hba)) = tls {
+            std::fs::copy(&certs.cert, data.join("server.pem")).unwrap();
+            std::fs::copy(&certs.key, data.join("server.key")).unwrap();
+            std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+            // The key readable by its owner only, and that owner the server.
+            assert!(Command::new("chmod").arg("600").arg(data.join("server.key")).status().unwrap().success());
+            if is_root() {
+                for f in ["server.pem", "server.key", "pg_hba.conf"] {
+                    assert!(
+                        Command::new("chown").arg("postgres:postgres").arg(data.join(f)).status().unwrap().success()
+                    );
+                }
+            }
+        }
         let out = as_postgres(&bin.join("pg_ctl"))
             .arg("-D")
             .arg(&data)
