@@ -269,13 +269,31 @@ impl SplitTask {
             }
             SplitData::Rows { ipc } => {
                 let bytes = BASE64.decode(ipc).map_err(|e| bad(format!("rows: {e}")))?;
-                let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-                let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+                // arrow-ipc panics on some malformed streams (a buffer
+                // beyond the body): that is this task's error.
+                let batches = crate::error::catch_panic(
+                    || "decoding a split task's inline rows".into(),
+                    || {
+                        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+                        Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+                    },
+                )
+                .map_err(|e| bad(format!("rows: {e}")))?;
                 let batch = match batches.as_slice() {
                     [one] => one.clone(),
                     [] => return Err(bad("no rows in the IPC stream".into())),
                     many => arrow::compute::concat_batches(&many[0].schema(), many)?,
                 };
+                let columns = |s: &arrow::datatypes::Schema| -> Vec<(String, arrow::datatypes::DataType)> {
+                    s.fields().iter().map(|f| (f.name().clone(), f.data_type().clone())).collect()
+                };
+                if columns(&batch.schema()) != columns(&table.file_schema) {
+                    return Err(bad(format!(
+                        "inline rows have columns {:?}, the table's are {:?}",
+                        columns(&batch.schema()),
+                        columns(&table.file_schema)
+                    )));
+                }
                 if batch.num_rows() != self.rows {
                     return Err(bad(format!("{} rows inline, {} declared", batch.num_rows(), self.rows)));
                 }

@@ -62,11 +62,18 @@ fn xid(id: &Json) -> Option<String> {
     }
 }
 
-fn micros(source: Option<&Json>, payload: &Json) -> Option<i64> {
+fn micros(source: Option<&Json>, payload: &Json) -> Result<Option<i64>, String> {
     let src = |k: &str| source.and_then(|s| s.get(k)).and_then(Json::as_i64);
-    src("ts_us")
-        .or_else(|| src("ts_ms").map(|ms| ms * 1000))
-        .or_else(|| payload.get("ts_ms").and_then(Json::as_i64).map(|ms| ms * 1000))
+    match src("ts_us") {
+        Some(us) => Ok(Some(us)),
+        None => commit_micros(src("ts_ms").or_else(|| payload.get("ts_ms").and_then(Json::as_i64))),
+    }
+}
+
+/// A commit time in ms as µs; one that does not fit is an error, not a
+/// wrapped number.
+fn commit_micros(ms: Option<i64>) -> Result<Option<i64>, String> {
+    ms.map(|ms| ms.checked_mul(1000).ok_or_else(|| format!("commit time ts_ms {ms} is out of range"))).transpose()
 }
 
 /// Every field fovea reads from a Debezium record, at either level (Kafka
@@ -190,7 +197,10 @@ pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> 
         key,
         before: columns(payload.before).map_err(bad)?,
         after: columns(payload.after).map_err(bad)?,
-        commit_us: source.ts_us.or(source.ts_ms.map(|ms| ms * 1000)),
+        commit_us: match source.ts_us {
+            Some(us) => Some(us),
+            None => commit_micros(source.ts_ms).map_err(|e| input_error(position, Some(&table), txid.as_deref(), e))?,
+        },
         snapshot: source.snapshot.map(Cow::into_owned),
         declared: None,
         key_names,
@@ -225,7 +235,8 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
             .get("id")
             .and_then(xid)
             .ok_or_else(|| input_error(position, None, None, format!("{status} record without a transaction id")))?;
-        let commit_us = payload.get("ts_ms").and_then(Json::as_i64).map(|ms| ms * 1000);
+        let commit_us = commit_micros(payload.get("ts_ms").and_then(Json::as_i64))
+            .map_err(|e| input_error(position, None, Some(&txid), e))?;
         return match status {
             "BEGIN" => Ok(ChangeRecord::Begin { txid, commit_us }),
             "END" => {
@@ -301,6 +312,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
     });
     let snapshot = source.and_then(|s| s.get("snapshot")).and_then(Json::as_str).map(str::to_owned);
     let in_transaction_block = payload.get("transaction").is_some_and(|t| !t.is_null());
+    let commit_us = micros(source, &payload).map_err(|e| input_error(position, Some(&table), txid.as_deref(), e))?;
     Ok(ChangeRecord::Row(Box::new(RowChange {
         table,
         op,
@@ -308,7 +320,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         before,
         after,
         txid,
-        commit_us: micros(source, &payload),
+        commit_us,
         snapshot,
         declared,
         key_names,
@@ -399,7 +411,10 @@ fn canonicalize(cols: &mut Columns, fields: &[Json]) -> Result<(), String> {
             }
             "io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp" => {
                 if let Some(ms) = value.as_i64() {
-                    *value = Json::from(ms * 1000);
+                    let us = ms
+                        .checked_mul(1000)
+                        .ok_or_else(|| format!("column {name}: timestamp {ms} ms is out of range"))?;
+                    *value = Json::from(us);
                 }
             }
             "io.debezium.time.NanoTimestamp" => {

@@ -39,6 +39,12 @@ pub const ROWID_COLUMN: &str = "_fovea_rowid";
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 pub const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 
+/// A commit time in µs since 2000-01-01 as µs since 1970; one out of
+/// range is an error, not a wrapped number.
+fn commit_micros(pg_us: i64) -> Result<i64, String> {
+    pg_us.checked_add(PG_EPOCH_OFFSET_US).ok_or_else(|| format!("commit time {pg_us} is out of range"))
+}
+
 /// A WAL position.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Lsn(pub u64);
@@ -291,7 +297,7 @@ impl PgOutputDecoder {
                 self.current = Some(PgTransaction {
                     xid,
                     final_lsn,
-                    commit_us: commit_ts + PG_EPOCH_OFFSET_US,
+                    commit_us: commit_micros(commit_ts).map_err(plain)?,
                     ..PgTransaction::default()
                 });
                 Ok(None)
@@ -309,7 +315,7 @@ impl PgOutputDecoder {
                     )));
                 }
                 txn.end_lsn = end_lsn;
-                txn.commit_us = commit_ts + PG_EPOCH_OFFSET_US;
+                txn.commit_us = commit_micros(commit_ts).map_err(plain)?;
                 Ok(Some(txn))
             }
             b'R' => {

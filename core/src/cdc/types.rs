@@ -194,7 +194,7 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
                         None if body.len() == 4 => (body[..2].parse().ok()?, body[2..].parse().ok()?),
                         None => (body.parse().ok()?, 0),
                     };
-                    sign * (h * 3600 + m * 60)
+                    sign * h.checked_mul(3600)?.checked_add(m.checked_mul(60)?)?
                 }
             };
             (t, secs)
@@ -211,7 +211,9 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
     for (i, c) in frac.chars().take(6).enumerate() {
         micros += i64::from(c.to_digit(10)?) * 10i64.pow(5 - i as u32);
     }
-    Some(((days * 86_400 + h * 3600 + m * 60 + sec - offset_s) * 1_000_000) + micros)
+    // Checked: absurd years or hours are no timestamp, not a wrapped one.
+    let secs = days.checked_mul(86_400)?.checked_add(h.checked_mul(3600)?)?.checked_add(m.checked_mul(60)?)?;
+    secs.checked_add(sec)?.checked_sub(offset_s)?.checked_mul(1_000_000)?.checked_add(micros)
 }
 
 /// PostgreSQL text of a timestamp in µs: `2024-01-01 00:37:12.345678`

@@ -1,6 +1,7 @@
 //! Integration tests of fovea-core, in one binary.
 
 mod concurrency;
+mod fuzz_findings;
 mod initial_load;
 mod model;
 mod oracle;
