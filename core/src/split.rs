@@ -274,8 +274,19 @@ impl SplitTask {
                 let batches = crate::error::catch_panic(
                     || "decoding a split task's inline rows".into(),
                     || {
-                        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-                        Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+                        // The push decoder takes a message body only as far
+                        // as the bytes go (the reader would allocate a
+                        // declared body length up front: any size).
+                        let mut decoder = arrow_ipc::reader::StreamDecoder::new();
+                        let mut buffer = arrow::buffer::Buffer::from(bytes);
+                        let mut batches = Vec::new();
+                        while !buffer.is_empty() {
+                            if let Some(b) = decoder.decode(&mut buffer)? {
+                                batches.push(b);
+                            }
+                        }
+                        decoder.finish()?;
+                        Ok(batches)
                     },
                 )
                 .map_err(|e| bad(format!("rows: {e}")))?;
@@ -284,16 +295,6 @@ impl SplitTask {
                     [] => return Err(bad("no rows in the IPC stream".into())),
                     many => arrow::compute::concat_batches(&many[0].schema(), many)?,
                 };
-                let columns = |s: &arrow::datatypes::Schema| -> Vec<(String, arrow::datatypes::DataType)> {
-                    s.fields().iter().map(|f| (f.name().clone(), f.data_type().clone())).collect()
-                };
-                if columns(&batch.schema()) != columns(&table.file_schema) {
-                    return Err(bad(format!(
-                        "inline rows have columns {:?}, the table's are {:?}",
-                        columns(&batch.schema()),
-                        columns(&table.file_schema)
-                    )));
-                }
                 if batch.num_rows() != self.rows {
                     return Err(bad(format!("{} rows inline, {} declared", batch.num_rows(), self.rows)));
                 }

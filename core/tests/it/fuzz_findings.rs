@@ -58,3 +58,12 @@ fn a_split_task_with_malformed_inline_rows_is_an_error() {
     let e = task.scan(lake).err().expect("malformed rows refused").to_string();
     assert!(e.contains("rows:"), "{e}");
 }
+
+#[test]
+fn a_split_task_declaring_a_huge_ipc_body_is_an_error_not_an_allocation() {
+    let task: fovea_core::split::SplitTask =
+        serde_json::from_str(include_str!("fuzz/split_task_huge_body.json")).unwrap();
+    let lake = fovea_core::lake::Lake::new(Arc::new(object_store::memory::InMemory::new()));
+    let e = task.scan(lake).err().expect("malformed rows refused").to_string();
+    assert!(e.contains("rows:"), "{e}");
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Fuzzes every decoder of untrusted bytes with cargo fuzz (libFuzzer, the
+# nightly toolchain) for SECONDS each (default 15): Debezium, DMS,
+# pgoutput, the DDL parser, checkpoint manifests, index images, visibility
+# checkpoints and split tasks. Corpora live in /var/tmp/fovea-fuzz/corpus
+# (seeded from pg-tiny and from fovea-core's fuzz_seeds example; they grow
+# from run to run); a crash or a hang fails the script and leaves its input
+# under fuzz/artifacts/.
+# `replay` instead of SECONDS runs each corpus once without mutating it
+# (CI: deterministic, a regression check of every input kept so far).
+#   usage: bash scripts/fuzz.sh [SECONDS|replay] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-15}"; shift || true
+if [ "$secs" = replay ]; then run=(-runs=0); else run=(-max_total_time="$secs"); fi
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(debezium dms pgoutput ddl checkpoint_manifest index_image visibility_checkpoint split_task)
+
+TOOLS=/var/tmp/fovea-tools
+if [ ! -x "$TOOLS/bin/cargo-fuzz" ]; then
+  echo "== installing cargo-fuzz in $TOOLS"
+  CARGO_TARGET_DIR="$TOOLS/build" cargo install cargo-fuzz --locked --root "$TOOLS" --quiet
+fi
+export PATH="$TOOLS/bin:$PATH"
+WORK=/var/tmp/fovea-fuzz
+corpus="$WORK/corpus"
+mkdir -p "$corpus"
+python3 scripts/fuzz_seeds.py "$corpus"
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/fovea-target}" cargo run -q -p fovea-core --example fuzz_seeds -- "$corpus"
+
+failed=()
+for t in "${targets[@]}"; do
+  echo "== fuzz $t (${secs}s)"
+  mkdir -p "$corpus/$t"
+  # -timeout: an input taking over 10 s is a hang; -rss_limit_mb: a
+  # decoder must not balloon on small inputs. Debug assertions are on, so
+  # an arithmetic overflow is a crash too.
+  log="$WORK/$t.log"
+  if cargo +nightly fuzz run --sanitizer none --target-dir "$WORK/target" "$t" "$corpus/$t" -- \
+    "${run[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
+    grep -E "^stat::number_of_executed_units|^INFO: seed corpus: files" "$log" || true
+  else
+    grep -E "panicked|ERROR|SUMMARY|artifact|^stat::number_of_executed_units" "$log" || tail -20 "$log"
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: crashes or hangs in ${failed[*]} (inputs under fuzz/artifacts/; logs in $WORK)"
+  exit 1
+fi
