@@ -107,7 +107,9 @@ impl PgTls {
         for pair in pairs {
             match pair.split_once('=').unwrap_or((pair, "")) {
                 ("sslmode", v) => tls.mode = SslMode::parse(v)?,
-                ("sslrootcert", v) => tls.root_cert = Some(percent_decode(v)),
+                ("sslrootcert", v) => {
+                    tls.root_cert = Some(percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
+                }
                 _ => rest.push(pair),
             }
         }
@@ -133,38 +135,15 @@ impl PgTls {
         let builder =
             ClientConfig::builder_with_provider(Arc::clone(&provider)).with_safe_default_protocol_versions()?;
         let verifier: Arc<dyn ServerCertVerifier> = match (&self.root_cert, self.mode) {
-            (None, _) | (Some(_), SslMode::Prefer) => Arc::new(EncryptOnly(provider)),
+            (None, _) | (Some(_), SslMode::Prefer) => Arc::new(NoNameCheck { chain: None, provider }),
             (Some(path), mode) => {
                 let roots = Arc::new(root_store(path)?);
-                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider).build()?;
-                if mode == SslMode::VerifyFull { webpki } else { Arc::new(AnyName(webpki)) }
+                let chain = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider)).build()?;
+                if mode == SslMode::VerifyFull { chain } else { Arc::new(NoNameCheck { chain: Some(chain), provider }) }
             }
         };
         Ok(Some(Arc::new(builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth())))
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Trusted roots from a PEM file (or the system's).
@@ -190,53 +169,18 @@ fn root_store(path: &str) -> CliResult<RootCertStore> {
     Ok(roots)
 }
 
-/// `prefer` / `require` without a root: the connection is encrypted and
-/// the server's handshake signature checked, but who the server is is
-/// not (libpq does the same).
+/// The server check of `prefer`, `require` and `verify-ca`: without a
+/// chain verifier the connection is encrypted and the server's handshake
+/// signature checked, but who the server is is not (libpq does the same);
+/// with one, the chain must lead to the roots while the host name is not
+/// checked (`verify-full` uses the chain verifier itself).
 #[derive(Debug)]
-struct EncryptOnly(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct NoNameCheck {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
 }
 
-/// `verify-ca` (and `require` with a root): the chain is checked, the host
-/// name is not.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for NoNameCheck {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -245,7 +189,8 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+        let Some(chain) = &self.chain else { return Ok(ServerCertVerified::assertion()) };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -259,7 +204,7 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -268,11 +213,11 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -50,20 +50,21 @@ fn a_pgoutput_commit_time_beyond_i64_microseconds_is_an_error() {
     assert!(errors.iter().any(|e| e.contains("commit time") && e.contains("out of range")), "{errors:?}");
 }
 
+/// The error of running a split task (JSON) over an empty lake.
+fn split_task_error(json: &str) -> String {
+    let task: fovea_core::split::SplitTask = serde_json::from_str(json).unwrap();
+    let lake = fovea_core::lake::Lake::new(Arc::new(object_store::memory::InMemory::new()));
+    task.scan(lake).err().expect("malformed rows refused").to_string()
+}
+
 #[test]
 fn a_split_task_with_malformed_inline_rows_is_an_error() {
-    let task: fovea_core::split::SplitTask =
-        serde_json::from_str(include_str!("fuzz/split_task_malformed_ipc.json")).unwrap();
-    let lake = fovea_core::lake::Lake::new(Arc::new(object_store::memory::InMemory::new()));
-    let e = task.scan(lake).err().expect("malformed rows refused").to_string();
+    let e = split_task_error(include_str!("fuzz/split_task_malformed_ipc.json"));
     assert!(e.contains("rows:"), "{e}");
 }
 
 #[test]
 fn a_split_task_declaring_a_huge_ipc_body_is_an_error_not_an_allocation() {
-    let task: fovea_core::split::SplitTask =
-        serde_json::from_str(include_str!("fuzz/split_task_huge_body.json")).unwrap();
-    let lake = fovea_core::lake::Lake::new(Arc::new(object_store::memory::InMemory::new()));
-    let e = task.scan(lake).err().expect("malformed rows refused").to_string();
+    let e = split_task_error(include_str!("fuzz/split_task_huge_body.json"));
     assert!(e.contains("rows:"), "{e}");
 }
