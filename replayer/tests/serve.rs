@@ -306,6 +306,22 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
 
     // TLS with a certificate of a test CA.
     let certs = common::TestCerts::new();
+    let other = common::TestCerts::new();
+    // A key that is not the certificate's stops start-up, naming it.
+    let out = common::fovea()
+        .args(["serve", "--lake"])
+        .arg(&lake)
+        .args(["--input", &spec, "--listen", &format!("0.0.0.0:{}", common::free_port())])
+        .arg("--tls-cert")
+        .arg(&certs.cert)
+        .arg("--tls-key")
+        .arg(&other.key)
+        .env("FOVEA_TOKEN", "s3cret")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--tls-key") && err.contains("KeyMismatch"), "{err}");
     let port = common::free_port();
     let mut cmd = common::fovea();
     let stderr = dir.path().join("serve.log");
@@ -336,7 +352,6 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
         .output()
         .unwrap();
     assert!(!plain.status.success());
-    let other = common::TestCerts::new();
     let untrusted = common::fovea()
         .args(["sql", "--connect", &server.url, "--token", "s3cret", "--tls-ca"])
         .arg(&other.ca)

@@ -868,13 +868,15 @@ fn keep_offsets(
 }
 
 /// Serves Flight SQL on `listener` until the runtime stops.
-pub async fn serve_flight(
+/// The set-up (TLS included) is checked before the server runs: an error
+/// is returned here, not logged by a server that never serves.
+pub fn serve_flight(
     listener: tokio::net::TcpListener,
     engine: Arc<Engine>,
     metrics: Arc<Metrics>,
     queries: Arc<QueryRegistry>,
     options: FlightOptions,
-) {
+) -> crate::replay::CliResult<impl Future<Output = ()> + Send + 'static> {
     let service = FoveaFlight { engine, metrics: Arc::clone(&metrics), queries, prepared: Arc::default() };
     let token = options.token.map(|t| format!("Bearer {t}"));
     let check = move |request: Request<()>| -> Result<Request<()>, Status> {
@@ -894,17 +896,15 @@ pub async fn serve_flight(
     let incoming = tokio_stream_listener(listener);
     let mut builder = tonic::transport::Server::builder();
     if let Some(identity) = options.tls {
-        builder = match builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!("Flight SQL server: TLS: {}", crate::replay::error_chain(&e));
-                return;
-            }
-        };
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| format!("Flight SQL TLS (--tls-cert/--tls-key): {}", crate::replay::error_chain(&e)))?;
     }
-    if let Err(e) = builder.add_service(server).serve_with_incoming(incoming).await {
-        tracing::error!("Flight SQL server stopped: {}", crate::replay::error_chain(&e));
-    }
+    Ok(async move {
+        if let Err(e) = builder.add_service(server).serve_with_incoming(incoming).await {
+            tracing::error!("Flight SQL server stopped: {}", crate::replay::error_chain(&e));
+        }
+    })
 }
 
 /// A channel to a Flight SQL server: `grpc://` / `http://` in plaintext,

@@ -130,13 +130,14 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     let flight_options = FlightOptions { token: args.token.clone(), tls };
     let listener = runtime.block_on(tokio::net::TcpListener::bind(args.listen))?;
     let flight_addr = listener.local_addr()?;
-    runtime.spawn(flight::serve_flight(
+    let flight = flight::serve_flight(
         listener,
         Arc::clone(&engine),
         Arc::clone(&metrics),
         Arc::clone(&queries),
         flight_options,
-    ));
+    )?;
+    runtime.spawn(flight);
     if let Some(addr) = args.metrics {
         let l = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
         tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
