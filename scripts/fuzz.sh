@@ -16,6 +16,13 @@ if [ "$secs" = replay ]; then run=(-runs=0); else run=(-max_total_time="$secs");
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(debezium dms pgoutput ddl checkpoint_manifest index_image visibility_checkpoint split_task)
 
+# libFuzzer's instrumentation needs the nightly toolchain.
+if ! rustup toolchain list | grep -q '^nightly'; then
+  echo "== installing the nightly toolchain (rustup, minimal profile)"
+  rustup toolchain install nightly --profile minimal ||
+    { echo "fuzz: the nightly toolchain is missing and rustup could not install it"; exit 1; }
+fi
+
 TOOLS=/var/tmp/fovea-tools
 if [ ! -x "$TOOLS/bin/cargo-fuzz" ]; then
   echo "== installing cargo-fuzz in $TOOLS"
