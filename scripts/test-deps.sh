@@ -6,7 +6,8 @@
 # use unless FOVEA_PYTHON names another interpreter, and moto (the local
 # S3/DynamoDB stand-in the AWS tests start with scripts/moto_serial.py); and
 # kinesalite, the local Kinesis (npm, in /var/tmp/fovea-npm unless
-# FOVEA_NODE_MODULES names other node_modules).
+# FOVEA_NODE_MODULES names other node_modules); boto3 and matplotlib for the
+# Python client and its example; cargo-lambda (local Lambda endpoint).
 set -euo pipefail
 if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   echo "== installing PostgreSQL 15"
@@ -15,10 +16,19 @@ if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
 fi
 VENV=/var/tmp/fovea-py
-if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app" 2>/dev/null; then
-  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql) and moto in $VENV"
+if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib" 2>/dev/null; then
+  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3 and matplotlib in $VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5'
+  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib
+fi
+# cargo-lambda: `cargo lambda watch` is the local Lambda endpoint of the
+# scan-function tests (its own venv: it brings ziglang).
+LAMBDA_VENV=/var/tmp/fovea-tools/lambda-venv
+if [ -z "${FOVEA_CARGO_LAMBDA:-}" ] && [ ! -x "$LAMBDA_VENV/bin/cargo-lambda" ]; then
+  echo "== installing cargo-lambda in $LAMBDA_VENV"
+  mkdir -p /var/tmp/fovea-tools
+  python3 -m venv "$LAMBDA_VENV"
+  "$LAMBDA_VENV/bin/pip" install -q 'cargo-lambda==1.9.2'
 fi
 NPM=/var/tmp/fovea-npm
 if [ -z "${FOVEA_NODE_MODULES:-}" ] && [ ! -f "$NPM/node_modules/kinesalite/package.json" ]; then

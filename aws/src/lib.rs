@@ -6,6 +6,7 @@
 //! | the lake on S3 (`s3://BUCKET/PREFIX`) | [`s3`] | `object_store::ObjectStore` |
 //! | timestamps, watermarks, the writer's lease (`dynamodb://TABLE`) | [`dynamo`] | [`fovea_core::mvcc::TxnStore`] |
 //! | the catalog, in the same table (+ large payloads in the lake) | [`catalog`] | [`fovea_core::catalog::Catalog`] |
+//! | scans fanned out to the Lambda scan function (`lambda://FUNCTION`) | [`lambda`] | [`fovea_core::scan_worker::SplitWorker`] |
 //!
 //! Everything is configured from the standard AWS environment (region,
 //! credential chain, `AWS_ENDPOINT_URL` and the per-service
@@ -18,6 +19,8 @@
 pub mod catalog;
 pub mod dynamo;
 pub mod kinesis;
+pub mod lambda;
+pub mod lambda_local;
 pub mod moto;
 pub mod s3;
 

@@ -74,15 +74,46 @@ impl Moto {
 
     /// Creates bucket `name` (moto takes a plain PUT of its path).
     pub fn create_bucket(&self, name: &str) -> std::io::Result<()> {
-        let host = self.endpoint.trim_start_matches("http://");
-        let mut s = TcpStream::connect(host)?;
-        write!(s, "PUT /{name} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
-        let mut answer = String::new();
-        s.read_to_string(&mut answer)?;
-        if answer.lines().next().is_some_and(|l| l.contains(" 200 ")) {
+        self.request("PUT", &format!("/{name}"), "200").map(|_| ())
+    }
+
+    /// The keys in `bucket` under `prefix` (up to 1,000).
+    pub fn list_keys(&self, bucket: &str, prefix: &str) -> std::io::Result<Vec<String>> {
+        let answer = self.request("GET", &format!("/{bucket}?list-type=2&prefix={prefix}"), "200")?;
+        Ok(answer
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|part| part.split_once("</Key>").map(|(key, _)| key.to_owned()))
+            .collect())
+    }
+
+    /// Deletes object `key` of `bucket` (as a retired file is deleted),
+    /// with boto3 from moto's interpreter (moto wants deletes signed).
+    pub fn delete_object(&self, bucket: &str, key: &str) -> std::io::Result<()> {
+        let out = Command::new(python())
+            .envs(self.env())
+            .args(["-c", "import sys, boto3; boto3.client('s3').delete_object(Bucket=sys.argv[1], Key=sys.argv[2])"])
+            .args([bucket, key])
+            .output()?;
+        if out.status.success() {
             Ok(())
         } else {
-            Err(std::io::Error::other(format!("creating bucket {name}: {answer}")))
+            Err(std::io::Error::other(format!("deleting {key}: {}", String::from_utf8_lossy(&out.stderr))))
+        }
+    }
+
+    /// One plain HTTP request to moto (it takes unsigned requests); the
+    /// answer when its status is `status`.
+    fn request(&self, method: &str, path: &str, status: &str) -> std::io::Result<String> {
+        let host = self.endpoint.trim_start_matches("http://");
+        let mut s = TcpStream::connect(host)?;
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        if answer.lines().next().is_some_and(|l| l.contains(&format!(" {status} "))) {
+            Ok(answer)
+        } else {
+            Err(std::io::Error::other(format!("{method} {path}: {answer}")))
         }
     }
 }

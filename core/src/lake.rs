@@ -161,6 +161,18 @@ where
         .map_err(|e| Error::invariant(format!("an IO task failed: {e}")))
 }
 
+/// Runs `fut` on the IO runtime; the returned future (awaited on any
+/// runtime) yields its output. For asynchronous callers of clients that
+/// keep connections on the IO runtime.
+pub fn spawn_io<F>(fut: F) -> impl std::future::Future<Output = Result<F::Output>> + Send + 'static
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handle = io_runtime().spawn(fut);
+    async move { handle.await.map_err(|e| Error::invariant(format!("an IO task failed: {e}"))) }
+}
+
 /// The lake's object store with the blocking helpers the engine uses.
 #[derive(Clone)]
 pub struct Lake {

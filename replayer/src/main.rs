@@ -161,6 +161,12 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: query::OutputFormat,
+        /// Where scans run: in this process (default), or
+        /// lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K] to fan
+        /// each query's splits out to the fovea-scan Lambda function
+        /// (an s3:// lake; AWS_ENDPOINT_URL_LAMBDA honoured).
+        #[arg(long, requires = "lake")]
+        scan: Option<String>,
         /// The SQL statement (without it: an interactive prompt).
         sql: Option<String>,
     },
@@ -379,7 +385,7 @@ fn main() -> ExitCode {
                 })
             }
         }
-        Command::Sql { lake, state, no_create, connect, tls_ca, token, as_of, format, sql } => {
+        Command::Sql { lake, state, no_create, connect, tls_ca, token, as_of, format, scan, sql } => {
             let lake = lake.map(|lake| lakes::LakeArgs { lake, state, no_create });
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
@@ -391,9 +397,9 @@ fn main() -> ExitCode {
                 (_, Some(_), Some(_)) => Err("--as-of is not available with --connect".into()),
                 (_, Some(_), None) => Err("--connect needs a SQL statement".into()),
                 (Some(lake), None, Some(sql)) => {
-                    query::sql(&lake, as_of, format, &sql, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+                    query::sql(&lake, as_of, scan.as_deref(), format, &sql, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
                 }
-                (Some(lake), None, None) => query::interactive(&lake, as_of, format),
+                (Some(lake), None, None) => query::interactive(&lake, as_of, scan.as_deref(), format),
                 (None, None, _) => Err("give --lake DIR or --connect URL".into()),
             }
         }

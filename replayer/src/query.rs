@@ -8,6 +8,7 @@ use arrow::record_batch::RecordBatch;
 use fovea_core::cdc::types::format_value;
 use fovea_core::location::OpenReader;
 use fovea_core::reader::CheckpointReader;
+use fovea_core::scan_worker::SplitWorker;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::{SnapshotTables, Value};
 
@@ -29,14 +30,41 @@ pub enum OutputFormat {
 pub fn sql(
     lake: &LakeArgs,
     as_of: Option<u64>,
+    scan: Option<&str>,
     format: OutputFormat,
     text: &str,
     out: &mut dyn Write,
 ) -> CliResult<()> {
-    let lake = lake.open_read()?;
-    check_as_of(&lake.reader, as_of)?;
+    let opened = lake.open_read()?;
+    check_as_of(&opened.reader, as_of)?;
+    let worker = scan_worker(lake, &opened, scan)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    run_one(&lake, &runtime, format, text, out)
+    run_one(&opened, worker.as_ref(), &runtime, format, text, out)
+}
+
+/// Where `--scan` runs the splits: `None` in this process, or the Lambda
+/// scan function of a `lambda://` URL (for an s3:// lake).
+pub(crate) fn scan_worker(
+    lake: &LakeArgs,
+    opened: &OpenReader,
+    scan: Option<&str>,
+) -> CliResult<Option<Arc<dyn SplitWorker>>> {
+    match scan {
+        None | Some("in-process") => Ok(None),
+        Some(url) if url.starts_with("lambda://") => {
+            if lake.dir().is_some() {
+                return Err(format!(
+                    "--scan {url}: the scan function reads the lake from S3; {} is a local directory",
+                    lake.lake
+                )
+                .into());
+            }
+            let target = fovea_aws::lambda::LambdaTarget::parse(url)?;
+            let store = Arc::clone(opened.reader.lake().store());
+            Ok(Some(Arc::new(fovea_aws::lambda::LambdaScan::new(target, &lake.lake, store)?)))
+        }
+        Some(other) => Err(format!("--scan {other}: expected in-process or lambda://FUNCTION").into()),
+    }
 }
 
 /// A reader answers at its checkpoint's snapshot only.
@@ -58,6 +86,7 @@ pub(crate) fn check_as_of(reader: &CheckpointReader, as_of: Option<u64>) -> CliR
 
 fn run_one(
     lake: &OpenReader,
+    worker: Option<&Arc<dyn SplitWorker>>,
     runtime: &tokio::runtime::Runtime,
     format: OutputFormat,
     text: &str,
@@ -65,7 +94,10 @@ fn run_one(
 ) -> CliResult<()> {
     let started_us = fovea_core::catalog::now_us();
     let source = Arc::clone(&lake.reader) as Arc<dyn SnapshotTables>;
-    let batches = runtime.block_on(fovea_sql::query_on(source, text))?;
+    let batches = match worker {
+        Some(worker) => runtime.block_on(fovea_sql::query_remote(source, Arc::clone(worker), text))?,
+        None => runtime.block_on(fovea_sql::query_on(source, text))?,
+    };
     write_batches(&batches, format, out)?;
     if format == OutputFormat::Table {
         eprintln!("{}", freshness_line(lake, started_us));
@@ -106,9 +138,10 @@ fn freshness_line(lake: &OpenReader, now_us: i64) -> String {
 /// An interactive prompt: statements end with `;`, each runs at a fresh
 /// snapshot (or at `--as-of`); `\q` or Ctrl-D quits. History is kept in
 /// `~/.fovea_history`.
-pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, format: OutputFormat) -> CliResult<()> {
+pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, scan: Option<&str>, format: OutputFormat) -> CliResult<()> {
     let opened = lake.open_read()?;
     check_as_of(&opened.reader, as_of)?;
+    let worker = scan_worker(lake, &opened, scan)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut editor = rustyline::DefaultEditor::new()?;
     let history = std::env::var_os("HOME").map(|h| Path::new(&h).join(".fovea_history"));
@@ -140,7 +173,7 @@ pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, format: OutputFormat) ->
         editor.add_history_entry(statement.trim())?;
         let started = std::time::Instant::now();
         let stdout = std::io::stdout();
-        match run_one(&opened, &runtime, format, &statement, &mut stdout.lock()) {
+        match run_one(&opened, worker.as_ref(), &runtime, format, &statement, &mut stdout.lock()) {
             Ok(()) => eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3),
             Err(e) => eprintln!("error: {e}"),
         }

@@ -15,6 +15,7 @@
 //! query runs, whatever replay and GC do meanwhile.
 
 mod exec;
+mod remote;
 
 use std::sync::Arc;
 
@@ -33,6 +34,7 @@ pub use exec::FoveaScanExec;
 use fovea_core::frozen::FrozenVisibility;
 use fovea_core::scan::{CmpOp, Predicate};
 use fovea_core::{Engine, ScanOptions, Snapshot, SnapshotTables, TableDef, Value, VisibilityMode};
+pub use remote::{RemoteScanExec, RemoteScans};
 
 /// Columns fovea adds to a table (never shown to SQL) start with this.
 pub const HIDDEN_PREFIX: &str = "_fovea_";
@@ -68,6 +70,8 @@ pub struct FoveaTable {
     def: Arc<TableDef>,
     visibility: VisibilityMode,
     frozen: Option<Arc<FrozenVisibility>>,
+    /// Where the splits run when not in this process.
+    remote: Option<RemoteScans>,
     /// The table's columns SQL sees (all but fovea's hidden `_fovea_*`
     /// ones, such as the row id of a table without a primary key).
     columns: Vec<usize>,
@@ -89,7 +93,7 @@ impl FoveaTable {
         let schema = Arc::new(arrow::datatypes::Schema::new(
             columns.iter().map(|&i| def.schema.field(i).clone()).collect::<Vec<_>>(),
         ));
-        FoveaTable { source, def, visibility: VisibilityMode::Enforced, frozen: None, columns, schema }
+        FoveaTable { source, def, visibility: VisibilityMode::Enforced, frozen: None, remote: None, columns, schema }
     }
 
     /// The same with visibility off: every stored version, for measuring
@@ -210,6 +214,11 @@ impl TableProvider for FoveaTable {
         let scan = self.source.scan(&self.def.name, options).map_err(|e| DataFusionError::External(Box::new(e)))?;
         let shown =
             (!pushed.is_empty()).then(|| pushed.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" AND "));
+        if let Some(remote) = &self.remote {
+            let schema = scan.schema();
+            let tasks = scan.with_limit(limit).tasks().map_err(|e| DataFusionError::External(Box::new(e)))?;
+            return Ok(Arc::new(RemoteScanExec::new(&self.def.name, schema, tasks, remote.clone(), limit, shown)));
+        }
         let partitions = state.config_options().execution.target_partitions;
         Ok(Arc::new(FoveaScanExec::new(&self.def.name, scan, partitions, limit, shown)))
     }
@@ -227,7 +236,7 @@ pub fn session_with(
     snapshot: &Snapshot,
     visibility: VisibilityMode,
 ) -> datafusion::common::Result<SessionContext> {
-    session_full(Arc::new(engine.at(snapshot.clone())), visibility, None)
+    session_full(Arc::new(engine.at(snapshot.clone())), visibility, None, None)
 }
 
 /// A session reading at a visibility checkpoint: every table as of
@@ -237,13 +246,13 @@ pub fn session_at_checkpoint(
     snapshot: &Snapshot,
     frozen: Arc<FrozenVisibility>,
 ) -> datafusion::common::Result<SessionContext> {
-    session_full(Arc::new(engine.at(snapshot.clone())), VisibilityMode::Enforced, Some(frozen))
+    session_full(Arc::new(engine.at(snapshot.clone())), VisibilityMode::Enforced, Some(frozen), None)
 }
 
 /// A session over any tables at one snapshot (a running engine's, or a
 /// lake read as of its newest checkpoint, [`fovea_core::reader`]).
 pub fn session_on(source: Arc<dyn SnapshotTables>) -> datafusion::common::Result<SessionContext> {
-    session_full(source, VisibilityMode::Enforced, None)
+    session_full(source, VisibilityMode::Enforced, None, None)
 }
 
 /// [`session_on`] with a visibility mode (`Off` only to measure VFoR's cost).
@@ -251,13 +260,23 @@ pub fn session_on_with(
     source: Arc<dyn SnapshotTables>,
     visibility: VisibilityMode,
 ) -> datafusion::common::Result<SessionContext> {
-    session_full(source, visibility, None)
+    session_full(source, visibility, None, None)
+}
+
+/// A session over `source`'s tables whose scans run on `remote`'s worker
+/// (one split task per invocation) instead of in this process.
+pub fn session_remote(
+    source: Arc<dyn SnapshotTables>,
+    remote: RemoteScans,
+) -> datafusion::common::Result<SessionContext> {
+    session_full(source, VisibilityMode::Enforced, None, Some(remote))
 }
 
 fn session_full(
     source: Arc<dyn SnapshotTables>,
     visibility: VisibilityMode,
     frozen: Option<Arc<FrozenVisibility>>,
+    remote: Option<RemoteScans>,
 ) -> datafusion::common::Result<SessionContext> {
     // information_schema too: tools list tables and columns with it.
     let config = datafusion::prelude::SessionConfig::new()
@@ -273,6 +292,7 @@ fn session_full(
         let mut provider = FoveaTable::new(Arc::clone(&source), Arc::clone(&def));
         provider.visibility = visibility;
         provider.frozen = frozen.clone();
+        provider.remote = remote.clone();
         ctx.register_table(TableReference::partial(schema, table), Arc::new(provider))?;
     }
     Ok(ctx)
@@ -290,4 +310,20 @@ pub async fn query(
 /// Runs `sql` on `source`'s tables and returns the result batches.
 pub async fn query_on(source: Arc<dyn SnapshotTables>, sql: &str) -> datafusion::common::Result<Vec<RecordBatch>> {
     session_on(source)?.sql(sql).await?.collect().await
+}
+
+/// Runs `sql` on `source`'s tables with every scan's splits on `worker`,
+/// then lets the worker clean up after the query (whatever the outcome).
+pub async fn query_remote(
+    source: Arc<dyn SnapshotTables>,
+    worker: Arc<dyn fovea_core::scan_worker::SplitWorker>,
+    sql: &str,
+) -> datafusion::common::Result<Vec<RecordBatch>> {
+    let query = RemoteScans::new_query_id();
+    let remote = RemoteScans::new(Arc::clone(&worker), &query);
+    let answer = async { session_remote(source, remote)?.sql(sql).await?.collect().await }.await;
+    let cleaned = worker.finish(&query).await;
+    let batches = answer?;
+    cleaned.map_err(|e| DataFusionError::External(Box::new(e)))?;
+    Ok(batches)
 }

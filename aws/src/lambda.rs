@@ -1,0 +1,302 @@
+//! Scans fanned out to the Lambda scan function (`functions/scan`):
+//! `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
+//!
+//! Each split of a query is one synchronous invocation (aws-sdk-lambda,
+//! `AWS_ENDPOINT_URL_LAMBDA` honoured, e.g. `cargo lambda watch`). An
+//! invocation that fails with a retryable error or times out is retried
+//! once, under a new spill prefix; a second failure, or a failure that
+//! retrying cannot mend (a bad request, a retired object, an expired
+//! snapshot), fails the query with an error naming the function, the split
+//! and what the function said. A split's rows are taken only from the
+//! invocation that succeeded, whole, so nothing is read twice into one
+//! answer; what abandoned attempts spilled is deleted when the query ends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arrow::record_batch::RecordBatch;
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_lambda::Client;
+use aws_sdk_lambda::error::SdkError;
+use aws_sdk_lambda::primitives::Blob;
+use futures::future::BoxFuture;
+use object_store::ObjectStore;
+
+use fovea_core::lake::{block_on_io, spawn_io};
+use fovea_core::scan_worker::{
+    SplitAnswer, SplitFailure, SplitFailureKind, SplitRequest, SplitWorker, delete_spilled, spill_prefix,
+};
+use fovea_core::split::SplitTask;
+use fovea_core::{Error, Result};
+
+/// Invocations one query runs at once unless `concurrency=` says.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+/// How long one invocation may take unless `timeout_s=` says (the scan
+/// function's own timeout should be shorter).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A `lambda://` scan target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LambdaTarget {
+    /// Function name or ARN.
+    pub function: String,
+    /// Invocations one query runs at once.
+    pub concurrency: usize,
+    /// Timeout of one invocation.
+    pub timeout: Duration,
+    /// Answers up to this many IPC bytes come inline.
+    pub inline_limit: Option<usize>,
+}
+
+impl LambdaTarget {
+    /// Parses `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |why: String| Error::Source {
+            input: url.into(),
+            message: format!("{why} (expected lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K])"),
+        };
+        let rest = url.strip_prefix("lambda://").ok_or_else(|| bad("not a lambda:// URL".into()))?;
+        let (function, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if function.is_empty() {
+            return Err(bad("no function".into()));
+        }
+        let mut target = LambdaTarget {
+            function: function.to_owned(),
+            concurrency: DEFAULT_CONCURRENCY,
+            timeout: DEFAULT_TIMEOUT,
+            inline_limit: None,
+        };
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            let number = |max: u64| {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| bad(format!("{key}={value}: expected 1..={max}")))
+            };
+            match key.as_ref() {
+                "concurrency" => target.concurrency = number(1000)? as usize,
+                "timeout_s" => target.timeout = Duration::from_secs(number(900)?),
+                "inline_kb" => target.inline_limit = Some(number(6 * 1024)? as usize * 1024),
+                _ => return Err(bad(format!("unknown parameter {key}"))),
+            }
+        }
+        Ok(target)
+    }
+}
+
+/// Counters of a [`LambdaScan`] (monotonic).
+#[derive(Debug, Default)]
+pub struct InvocationStats {
+    /// Invocations sent (retries included).
+    pub invocations: AtomicU64,
+    /// Invocations retried after a failure or a timeout.
+    pub retries: AtomicU64,
+    /// Bytes the function read from the lake.
+    pub bytes_read: AtomicU64,
+    /// Rows the function returned.
+    pub rows: AtomicU64,
+    /// Microseconds the function spent on its splits (its own clock).
+    pub function_micros: AtomicU64,
+}
+
+/// Runs split tasks as invocations of the scan function.
+#[derive(Clone)]
+pub struct LambdaScan {
+    client: Client,
+    target: LambdaTarget,
+    /// The lake's URL, sent with every request (a function pinned to
+    /// another lake refuses it).
+    lake_url: String,
+    /// The lake's store: spilled answers are read and deleted here.
+    store: Arc<dyn ObjectStore>,
+    stats: Arc<InvocationStats>,
+}
+
+impl std::fmt::Debug for LambdaScan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LambdaScan").field("target", &self.target).field("lake", &self.lake_url).finish()
+    }
+}
+
+impl LambdaScan {
+    /// A scan worker invoking `target` for splits of the lake at
+    /// `lake_url`, whose store is `store`.
+    pub fn new(target: LambdaTarget, lake_url: &str, store: Arc<dyn ObjectStore>) -> Result<Self> {
+        let timeout = target.timeout;
+        let config = block_on_io(async move {
+            aws_config::defaults(BehaviorVersion::latest())
+                // One attempt per call: the retry policy is this module's
+                // (once, with a new spill prefix), not the SDK's.
+                .retry_config(RetryConfig::standard().with_max_attempts(1))
+                .timeout_config(TimeoutConfig::builder().operation_attempt_timeout(timeout).build())
+                .load()
+                .await
+        })?;
+        Ok(LambdaScan {
+            client: Client::new(&config),
+            target,
+            lake_url: lake_url.to_owned(),
+            store,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Arc<InvocationStats> {
+        &self.stats
+    }
+
+    /// One invocation: the function's answer or its failure.
+    async fn invoke(&self, request: &SplitRequest) -> std::result::Result<SplitAnswer, SplitFailure> {
+        let payload = serde_json::to_vec(request)
+            .map_err(|e| SplitFailure::new(SplitFailureKind::BadRequest, format!("encoding the request: {e}")))?;
+        // Relaxed: statistics.
+        self.stats.invocations.fetch_add(1, Ordering::Relaxed);
+        let sent = self.client.invoke().function_name(&self.target.function).payload(Blob::new(payload)).send().await;
+        let out = match sent {
+            Ok(out) => out,
+            Err(SdkError::ServiceError(e)) => {
+                // A runtime emulator (cargo lambda watch) answers a
+                // function error with HTTP 500 and Lambda's error body.
+                let raw = e.raw();
+                if let Some(failure) = raw.body().bytes().and_then(function_failure) {
+                    return Err(failure);
+                }
+                return Err(SplitFailure::new(
+                    SplitFailureKind::Unavailable,
+                    format!("Lambda answered HTTP {}: {}", raw.status().as_u16(), e.err()),
+                ));
+            }
+            Err(SdkError::TimeoutError(_)) => {
+                return Err(SplitFailure::new(
+                    SplitFailureKind::Unavailable,
+                    format!("no answer within {} s", self.target.timeout.as_secs()),
+                ));
+            }
+            Err(e) => {
+                return Err(SplitFailure::new(SplitFailureKind::Unavailable, crate::dynamo::describe(&e)));
+            }
+        };
+        let body = out.payload().map(|b| b.as_ref()).unwrap_or_default();
+        if let Some(kind) = out.function_error() {
+            return Err(function_failure(body).unwrap_or_else(|| {
+                SplitFailure::new(SplitFailureKind::Failed, format!("{kind}: {}", String::from_utf8_lossy(body)))
+            }));
+        }
+        serde_json::from_slice(body).map_err(|e| {
+            SplitFailure::new(SplitFailureKind::Failed, format!("the function's answer is not a split answer: {e}"))
+        })
+    }
+
+    /// Task `n` of `query`, retried once.
+    async fn run_task(self, query: String, n: usize, task: SplitTask) -> Result<Vec<RecordBatch>> {
+        let mut attempt = 0;
+        loop {
+            let request = SplitRequest {
+                lake: Some(self.lake_url.clone()),
+                task: task.clone(),
+                spill_prefix: spill_prefix(&query, n, attempt),
+                inline_limit: self.target.inline_limit,
+            };
+            let failure = match self.invoke(&request).await {
+                Ok(answer) => {
+                    // Relaxed: statistics.
+                    self.stats.bytes_read.fetch_add(answer.bytes_read, Ordering::Relaxed);
+                    self.stats.rows.fetch_add(answer.rows as u64, Ordering::Relaxed);
+                    self.stats.function_micros.fetch_add(answer.micros, Ordering::Relaxed);
+                    match answer.fetch_batches(&self.store).await {
+                        Ok(batches) => return Ok(batches),
+                        Err(e) => SplitFailure::of(&e),
+                    }
+                }
+                Err(failure) => failure,
+            };
+            if attempt == 0 && failure.kind.is_retryable() {
+                tracing::warn!(function = %self.target.function, split = n, table = %task.table.name, %failure, "scan invocation failed; retrying once");
+                self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                attempt += 1;
+                continue;
+            }
+            let what = match failure.kind {
+                SplitFailureKind::ObjectMissing | SplitFailureKind::SnapshotUnavailable => {
+                    " (the lake moved on since the query was planned: run it again)"
+                }
+                _ => "",
+            };
+            return Err(Error::Backend {
+                backend: "Lambda",
+                operation: format!(
+                    "invoke {} for split {n} (file {}, rows {}..{}) after {} attempt(s)",
+                    self.target.function,
+                    task.file,
+                    task.offset,
+                    task.offset + task.rows,
+                    attempt + 1
+                ),
+                key: task.table.name.clone(),
+                message: format!("{failure}{what}"),
+            });
+        }
+    }
+}
+
+/// Lambda's error body (`{"errorType": …, "errorMessage": …}`) as a failure.
+fn function_failure(body: &[u8]) -> Option<SplitFailure> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let kind = v.get("errorType")?.as_str()?;
+    let message = v.get("errorMessage").and_then(|m| m.as_str()).unwrap_or_default();
+    Some(SplitFailure::new(SplitFailureKind::parse(kind), format!("{kind}: {message}")))
+}
+
+impl SplitWorker for LambdaScan {
+    fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
+        // The SDK's connections live on the IO runtime.
+        let run = spawn_io(self.clone().run_task(query.to_owned(), n, task));
+        Box::pin(async move { run.await? })
+    }
+
+    fn concurrency(&self) -> usize {
+        self.target.concurrency
+    }
+
+    fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {
+        let store = Arc::clone(&self.store);
+        let query = query.to_owned();
+        let run = spawn_io(async move { delete_spilled(&store, &query).await });
+        Box::pin(async move { run.await? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse() {
+        let t = LambdaTarget::parse("lambda://fovea-scan").unwrap();
+        assert_eq!((t.function.as_str(), t.concurrency, t.timeout), ("fovea-scan", 16, DEFAULT_TIMEOUT));
+        let t = LambdaTarget::parse(
+            "lambda://arn:aws:lambda:eu-west-1:1:function:f?concurrency=4&timeout_s=30&inline_kb=64",
+        )
+        .unwrap();
+        assert_eq!(t.function, "arn:aws:lambda:eu-west-1:1:function:f");
+        assert_eq!((t.concurrency, t.timeout.as_secs(), t.inline_limit), (4, 30, Some(65536)));
+        for bad in ["s3://x", "lambda://", "lambda://f?concurrency=0", "lambda://f?timeout_s=901", "lambda://f?x=1"] {
+            assert!(LambdaTarget::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lambda_error_bodies_are_typed() {
+        let f = function_failure(br#"{"errorType":"ObjectMissing","errorMessage":"gone"}"#).unwrap();
+        assert_eq!(f.kind, SplitFailureKind::ObjectMissing);
+        let f = function_failure(br#"{"errorType":"Runtime.ExitError","errorMessage":"exit 1"}"#).unwrap();
+        assert_eq!(f.kind, SplitFailureKind::Failed);
+        assert!(function_failure(b"not json").is_none());
+    }
+}

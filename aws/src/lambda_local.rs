@@ -1,0 +1,145 @@
+//! A local Lambda endpoint for tests and benchmarks, without Docker:
+//! `cargo lambda watch --only-lambda-apis` serves the Lambda invoke API
+//! (what aws-sdk-lambda and boto3 call, at `AWS_ENDPOINT_URL_LAMBDA`) and
+//! the runtime API; this module starts it and then `instances` processes
+//! of a function binary that poll it, as Lambda's execution environments
+//! do (one invocation at a time each). `scripts/test-deps.sh` installs
+//! cargo-lambda in `/var/tmp/fovea-tools/lambda-venv`; `FOVEA_CARGO_LAMBDA`
+//! names another.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The cargo-lambda executable: `FOVEA_CARGO_LAMBDA`, else the one
+/// `scripts/test-deps.sh` installs, else `cargo-lambda` on PATH.
+pub fn cargo_lambda() -> String {
+    let venv = "/var/tmp/fovea-tools/lambda-venv/bin/cargo-lambda";
+    std::env::var("FOVEA_CARGO_LAMBDA")
+        .unwrap_or_else(|_| if Path::new(venv).exists() { venv.into() } else { "cargo-lambda".into() })
+}
+
+/// A running local Lambda endpoint with function instances; all stopped
+/// on drop.
+pub struct LocalLambda {
+    watch: Child,
+    instances: Vec<Child>,
+    port: u16,
+    /// The function's name (its binary's name).
+    pub function: String,
+    binary: PathBuf,
+    env: Vec<(String, String)>,
+    logs: PathBuf,
+}
+
+impl LocalLambda {
+    /// Starts the endpoint (in `workspace`, whose binaries it knows) and
+    /// `instances` processes of `binary` with `env` added to theirs.
+    pub fn start(
+        workspace: &Path,
+        binary: &Path,
+        instances: usize,
+        env: &[(String, String)],
+    ) -> std::io::Result<LocalLambda> {
+        let function = binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| std::io::Error::other(format!("{} names no function", binary.display())))?
+            .to_owned();
+        if !binary.exists() {
+            return Err(std::io::Error::other(format!(
+                "{} is not built (cargo build --workspace builds it)",
+                binary.display()
+            )));
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let logs = std::env::temp_dir().join(format!("fovea-lambda-{port}"));
+        std::fs::create_dir_all(&logs)?;
+        let tool = cargo_lambda();
+        let watch = Command::new(&tool)
+            .args(["lambda", "watch", "--only-lambda-apis", "--ignore-changes", "--invoke-address", "127.0.0.1"])
+            .args(["--invoke-port", &port.to_string(), "--bin", &function])
+            .current_dir(workspace)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(logs.join("watch.log"))?)
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot start {tool} (run scripts/test-deps.sh): {e}"))
+            })?;
+        let mut local = LocalLambda {
+            watch,
+            instances: Vec::new(),
+            port,
+            function,
+            binary: binary.to_owned(),
+            env: env.to_vec(),
+            logs,
+        };
+        let began = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if began.elapsed() > Duration::from_secs(120) || local.watch.try_wait()?.is_some() {
+                return Err(std::io::Error::other(format!(
+                    "cargo lambda watch did not start:\n{}",
+                    local.log("watch")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for _ in 0..instances {
+            local.add_instance()?;
+        }
+        Ok(local)
+    }
+
+    /// Starts one more instance of the function.
+    pub fn add_instance(&mut self) -> std::io::Result<()> {
+        let n = self.instances.len();
+        let child = Command::new(&self.binary)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{}/.rt/{}", self.port, self.function))
+            .env("AWS_LAMBDA_FUNCTION_NAME", &self.function)
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.logs.join(format!("instance-{n}.log")))?)
+            .spawn()?;
+        self.instances.push(child);
+        Ok(())
+    }
+
+    /// Pauses (`pause = true`, SIGSTOP) or resumes (SIGCONT) instance `n`:
+    /// a paused instance holding an invocation never answers it, as a hung
+    /// function does.
+    pub fn pause_instance(&self, n: usize, pause: bool) -> std::io::Result<()> {
+        let child = self.instances.get(n).ok_or_else(|| std::io::Error::other(format!("no instance {n}")))?;
+        let signal = if pause { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").args([signal, &child.id().to_string()]).status()?;
+        if status.success() { Ok(()) } else { Err(std::io::Error::other(format!("kill {signal} failed"))) }
+    }
+
+    /// The endpoint, for `AWS_ENDPOINT_URL_LAMBDA`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What `name` (`watch`, `instance-N`) logged.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Every instance's log, concatenated.
+    pub fn instance_logs(&self) -> String {
+        (0..self.instances.len()).map(|n| self.log(&format!("instance-{n}"))).collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for LocalLambda {
+    fn drop(&mut self) {
+        for child in self.instances.iter_mut().chain(std::iter::once(&mut self.watch)) {
+            // Stopping test processes: one already gone is fine.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

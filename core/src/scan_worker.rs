@@ -1,0 +1,330 @@
+//! Splits run by a worker somewhere else: what a scan worker (the Lambda
+//! scan function, `functions/scan`) is asked, what it answers, and how a
+//! caller hands it work ([`SplitWorker`]).
+//!
+//! ```text
+//!  caller (fovea sql --scan lambda://F, the Python client)       worker (no engine, no catalog)
+//!  SplitRequest { task, spill_prefix, inline_limit } ─ JSON ─▶ run_split(lake, request)
+//!        ◀─ SplitAnswer { rows, ipc (inline) | objects (spilled) } ─┘
+//!        ◀─ or a SplitFailure { kind, message } the caller acts on
+//! ```
+//!
+//! An answer is one split's visible rows, whole: the caller takes it in one
+//! piece after the invocation succeeded, so a retried invocation can never
+//! put a split's rows into one answer twice. Rows that do not fit the
+//! synchronous response (Lambda: 6 MB, base64 inflates by 4/3) are written
+//! as Arrow IPC streams under the request's spill prefix, which is unique
+//! per query *and attempt* (a late first attempt never mixes with its
+//! retry), and always under [`SPILL_ROOT`], so a worker can write nowhere
+//! else in the lake. The caller reads and deletes them.
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use futures::future::BoxFuture;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::lake::Lake;
+use crate::metered::{MeteredStore, StoreMeter};
+use crate::split::SplitTask;
+
+/// Where spilled answers live in a lake: `_fovea/scan-results/QUERY/…`.
+pub const SPILL_ROOT: &str = "_fovea/scan-results";
+
+/// Inline answers up to this many bytes of Arrow IPC (as base64 in JSON
+/// about 5.4 MB: under Lambda's 6 MB synchronous response limit).
+pub const DEFAULT_INLINE_LIMIT: usize = 4 << 20;
+
+/// Spilled answers are cut into IPC objects of about this size.
+const SPILL_OBJECT_BYTES: usize = 64 << 20;
+
+/// One split for a worker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SplitRequest {
+    /// The lake (`s3://BUCKET/PREFIX`). A worker configured for one lake
+    /// refuses any other; one that is not reads the one named here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lake: Option<String>,
+    /// The split.
+    pub task: SplitTask,
+    /// Where an answer too big to return inline goes: a path under
+    /// [`SPILL_ROOT`], unique per query and attempt.
+    pub spill_prefix: String,
+    /// Inline answers up to this many IPC bytes ([`DEFAULT_INLINE_LIMIT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline_limit: Option<usize>,
+}
+
+/// A worker's answer: the split's visible rows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SplitAnswer {
+    /// Visible rows returned.
+    pub rows: usize,
+    /// The rows as one Arrow IPC stream, base64, when inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc: Option<String>,
+    /// Objects in the lake holding the rows as Arrow IPC streams, in
+    /// order, when spilled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<String>,
+    /// Bytes the worker read from the lake.
+    pub bytes_read: u64,
+    /// GET requests the worker made.
+    pub gets: u64,
+    /// Time spent on the split, in microseconds.
+    pub micros: u64,
+}
+
+/// What a caller can do about a failed split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SplitFailureKind {
+    /// The request is malformed or names another lake: retrying the same
+    /// request fails again.
+    BadRequest,
+    /// An object the split names is gone (retired after the plan was made):
+    /// plan again at a newer snapshot.
+    ObjectMissing,
+    /// The split's snapshot is no longer readable: plan again.
+    SnapshotUnavailable,
+    /// Storage failed or timed out: retrying may succeed.
+    Unavailable,
+    /// Anything else (a bug, corrupt data): the message says what.
+    Failed,
+}
+
+impl SplitFailureKind {
+    /// The name a worker reports (Lambda's `errorType`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitFailureKind::BadRequest => "BadRequest",
+            SplitFailureKind::ObjectMissing => "ObjectMissing",
+            SplitFailureKind::SnapshotUnavailable => "SnapshotUnavailable",
+            SplitFailureKind::Unavailable => "Unavailable",
+            SplitFailureKind::Failed => "Failed",
+        }
+    }
+
+    /// The kind a worker reported as `name` (unknown names, such as a
+    /// runtime's own `Runtime.ExitError`, are `Failed`).
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "BadRequest" => SplitFailureKind::BadRequest,
+            "ObjectMissing" => SplitFailureKind::ObjectMissing,
+            "SnapshotUnavailable" => SplitFailureKind::SnapshotUnavailable,
+            "Unavailable" => SplitFailureKind::Unavailable,
+            _ => SplitFailureKind::Failed,
+        }
+    }
+
+    /// Whether running the same request again may succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, SplitFailureKind::Unavailable | SplitFailureKind::Failed)
+    }
+}
+
+/// A split that failed, as a worker reports it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", kind.as_str())]
+pub struct SplitFailure {
+    /// What the caller can do.
+    pub kind: SplitFailureKind,
+    /// What happened.
+    pub message: String,
+}
+
+impl SplitFailure {
+    /// A failure of `kind`.
+    pub fn new(kind: SplitFailureKind, message: impl Into<String>) -> Self {
+        SplitFailure { kind, message: message.into() }
+    }
+
+    /// The failure `e` is for a caller.
+    pub fn of(e: &Error) -> Self {
+        let kind = match e {
+            Error::ObjectStore(object_store::Error::NotFound { .. }) => SplitFailureKind::ObjectMissing,
+            Error::ObjectStore(_) | Error::Io(_) | Error::Backend { .. } => SplitFailureKind::Unavailable,
+            Error::SnapshotUnavailable { .. } | Error::BelowVisibilityBase { .. } => {
+                SplitFailureKind::SnapshotUnavailable
+            }
+            Error::Corrupt { what, .. } if what.starts_with("split task") => SplitFailureKind::BadRequest,
+            Error::Input { .. } => SplitFailureKind::BadRequest,
+            _ => SplitFailureKind::Failed,
+        };
+        SplitFailure::new(kind, e.to_string())
+    }
+}
+
+/// Runs `request`'s split on `lake` and returns its visible rows, inline
+/// or spilled under the request's prefix.
+pub fn run_split(lake: &Lake, request: &SplitRequest) -> Result<SplitAnswer, SplitFailure> {
+    let started = Instant::now();
+    let spill = spill_path(&request.spill_prefix)?;
+    // The worker's reads are counted: callers report bytes read per row.
+    let meter = Arc::new(StoreMeter::default());
+    let metered = Lake::new(Arc::new(MeteredStore::new(Arc::clone(lake.store()), Arc::clone(&meter))));
+    let scan = request.task.scan(metered).map_err(|e| SplitFailure::of(&e))?;
+    let schema = scan.schema();
+    let batches = scan.collect_batches().map_err(|e| SplitFailure::of(&e))?;
+    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    let limit = request.inline_limit.unwrap_or(DEFAULT_INLINE_LIMIT);
+    let streams = encode_ipc(&schema, &batches, SPILL_OBJECT_BYTES).map_err(|e| SplitFailure::of(&e))?;
+    let mut answer = SplitAnswer { rows, ..SplitAnswer::default() };
+    if let [one] = streams.as_slice()
+        && one.len() <= limit
+    {
+        answer.ipc = Some(BASE64.encode(one));
+    } else {
+        for (n, stream) in streams.into_iter().enumerate() {
+            let path = spill.clone().join(format!("{n:05}.arrow"));
+            lake.put(&path, Bytes::from(stream)).map_err(|e| SplitFailure::of(&e))?;
+            answer.objects.push(path.to_string());
+        }
+    }
+    let counts = meter.counts();
+    answer.bytes_read = counts.bytes_read;
+    answer.gets = counts.gets;
+    answer.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    Ok(answer)
+}
+
+/// `prefix` as a path under [`SPILL_ROOT`] (anything else is refused).
+fn spill_path(prefix: &str) -> Result<Path, SplitFailure> {
+    let bad = || {
+        SplitFailure::new(
+            SplitFailureKind::BadRequest,
+            format!("spill prefix {prefix:?}: answers are written under {SPILL_ROOT}/ only"),
+        )
+    };
+    let path = Path::parse(prefix).map_err(|_| bad())?;
+    let mut parts = path.parts();
+    for expected in SPILL_ROOT.split('/') {
+        match parts.next() {
+            Some(p) if p.as_ref() == expected => {}
+            _ => return Err(bad()),
+        }
+    }
+    if parts.next().is_none() {
+        return Err(bad());
+    }
+    Ok(path)
+}
+
+/// `batches` as Arrow IPC streams of about `target` bytes each (at least
+/// one stream, which may hold no batch).
+fn encode_ipc(schema: &SchemaRef, batches: &[RecordBatch], target: usize) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
+    let mut in_stream = 0;
+    for batch in batches {
+        if in_stream > 0 && in_stream + batch.get_array_memory_size() > target {
+            out.push(writer.into_inner()?);
+            writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
+            in_stream = 0;
+        }
+        writer.write(batch)?;
+        in_stream += batch.get_array_memory_size();
+    }
+    writer.finish()?;
+    out.push(writer.into_inner()?);
+    Ok(out)
+}
+
+/// The batches of one Arrow IPC stream.
+pub fn decode_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(bytes), None)?;
+    Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
+impl SplitAnswer {
+    /// The answer's rows: decoded inline, or read from `store` (the lake)
+    /// and the spilled objects deleted.
+    pub async fn fetch_batches(&self, store: &Arc<dyn ObjectStore>) -> Result<Vec<RecordBatch>> {
+        let corrupt = |reason: String| Error::Corrupt { what: "a scan worker's answer".into(), reason };
+        let mut out = Vec::new();
+        if let Some(ipc) = &self.ipc {
+            let bytes = BASE64.decode(ipc).map_err(|e| corrupt(e.to_string()))?;
+            out.extend(decode_ipc(&bytes)?);
+        }
+        for object in &self.objects {
+            let path = Path::parse(object).map_err(|e| corrupt(e.to_string()))?;
+            if spill_path(object).is_err() {
+                return Err(corrupt(format!("an object outside {SPILL_ROOT}: {object}")));
+            }
+            let bytes = store.get(&path).await?.bytes().await?;
+            out.extend(decode_ipc(&bytes)?);
+            store.delete(&path).await?;
+        }
+        let rows: usize = out.iter().map(RecordBatch::num_rows).sum();
+        if rows != self.rows {
+            return Err(corrupt(format!("{rows} rows, {} announced", self.rows)));
+        }
+        Ok(out)
+    }
+}
+
+/// Something that runs split tasks elsewhere (a Lambda function, a pool
+/// of processes) on behalf of a query. `run` answers one task's visible
+/// rows, whole, or an error that failed the query (after whatever retries
+/// the worker makes): a task's rows are never returned in parts.
+pub trait SplitWorker: Send + Sync + std::fmt::Debug {
+    /// Runs task number `n` of query `query` (names its spill prefix).
+    fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>>;
+    /// Invocations one query may have running at once.
+    fn concurrency(&self) -> usize;
+    /// Called once when query `query` ended (its spilled leftovers can go).
+    fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>>;
+}
+
+/// The spill prefix of attempt `attempt` of task `n` of query `query`.
+pub fn spill_prefix(query: &str, n: usize, attempt: u32) -> String {
+    format!("{SPILL_ROOT}/{query}/{n:06}-{attempt}")
+}
+
+/// Deletes everything spilled for query `query` in `store` (answers of
+/// attempts that were given up, which nobody read).
+pub async fn delete_spilled(store: &Arc<dyn ObjectStore>, query: &str) -> Result<()> {
+    let prefix = Path::from(format!("{SPILL_ROOT}/{query}"));
+    let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+    for meta in objects {
+        store.delete(&meta.location).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spill_prefixes_stay_under_the_root() {
+        assert!(spill_path("_fovea/scan-results/q1/000001-0").is_ok());
+        for bad in ["", "_fovea/scan-results", "_fovea/other/x", "tables/1/x", "_fovea/scan-results/../x"] {
+            let e = spill_path(bad).unwrap_err();
+            assert_eq!(e.kind, SplitFailureKind::BadRequest, "{bad}");
+        }
+    }
+
+    #[test]
+    fn failure_kinds_round_trip_by_name() {
+        for kind in [
+            SplitFailureKind::BadRequest,
+            SplitFailureKind::ObjectMissing,
+            SplitFailureKind::SnapshotUnavailable,
+            SplitFailureKind::Unavailable,
+            SplitFailureKind::Failed,
+        ] {
+            assert_eq!(SplitFailureKind::parse(kind.as_str()), kind);
+        }
+        assert_eq!(SplitFailureKind::parse("Runtime.ExitError"), SplitFailureKind::Failed);
+    }
+}

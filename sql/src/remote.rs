@@ -1,0 +1,228 @@
+//! A fovea scan whose splits run elsewhere, as a DataFusion `ExecutionPlan`.
+//!
+//! ```text
+//!  TableProvider::scan ─▶ one view of the table ─▶ Scan::tasks() (no data read)
+//!  ─▶ tasks dealt round-robin over min(worker concurrency, tasks) partitions
+//!  execute(p) ─▶ partition p's tasks one after another ─▶ SplitWorker::run ─▶ batches
+//! ```
+//! Each partition has one task running at a time, so a query has at most
+//! the worker's concurrency of invocations in flight. A task's rows arrive
+//! whole from the worker (it retries; see [`SplitWorker`]), so a split is
+//! never half in an answer. The query's snapshot is held by the session's
+//! source (a registered snapshot or reader registration) for as long as
+//! the session lives.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Statistics};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
+};
+use fovea_core::scan_worker::SplitWorker;
+use fovea_core::split::SplitTask;
+use futures::{StreamExt, TryStreamExt};
+
+/// The worker a session's scans run on, and the query they belong to.
+#[derive(Clone, Debug)]
+pub struct RemoteScans {
+    /// The worker.
+    pub worker: Arc<dyn SplitWorker>,
+    /// The query's id (names its spilled answers).
+    pub query: Arc<str>,
+    /// Numbers the query's tasks across its tables.
+    next_task: Arc<AtomicUsize>,
+}
+
+impl RemoteScans {
+    /// Scans of query `query` on `worker`.
+    pub fn new(worker: Arc<dyn SplitWorker>, query: &str) -> Self {
+        RemoteScans { worker, query: query.into(), next_task: Arc::default() }
+    }
+
+    /// A new, unique query id.
+    pub fn new_query_id() -> String {
+        static SEQUENCE: AtomicUsize = AtomicUsize::new(0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        // Relaxed: uniqueness within the process only needs atomicity.
+        let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        format!("{:x}-{:x}-{n}", now.as_micros(), std::process::id())
+    }
+}
+
+/// A fovea table's visible rows at one snapshot, read by a [`SplitWorker`].
+pub struct RemoteScanExec {
+    table: String,
+    /// Per partition: (task number in the query, task).
+    partitions: Vec<Vec<(usize, SplitTask)>>,
+    remote: RemoteScans,
+    schema: SchemaRef,
+    stored_rows: usize,
+    limit: Option<usize>,
+    filter: Option<String>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl fmt::Debug for RemoteScanExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteScanExec").field("table", &self.table).field("worker", &self.remote.worker).finish()
+    }
+}
+
+impl RemoteScanExec {
+    /// `tasks` of `table` (all of one view, producing `schema`) on `remote`.
+    pub fn new(
+        table: &str,
+        schema: SchemaRef,
+        tasks: Vec<SplitTask>,
+        remote: RemoteScans,
+        limit: Option<usize>,
+        filter: Option<String>,
+    ) -> Self {
+        let n = remote.worker.concurrency().clamp(1, tasks.len().max(1));
+        let mut partitions: Vec<Vec<(usize, SplitTask)>> = vec![Vec::new(); n];
+        let stored_rows = tasks.iter().map(|t| t.rows).sum();
+        // Relaxed: numbering only needs atomicity.
+        let first = remote.next_task.fetch_add(tasks.len(), Ordering::Relaxed);
+        for (i, task) in tasks.into_iter().enumerate() {
+            partitions[i % n].push((first + i, task));
+        }
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        RemoteScanExec {
+            table: table.to_owned(),
+            partitions,
+            remote,
+            schema,
+            stored_rows,
+            limit,
+            filter,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for RemoteScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let columns: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
+        write!(
+            f,
+            "RemoteScanExec: table={}, worker={:?}, partitions={}, splits={}, projection=[{}]",
+            self.table,
+            self.remote.worker,
+            self.partitions.len(),
+            self.partitions.iter().map(Vec::len).sum::<usize>(),
+            columns.join(", ")
+        )?;
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={filter}")?;
+        }
+        if let Some(limit) = self.limit {
+            write!(f, ", limit={limit}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for RemoteScanExec {
+    fn name(&self) -> &str {
+        "RemoteScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::common::Result<TreeNodeRecursion>,
+    ) -> datafusion::common::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal("RemoteScanExec has no children".into()))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> datafusion::common::Result<SendableRecordBatchStream> {
+        let tasks = self
+            .partitions
+            .get(partition)
+            .cloned()
+            .ok_or_else(|| DataFusionError::Internal(format!("no partition {partition} of {}", self.table)))?;
+        let splits_read = MetricBuilder::new(&self.metrics).counter("splits_read", partition);
+        let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let worker = Arc::clone(&self.remote.worker);
+        let query = Arc::clone(&self.remote.query);
+        let schema = Arc::clone(&self.schema);
+        let table = self.table.clone();
+        let stream = futures::stream::iter(tasks)
+            .then(move |(n, task)| worker.run(&query, n, task))
+            .map_err(|e| DataFusionError::External(Box::new(e)))
+            .map_ok(move |batches| {
+                splits_read.add(1);
+                let schema = Arc::clone(&schema);
+                let table = table.clone();
+                let rows = rows.clone();
+                futures::stream::iter(batches.into_iter().map(move |batch: RecordBatch| {
+                    if batch.schema().fields() != schema.fields() {
+                        return Err(DataFusionError::Execution(format!(
+                            "a scan worker returned columns {:?} for {table}, expected {:?}",
+                            batch.schema().fields(),
+                            schema.fields()
+                        )));
+                    }
+                    rows.add(batch.num_rows());
+                    Ok(batch)
+                }))
+            })
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> datafusion::common::Result<Arc<Statistics>> {
+        let stored = match partition {
+            Some(p) => self.partitions.get(p).map_or(0, |t| t.iter().map(|(_, t)| t.rows).sum()),
+            None => self.stored_rows,
+        };
+        let rows = self.limit.map_or(stored, |l| l.min(stored));
+        let mut stats = Statistics::new_unknown(&self.schema);
+        stats.num_rows = Precision::Inexact(rows);
+        Ok(Arc::new(stats))
+    }
+}
