@@ -175,6 +175,23 @@ enum Command {
     /// visibility RPC and Prometheus metrics, run GC and checkpoints, until
     /// SIGINT/SIGTERM (then a final checkpoint).
     Serve(serve::ServeArgs),
+    /// The split tasks of one table scan at the lake's newest checkpoint,
+    /// as JSON (for workers elsewhere: the Lambda scan function through
+    /// clients/python): {"query", "lake", "qts", "schema" (Arrow IPC, base64),
+    /// "tasks"}.
+    Plan {
+        #[command(flatten)]
+        lake: lakes::LakeArgs,
+        /// The table (schema.table).
+        #[arg(long)]
+        table: String,
+        /// Columns to read, comma-separated (default: all).
+        #[arg(long, value_delimiter = ',')]
+        columns: Vec<String>,
+        /// Rows wanted at most.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Replayed source transactions and catalog operations, newest first.
     History {
         #[command(flatten)]
@@ -404,6 +421,11 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve(args) => serve::serve(args, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))),
+        Command::Plan { lake, table, columns, limit } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            query::plan(&lake, &table, &columns, limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+        }
         Command::History { lake, table, limit } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());

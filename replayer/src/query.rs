@@ -283,3 +283,40 @@ pub fn history(lake: &LakeArgs, table: Option<&str>, limit: usize, out: &mut dyn
     }
     Ok(())
 }
+
+/// `fovea plan`: the split tasks of a scan of `table` (its `columns`, all
+/// when empty) at the lake's newest checkpoint, as one JSON object.
+pub fn plan(
+    lake: &LakeArgs,
+    table: &str,
+    columns: &[String],
+    limit: Option<usize>,
+    out: &mut dyn Write,
+) -> CliResult<()> {
+    let opened = lake.open_read()?;
+    let def = opened.reader.table(table)?;
+    let projection = if columns.is_empty() {
+        (0..def.schema.fields().len())
+            .filter(|&i| !def.schema.field(i).name().starts_with(fovea_sql::HIDDEN_PREFIX))
+            .collect()
+    } else {
+        columns
+            .iter()
+            .map(|c| def.schema.index_of(c).map_err(|_| format!("table {table} has no column {c}")))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let options = fovea_core::ScanOptions { projection: Some(projection), ..Default::default() };
+    let scan = opened.reader.scan(table, options)?.with_limit(limit);
+    let mut schema = Vec::new();
+    arrow_ipc::writer::StreamWriter::try_new(&mut schema, &scan.schema())?.finish()?;
+    let plan = serde_json::json!({
+        "query": fovea_sql::RemoteScans::new_query_id(),
+        "lake": lake.lake,
+        "qts": opened.reader.qts().get(),
+        "schema": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, schema),
+        "tasks": scan.tasks()?,
+    });
+    serde_json::to_writer(&mut *out, &plan)?;
+    writeln!(out)?;
+    Ok(())
+}

@@ -8,7 +8,9 @@
 //! * a hung invocation times out and is retried once; two hung ones fail
 //!   the query, naming the function, the split and the timeout;
 //! * a file retired under a plan is a typed error (ObjectMissing) that is
-//!   not retried and tells the user to run the query again.
+//!   not retried and tells the user to run the query again;
+//! * the Python client (clients/python) returns the same table as
+//!   `fovea sql`, and the notebook example (examples/) runs and plots.
 
 mod common;
 
@@ -99,6 +101,37 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
             assert_eq!(sorted(&String::from_utf8_lossy(&out.stdout)), sorted(&local), "{query} through lambda{params}");
         }
     }
+    // The Python client (clients/python) returns the same table as fovea sql,
+    // and the notebook example runs and plots.
+    let plot = tempfile::tempdir().unwrap();
+    let png = plot.path().join("balances.png");
+    let python = |args: &[&str]| {
+        let out = Command::new(fovea_aws::moto::python())
+            .envs(moto.env())
+            .env("AWS_ENDPOINT_URL_LAMBDA", lambda.endpoint())
+            .env("FOVEA_BIN", env!("CARGO_BIN_EXE_fovea"))
+            .env("FOVEA_LAKE", S3[1])
+            .env("FOVEA_STATE", S3[3])
+            .env("FOVEA_PLOT", &png)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let from_python = python(&[
+        "-c",
+        "import os, sys; sys.path.insert(0, 'clients/python'); import fovea_client\n\
+         t = fovea_client.scan('public.pgbench_accounts', lake=os.environ['FOVEA_LAKE'], state=os.environ['FOVEA_STATE'], columns=['aid', 'abalance'])\n\
+         print('aid,abalance'); [print(f'{a},{b}') for a, b in zip(t['aid'].to_pylist(), t['abalance'].to_pylist())]",
+    ]);
+    let from_sql = ok(sql(&moto, None, "SELECT aid, abalance FROM public.pgbench_accounts"));
+    assert_eq!(sorted(&from_python), sorted(&from_sql));
+    let printed = python(&["examples/notebook_scan.py"]);
+    assert!(printed.contains("200 accounts"), "{printed}");
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+
     // A big answer spilled in several invocations: same as in process, and
     // nothing left under the spill prefix.
     let all = "SELECT * FROM tpcc.order_line";
