@@ -95,14 +95,16 @@ impl LocalLambda {
     /// Starts one more instance of the function.
     pub fn add_instance(&mut self) -> std::io::Result<()> {
         let n = self.instances.len();
+        let log = std::fs::File::create(self.logs.join(format!("instance-{n}.log")))?;
         let child = Command::new(&self.binary)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{}/.rt/{}", self.port, self.function))
             .env("AWS_LAMBDA_FUNCTION_NAME", &self.function)
             .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.logs.join(format!("instance-{n}.log")))?)
+            // A function logs to stdout (CloudWatch on Lambda).
+            .stdout(log.try_clone()?)
+            .stderr(log)
             .spawn()?;
         self.instances.push(child);
         Ok(())

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_kinesis;
+mod bench_lambda;
 mod bench_scan;
 mod demo;
 mod input;
@@ -318,6 +319,20 @@ enum BenchCommand {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// lambda://FUNCTION: instead, a full-table aggregation in process
+        /// and through N = 1, 4, 16 invocations of the scan function
+        /// (local moto + cargo lambda watch unless --lake is given).
+        #[arg(long)]
+        scan: Option<String>,
+        /// Rows of the table the Lambda scans read.
+        #[arg(long, default_value_t = 10_000_000, requires = "scan")]
+        rows: u64,
+        /// An existing s3:// lake for the Lambda scans (with --state).
+        #[arg(long, requires_all = ["scan", "state"])]
+        lake: Option<String>,
+        /// The state of --lake (dynamodb://TABLE).
+        #[arg(long, requires = "lake")]
+        state: Option<String>,
     },
     /// One reader process of `fovea bench scan` (prints rows and peak RSS).
     #[command(hide = true)]
@@ -454,7 +469,11 @@ fn main() -> ExitCode {
             bench::freshness(rate, seconds, json)
         }
         Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
-        Command::Bench { which: BenchCommand::Scan { txns, runs, json } } => {
+        Command::Bench { which: BenchCommand::Scan { txns, runs, json, scan: Some(target), rows, lake, state } } => {
+            let _ = (txns, runs);
+            bench_lambda::run(&bench_lambda::LambdaScanBench { target, rows, lake: lake.zip(state), json })
+        }
+        Command::Bench { which: BenchCommand::Scan { txns, runs, json, scan: None, .. } } => {
             bench_scan::run(&bench_scan::ScanBench { txns, runs: runs.max(1), json })
         }
         Command::Bench { which: BenchCommand::ScanProbe { mode, lake, sql } } => bench_scan::probe(mode, &lake, &sql),

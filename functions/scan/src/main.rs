@@ -97,7 +97,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .without_time() // CloudWatch stamps every line.
+        .without_time() // CloudWatch stamps every line,
+        .with_ansi(false) // and shows colour codes as text.
         .init();
     // The runtime panics on a missing variable: say what is missing instead.
     let missing: Vec<&str> = [
