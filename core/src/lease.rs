@@ -76,10 +76,20 @@ impl Renewal {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new().name(name.into()).spawn(move || {
                 let (flag, wake) = &*stop;
-                let mut stopped = lock(flag);
                 loop {
-                    stopped = wake.wait_timeout(stopped, period).unwrap_or_else(|p| p.into_inner()).0;
-                    if *stopped || !tick() {
+                    let mut stopped = lock(flag);
+                    // A drop before this thread first waits set the flag
+                    // already: waiting a whole period would delay it.
+                    if !*stopped {
+                        stopped = wake.wait_timeout(stopped, period).unwrap_or_else(|p| p.into_inner()).0;
+                    }
+                    if *stopped {
+                        return;
+                    }
+                    // The tick makes requests: not under the lock, so a
+                    // drop never waits for one to set the flag.
+                    drop(stopped);
+                    if !tick() {
                         return;
                     }
                 }
@@ -277,6 +287,34 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(keeper);
         assert_eq!(waiter.join().unwrap().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_renewal_stops_at_once_when_dropped_however_long_its_period() {
+        // Dropped before its thread first waits, and while it waits: both
+        // stop at once (a failed open used to wait out a whole period).
+        for pause in [Duration::ZERO, Duration::from_millis(50)] {
+            let renewal = Renewal::spawn("test-renewal", Duration::from_secs(60), || true).unwrap();
+            std::thread::sleep(pause);
+            let began = std::time::Instant::now();
+            drop(renewal);
+            assert!(began.elapsed() < Duration::from_secs(1), "drop took {:?}", began.elapsed());
+        }
+        // A tick in progress does not hold up the drop's flag.
+        let ticking = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&ticking);
+        let renewal = Renewal::spawn("test-renewal", Duration::from_millis(1), move || {
+            // Relaxed: a test counter.
+            seen.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+            true
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        let began = std::time::Instant::now();
+        drop(renewal);
+        assert!(began.elapsed() < Duration::from_millis(500));
+        assert!(ticking.load(Ordering::Relaxed) >= 1);
     }
 
     #[test]

@@ -75,3 +75,60 @@ fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_rep
         assert_eq!(export(&faulty), export(&clean), "{t} after {stops} stops");
     }
 }
+
+/// `fovea serve` following a file under faults, a new seed per run: each
+/// run stops with an error naming its fault, or is still serving after a
+/// while and stops on SIGTERM (cleanly, or naming a fault of its final
+/// checkpoint). A last run without faults catches up to exactly the
+/// uninterrupted replay.
+#[test]
+fn serve_under_injected_faults_restarts_to_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("hybench.jsonl");
+    ok(fovea().args(["gen", "hybench", "--txns", "3000", "--seed", "3", "--output"]).arg(&input).output().unwrap());
+    let clean = dir.path().join("clean");
+    ok(fovea().args(["replay", "--lake", clean.to_str().unwrap(), "--input"]).arg(&input).output().unwrap());
+    let lake = dir.path().join("faulty");
+    let (mut stopped_by_fault, mut survived) = (0, 0);
+    for seed in 1..=12 {
+        let log = dir.path().join(format!("serve-{seed}.log"));
+        let mut child = fovea()
+            .env("FOVEA_FAULTS", format!("seed={seed},errors=0.01,after=0.01,latency_ms=1,multipart=0.3"))
+            .args(["serve", "--lake", lake.to_str().unwrap(), "--input", input.to_str().unwrap()])
+            .args(["--listen", &format!("127.0.0.1:{}", common::free_port()), "--checkpoint-secs", "0.2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let status = match common::wait_timeout(&mut child, Duration::from_secs(4)) {
+            Some(status) => status,
+            None => {
+                survived += 1;
+                let pid = child.id().to_string();
+                assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+                common::wait_timeout(&mut child, Duration::from_secs(60))
+                    .unwrap_or_else(|| panic!("seed {seed}: no stop within 60 s of SIGTERM"))
+            }
+        };
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.contains("panicked"), "seed {seed}: {text}");
+        if !status.success() {
+            assert!(text.contains("injected fault"), "seed {seed}: a stop that does not name its fault: {text}");
+            stopped_by_fault += 1;
+        }
+    }
+    assert!(stopped_by_fault >= 4, "only {stopped_by_fault} of 12 runs stopped on a fault");
+    // Without faults: catches up to exactly the uninterrupted replay.
+    let server = common::Server::start(&lake, input.to_str().unwrap(), &["--checkpoint-secs", "0.2"]);
+    let export = |lake: &Path, t: &str| {
+        ok(fovea().args(["export", "--table", t, "--lake", lake.to_str().unwrap()]).output().unwrap())
+    };
+    for t in ["hybench.account", "hybench.transfer"] {
+        let expected = export(&clean, t);
+        common::eventually(Duration::from_secs(60), &format!("{t} after {stopped_by_fault} faulted stops"), || {
+            (export(&lake, t) == expected).then_some(())
+        });
+    }
+    server.stop();
+    eprintln!("{stopped_by_fault} runs stopped on a fault, {survived} were still serving after 4 s");
+}
