@@ -57,8 +57,9 @@ fn compare_all(pg: &PgCluster, server: &Server, tables: &[(&str, &str)]) -> Resu
         if got != expected {
             let (e, g): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), got.lines().collect());
             let first = e.iter().zip(&g).position(|(a, b)| a != b).unwrap_or(e.len().min(g.len()));
+            let differing = e.iter().zip(&g).filter(|(a, b)| a != b).count();
             return Err(format!(
-                "{table}: {} rows in PostgreSQL, {} through Flight SQL; first difference at row {first}:\n  pg:    {:?}\n  fovea: {:?}",
+                "{table}: {} rows in PostgreSQL, {} through Flight SQL, {differing} rows differ; first difference at row {first}:\n  pg:    {:?}\n  fovea: {:?}",
                 e.len(),
                 g.len(),
                 e.get(first),
@@ -298,4 +299,77 @@ fn postgres_over_tls() {
     let all_plain = pg.psql("bench", "SELECT count(*) FROM pg_stat_ssl WHERE NOT ssl AND pid <> pg_backend_pid()");
     assert_eq!(all_plain.trim(), "0");
     server.stop();
+}
+
+/// The kill loop: pgbench and the multi-table script run for minutes while
+/// `fovea serve` is SIGKILLed at random moments ten times (restarted after
+/// each) and PostgreSQL is restarted twice (its clients reconnect, as
+/// applications do); every table ends equal to PostgreSQL's.
+#[test]
+fn ten_sigkills_and_two_postgres_restarts_under_load_end_exact() {
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let pg = PgCluster::start();
+    let init = pg.pgbench("bench", &["-i", "-s", "1", "-q"]).output().unwrap();
+    assert!(init.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&init.stderr));
+    pg.psql("bench", SCHEMA);
+    pg.psql("bench", "CREATE PUBLICATION fovea_pub FOR ALL TABLES");
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
+    let args = ["--checkpoint-secs", "0.5", "--gc-secs", "1"];
+    let script = dir.path().join("orders.sql");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let mut rng = SmallRng::seed_from_u64(std::env::var("FOVEA_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(17));
+
+    // Load: restarted whenever it ended (a PostgreSQL restart cuts it).
+    let quiet = || std::process::Stdio::null();
+    let start_load = || {
+        let tpcb = pg.pgbench("bench", &["-c", "2", "-T", "10", "-n"]).stdout(quiet()).stderr(quiet()).spawn().unwrap();
+        let orders = pg
+            .pgbench("bench", &["-c", "1", "-T", "10", "-n", "-f", script.to_str().unwrap()])
+            .stdout(quiet())
+            .stderr(quiet())
+            .spawn()
+            .unwrap();
+        [tpcb, orders]
+    };
+    let mut load = start_load();
+    let mut server = Server::start(&lake, &input, &args);
+    let began = std::time::Instant::now();
+    for kill in 1..=10 {
+        std::thread::sleep(Duration::from_millis(rng.random_range(1500..6000)));
+        if load.iter_mut().any(|c| c.try_wait().unwrap().is_some()) {
+            for c in &mut load {
+                // Ended already, or cut short here: either way replaced.
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            load = start_load();
+        }
+        server.kill();
+        if kill == 4 || kill == 8 {
+            // PostgreSQL restarts while fovea is down …
+            pg.restart();
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..800)));
+        server = Server::start(&lake, &input, &args);
+        if kill == 6 {
+            // … and while fovea follows it.
+            std::thread::sleep(Duration::from_millis(rng.random_range(200..1500)));
+            pg.restart();
+        }
+    }
+    for mut c in load {
+        c.wait().unwrap();
+    }
+    let history: usize = pg.psql("bench", "SELECT count(*) FROM pgbench_history").trim().parse().unwrap();
+    assert!(history > 1000, "pgbench ran only {history} transactions");
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while let Err(e) = compare_all(&pg, &server, TABLES) {
+        assert!(std::time::Instant::now() < deadline, "after the kill loop: {e}\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let log = server.stop();
+    assert!(!log.contains("panicked"), "{log}");
+    eprintln!("kill loop: {history} pgbench transactions in {:.0} s", began.elapsed().as_secs_f64());
 }
