@@ -141,6 +141,20 @@ impl Dice {
         }
     }
 
+    /// A state request (`f`) that may fail before it is made.
+    fn read<T>(&self, op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.before(op).map_err(|m| backend_fault(op, m))?;
+        f()
+    }
+
+    /// A state write (`f`) that may fail before it is made, or be made and
+    /// then reported failed.
+    fn write<T>(&self, op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let out = self.read(op, f)?;
+        self.after(op).map_err(|m| backend_fault(op, m))?;
+        Ok(out)
+    }
+
     async fn before_async(&self, op: &str) -> object_store::Result<()> {
         tokio::time::sleep(self.delay()).await;
         if self.roll(self.plan.errors) {
@@ -282,49 +296,36 @@ struct FaultyTxnStore {
     dice: Dice,
 }
 
-impl FaultyTxnStore {
-    fn read<T>(&self, op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.dice.before(op).map_err(|m| backend_fault(op, m))?;
-        f()
-    }
-
-    fn write<T>(&self, op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let out = self.read(op, f)?;
-        self.dice.after(op).map_err(|m| backend_fault(op, m))?;
-        Ok(out)
-    }
-}
-
 impl TxnStore for FaultyTxnStore {
     fn load(&self) -> Result<PersistedClock> {
-        self.read("load the clock", || self.inner.load())
+        self.dice.read("load the clock", || self.inner.load())
     }
     fn lease(&self) -> Result<Option<Lease>> {
-        self.read("read the lease", || self.inner.lease())
+        self.dice.read("read the lease", || self.inner.lease())
     }
     fn acquire_lease(&self, owner: &str, ttl_us: i64, now_us: i64, take_over: Option<u64>) -> Result<Lease> {
-        self.write("acquire the lease", || self.inner.acquire_lease(owner, ttl_us, now_us, take_over))
+        self.dice.write("acquire the lease", || self.inner.acquire_lease(owner, ttl_us, now_us, take_over))
     }
     fn renew_lease(&self, epoch: u64, ttl_us: i64, now_us: i64) -> Result<Lease> {
-        self.write("renew the lease", || self.inner.renew_lease(epoch, ttl_us, now_us))
+        self.dice.write("renew the lease", || self.inner.renew_lease(epoch, ttl_us, now_us))
     }
     fn release_lease(&self, epoch: u64) -> Result<()> {
-        self.write("release the lease", || self.inner.release_lease(epoch))
+        self.dice.write("release the lease", || self.inner.release_lease(epoch))
     }
     fn reserve(&self, epoch: u64, from: Ts, upto: Ts) -> Result<()> {
-        self.write("reserve timestamps", || self.inner.reserve(epoch, from, upto))
+        self.dice.write("reserve timestamps", || self.inner.reserve(epoch, from, upto))
     }
     fn save_watermarks(&self, epoch: u64, hwm: Ts, lwm: Ts) -> Result<()> {
-        self.write("save watermarks", || self.inner.save_watermarks(epoch, hwm, lwm))
+        self.dice.write("save watermarks", || self.inner.save_watermarks(epoch, hwm, lwm))
     }
     fn register_reader(&self, id: &str, qts: Ts, expires_us: i64) -> Result<()> {
-        self.write("register a reader", || self.inner.register_reader(id, qts, expires_us))
+        self.dice.write("register a reader", || self.inner.register_reader(id, qts, expires_us))
     }
     fn deregister_reader(&self, id: &str) -> Result<()> {
-        self.write("deregister a reader", || self.inner.deregister_reader(id))
+        self.dice.write("deregister a reader", || self.inner.deregister_reader(id))
     }
     fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
-        self.read("list readers", || self.inner.readers(now_us))
+        self.dice.read("list readers", || self.inner.readers(now_us))
     }
 }
 
@@ -334,46 +335,33 @@ struct FaultyCatalog {
     dice: Dice,
 }
 
-impl FaultyCatalog {
-    fn read<T>(&self, op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.dice.before(op).map_err(|m| backend_fault(op, m))?;
-        f()
-    }
-
-    fn write<T>(&self, op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let out = self.read(op, f)?;
-        self.dice.after(op).map_err(|m| backend_fault(op, m))?;
-        Ok(out)
-    }
-}
-
 impl Catalog for FaultyCatalog {
     fn version(&self) -> Result<u64> {
-        self.read("read the catalog version", || self.inner.version())
+        self.dice.read("read the catalog version", || self.inner.version())
     }
     fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>> {
-        self.read("read catalog versions", || self.inner.summaries_since(after))
+        self.dice.read("read catalog versions", || self.inner.summaries_since(after))
     }
     fn put_version(&self, epoch: u64, version: u64, commit: &CatalogCommit) -> Result<()> {
-        self.write("commit a catalog version", || self.inner.put_version(epoch, version, commit))
+        self.dice.write("commit a catalog version", || self.inner.put_version(epoch, version, commit))
     }
     fn latest_checkpoint(&self) -> Result<Option<CheckpointRecord>> {
-        self.read("read the latest checkpoint", || self.inner.latest_checkpoint())
+        self.dice.read("read the latest checkpoint", || self.inner.latest_checkpoint())
     }
     fn history(&self, table: Option<&str>, limit: usize) -> Result<Vec<HistoryEntry>> {
-        self.read("read history", || self.inner.history(table, limit))
+        self.dice.read("read history", || self.inner.history(table, limit))
     }
     fn operations(&self, limit: usize) -> Result<Vec<(u64, CatalogOperation)>> {
-        self.read("read catalog operations", || self.inner.operations(limit))
+        self.dice.read("read catalog operations", || self.inner.operations(limit))
     }
     fn applied_identities(&self, window: usize) -> Result<std::collections::HashSet<String>> {
-        self.read("read applied identities", || self.inner.applied_identities(window))
+        self.dice.read("read applied identities", || self.inner.applied_identities(window))
     }
     fn set_storage_gc_queue(&self, epoch: u64, files: &[StaleFile]) -> Result<()> {
-        self.write("write the storage-GC queue", || self.inner.set_storage_gc_queue(epoch, files))
+        self.dice.write("write the storage-GC queue", || self.inner.set_storage_gc_queue(epoch, files))
     }
     fn storage_gc_queue(&self) -> Result<Vec<StaleFile>> {
-        self.read("read the storage-GC queue", || self.inner.storage_gc_queue())
+        self.dice.read("read the storage-GC queue", || self.inner.storage_gc_queue())
     }
 }
 

@@ -28,6 +28,7 @@ use fovea_core::{EngineConfig, SnapshotTables, Value};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde_json::json;
 
+use crate::bench_scan::{median, round3};
 use crate::lakes::LakeArgs;
 use crate::replay::CliResult;
 
@@ -255,13 +256,4 @@ fn kernel_and_memory() -> (f64, f64) {
     }
     // A copy reads and writes every byte.
     (kernel_bytes / best / 1e9, (2 * src.len()) as f64 / copy / 1e9)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }

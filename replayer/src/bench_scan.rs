@@ -94,7 +94,8 @@ fn start_up(lake: &Path, mode: ProbeMode, sql: &str, runs: usize) -> CliResult<(
     Ok((median(&mut times), median(&mut rss)))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (sorted in place).
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -253,7 +254,8 @@ pub fn run(b: &ScanBench) -> CliResult<()> {
     Ok(())
 }
 
-fn round3(x: f64) -> f64 {
+/// `x` rounded to three decimals (for reports).
+pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 

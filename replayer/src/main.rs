@@ -469,8 +469,7 @@ fn main() -> ExitCode {
             bench::freshness(rate, seconds, json)
         }
         Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
-        Command::Bench { which: BenchCommand::Scan { txns, runs, json, scan: Some(target), rows, lake, state } } => {
-            let _ = (txns, runs);
+        Command::Bench { which: BenchCommand::Scan { json, scan: Some(target), rows, lake, state, .. } } => {
             bench_lambda::run(&bench_lambda::LambdaScanBench { target, rows, lake: lake.zip(state), json })
         }
         Command::Bench { which: BenchCommand::Scan { txns, runs, json, scan: None, .. } } => {

@@ -70,16 +70,23 @@ fn compare_all(pg: &PgCluster, server: &Server, tables: &[(&str, &str)]) -> Resu
     Ok(())
 }
 
-#[test]
-fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
+/// A cluster filled by `pgbench -i` and SCHEMA, every table published;
+/// the input URL that follows it (slot created on first use).
+fn bench_cluster() -> (PgCluster, String) {
     let pg = PgCluster::start();
     let init = pg.pgbench("bench", &["-i", "-s", "1", "-q"]).output().unwrap();
     assert!(init.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&init.stderr));
     pg.psql("bench", SCHEMA);
     pg.psql("bench", "CREATE PUBLICATION fovea_pub FOR ALL TABLES");
+    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
+    (pg, input)
+}
+
+#[test]
+fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
+    let (pg, input) = bench_cluster();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
     let args = ["--checkpoint-secs", "0.5", "--gc-secs", "1"];
 
     // The initial copy: tables filled before fovea started.
@@ -309,14 +316,9 @@ fn postgres_over_tls() {
 #[ignore = "reproduces an open bug: in 2 of 12 runs some pgbench_accounts rows stayed older than PostgreSQL's after the loop; run with --ignored (FOVEA_KILL_SEED picks the schedule) until it is fixed"]
 fn ten_sigkills_and_two_postgres_restarts_under_load_end_exact() {
     use rand::{Rng, SeedableRng, rngs::SmallRng};
-    let pg = PgCluster::start();
-    let init = pg.pgbench("bench", &["-i", "-s", "1", "-q"]).output().unwrap();
-    assert!(init.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&init.stderr));
-    pg.psql("bench", SCHEMA);
-    pg.psql("bench", "CREATE PUBLICATION fovea_pub FOR ALL TABLES");
+    let (pg, input) = bench_cluster();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
     let args = ["--checkpoint-secs", "0.5", "--gc-secs", "1"];
     let script = dir.path().join("orders.sql");
     std::fs::write(&script, SCRIPT).unwrap();

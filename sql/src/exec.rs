@@ -54,12 +54,7 @@ impl FoveaScanExec {
     pub fn new(table: &str, scan: Scan, partitions: usize, limit: Option<usize>, filter: Option<String>) -> Self {
         let schema = scan.schema();
         let scans: Vec<Scan> = scan.with_limit(limit).partition(partitions);
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(scans.len()),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = scan_properties(&schema, scans.len());
         FoveaScanExec {
             table: table.to_owned(),
             scans,
@@ -78,22 +73,8 @@ impl FoveaScanExec {
 
 impl DisplayAs for FoveaScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let columns: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
-        write!(
-            f,
-            "FoveaScanExec: table={}, partitions={}, splits={}, projection=[{}]",
-            self.table,
-            self.scans.len(),
-            self.splits(),
-            columns.join(", ")
-        )?;
-        if let Some(filter) = &self.filter {
-            write!(f, ", filter={filter}")?;
-        }
-        if let Some(limit) = self.limit {
-            write!(f, ", limit={limit}")?;
-        }
-        Ok(())
+        write!(f, "FoveaScanExec: table={}, partitions={}, splits={}", self.table, self.scans.len(), self.splits())?;
+        fmt_pushdown(f, &self.schema, self.filter.as_deref(), self.limit)
     }
 }
 
@@ -173,15 +154,48 @@ impl ExecutionPlan for FoveaScanExec {
     }
 
     fn partition_statistics(&self, partition: Option<usize>) -> datafusion::common::Result<Arc<Statistics>> {
-        // Stored rows bound the visible ones (deleted and newer versions
-        // are among them).
         let stored = match partition {
             Some(p) => self.scans.get(p).map_or(0, Scan::stored_rows),
             None => self.scans.iter().map(Scan::stored_rows).sum(),
         };
-        let rows = self.limit.map_or(stored, |l| l.min(stored));
-        let mut stats = Statistics::new_unknown(&self.schema);
-        stats.num_rows = Precision::Inexact(rows);
-        Ok(Arc::new(stats))
+        Ok(scan_statistics(&self.schema, stored, self.limit))
     }
+}
+
+/// Plan properties of a scan of `partitions` partitions (shared by the
+/// in-process and the remote scan).
+pub(crate) fn scan_properties(schema: &SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(Arc::clone(schema)),
+        Partitioning::UnknownPartitioning(partitions),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    ))
+}
+
+/// `, projection=[…]` and the pushed-down filter and limit of a scan's
+/// plan line.
+pub(crate) fn fmt_pushdown(
+    f: &mut fmt::Formatter<'_>,
+    schema: &SchemaRef,
+    filter: Option<&str>,
+    limit: Option<usize>,
+) -> fmt::Result {
+    let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    write!(f, ", projection=[{}]", columns.join(", "))?;
+    if let Some(filter) = filter {
+        write!(f, ", filter={filter}")?;
+    }
+    if let Some(limit) = limit {
+        write!(f, ", limit={limit}")?;
+    }
+    Ok(())
+}
+
+/// Statistics of a scan: stored rows bound the visible ones (deleted and
+/// newer versions are among them), and so does a pushed-down limit.
+pub(crate) fn scan_statistics(schema: &SchemaRef, stored: usize, limit: Option<usize>) -> Arc<Statistics> {
+    let mut stats = Statistics::new_unknown(schema);
+    stats.num_rows = Precision::Inexact(limit.map_or(stored, |l| l.min(stored)));
+    Arc::new(stats)
 }

@@ -18,18 +18,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Statistics};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 use fovea_core::scan_worker::SplitWorker;
+
+use crate::exec::{fmt_pushdown, scan_properties, scan_statistics};
 use fovea_core::split::SplitTask;
 use futures::{StreamExt, TryStreamExt};
 
@@ -98,12 +98,7 @@ impl RemoteScanExec {
         for (i, task) in tasks.into_iter().enumerate() {
             partitions[i % n].push((first + i, task));
         }
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(n),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = scan_properties(&schema, n);
         RemoteScanExec {
             table: table.to_owned(),
             partitions,
@@ -120,23 +115,15 @@ impl RemoteScanExec {
 
 impl DisplayAs for RemoteScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let columns: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
         write!(
             f,
-            "RemoteScanExec: table={}, worker={:?}, partitions={}, splits={}, projection=[{}]",
+            "RemoteScanExec: table={}, worker={:?}, partitions={}, splits={}",
             self.table,
             self.remote.worker,
             self.partitions.len(),
-            self.partitions.iter().map(Vec::len).sum::<usize>(),
-            columns.join(", ")
+            self.partitions.iter().map(Vec::len).sum::<usize>()
         )?;
-        if let Some(filter) = &self.filter {
-            write!(f, ", filter={filter}")?;
-        }
-        if let Some(limit) = self.limit {
-            write!(f, ", limit={limit}")?;
-        }
-        Ok(())
+        fmt_pushdown(f, &self.schema, self.filter.as_deref(), self.limit)
     }
 }
 
@@ -220,9 +207,6 @@ impl ExecutionPlan for RemoteScanExec {
             Some(p) => self.partitions.get(p).map_or(0, |t| t.iter().map(|(_, t)| t.rows).sum()),
             None => self.stored_rows,
         };
-        let rows = self.limit.map_or(stored, |l| l.min(stored));
-        let mut stats = Statistics::new_unknown(&self.schema);
-        stats.num_rows = Precision::Inexact(rows);
-        Ok(Arc::new(stats))
+        Ok(scan_statistics(&self.schema, stored, self.limit))
     }
 }
