@@ -2,7 +2,7 @@
 # Fuzzes every decoder of untrusted bytes with cargo fuzz (libFuzzer, the
 # nightly toolchain) for SECONDS each (default 15): Debezium, DMS,
 # pgoutput, the DDL parser, checkpoint manifests, index images, visibility
-# checkpoints and split tasks. Corpora live in /var/tmp/fovea-fuzz/corpus
+# checkpoints, split tasks and the visibility RPC's request bodies. Corpora live in /var/tmp/fovea-fuzz/corpus
 # (seeded from pg-tiny and from fovea-core's fuzz_seeds example; they grow
 # from run to run); a crash or a hang fails the script and leaves its input
 # under fuzz/artifacts/.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-15}"; shift || true
 if [ "$secs" = replay ]; then run=(-runs=0); else run=(-max_total_time="$secs"); fi
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(debezium dms pgoutput ddl checkpoint_manifest index_image visibility_checkpoint split_task)
+[ ${#targets[@]} -eq 0 ] && targets=(debezium dms pgoutput ddl checkpoint_manifest index_image visibility_checkpoint split_task rpc)
 
 # libFuzzer's instrumentation needs the nightly toolchain.
 if ! rustup toolchain list | grep -q '^nightly'; then

@@ -7,7 +7,8 @@
 # S3/DynamoDB stand-in the AWS tests start with scripts/moto_serial.py); and
 # kinesalite, the local Kinesis (npm, in /var/tmp/fovea-npm unless
 # FOVEA_NODE_MODULES names other node_modules); boto3 and matplotlib for the
-# Python client and its example; cargo-lambda (local Lambda endpoint).
+# Python client and its example; prometheus_client (its OpenMetrics parser
+# reads /metrics in a test); cargo-lambda (local Lambda endpoint).
 set -euo pipefail
 if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   echo "== installing PostgreSQL 15"
@@ -16,10 +17,10 @@ if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
 fi
 VENV=/var/tmp/fovea-py
-if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib" 2>/dev/null; then
-  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3 and matplotlib in $VENV"
+if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser" 2>/dev/null; then
+  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3 matplotlib and prometheus_client in $VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib
+  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1'
 fi
 # cargo-lambda: `cargo lambda watch` is the local Lambda endpoint of the
 # scan-function tests (its own venv: it brings ziglang).

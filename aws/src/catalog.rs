@@ -160,8 +160,19 @@ impl DynamoCatalog {
         items: Vec<TransactWriteItem>,
         what: &str,
     ) -> Result<std::result::Result<(), Vec<Option<String>>>> {
-        let mut delay = std::time::Duration::from_millis(20);
-        for attempt in 0.. {
+        // Conflicts: up to 10 retries, 20 ms doubling to 1 s, with jitter
+        // (writers that conflicted do not retry in step).
+        let mut delays = {
+            use backon::BackoffBuilder as _;
+            backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(20))
+                .with_max_delay(std::time::Duration::from_secs(1))
+                .with_factor(2.0)
+                .with_jitter()
+                .with_max_times(10)
+                .build()
+        };
+        loop {
             // The SDK gives the request an idempotency token, kept across
             // its own retries: a retried commit that had landed is no
             // failure.
@@ -178,13 +189,11 @@ impl DynamoCatalog {
                 },
             };
             let conflict = reasons.iter().any(|r| r.as_deref() == Some("TransactionConflict"));
-            if !conflict || attempt >= 10 {
-                return Ok(Err(reasons));
+            match delays.next() {
+                Some(delay) if conflict => std::thread::sleep(delay),
+                _ => return Ok(Err(reasons)),
             }
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(std::time::Duration::from_secs(1));
         }
-        unreachable!("the loop returns")
     }
 
     fn epoch_check(&self, epoch: u64) -> Result<TransactWriteItem> {

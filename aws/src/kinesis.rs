@@ -1177,6 +1177,7 @@ mod tests {
                 declared: None,
                 key_names: None,
                 in_transaction_block: false,
+                omits_nulls: false,
             }))
         };
         let keyed = |r: ChangeRecord| match r {

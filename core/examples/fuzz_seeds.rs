@@ -76,6 +76,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             n += 1;
         }
     }
+    // Visibility RPC requests (the fuzz target's engine has table s.t with
+    // regular files and snapshots 1 to 4): action byte, then the body.
+    let requests: [(u8, &str); 4] = [
+        (0, r#"{"table":"s.t","file":0,"row_groups":[0,1],"qts":3}"#),
+        (0, r#"{"table":"s.t","file":1,"row_groups":[0],"qts":1}"#),
+        (1, r#"{"table":"s.t","qts":4}"#),
+        (1, r#"{"table":"s.t","qts":2}"#),
+    ];
+    for (i, (action, body)) in requests.iter().enumerate() {
+        write(&out, "rpc", &format!("request-{i}"), &[&[*action][..], body.as_bytes()].concat())?;
+    }
     println!("fuzz seeds in {} ({n} split tasks)", out.display());
     Ok(())
 }

@@ -292,6 +292,7 @@ impl Engine {
     pub fn write_checkpoint(&self) -> Result<Manifest> {
         let _order = lock(&self.sequencer_apply);
         let c = self.clock.latest();
+        let number = lock(&self.retired).begin_checkpoint();
         // Release: pairs with the Acquire in `gc`.
         self.checkpointing.store(true, Ordering::Release);
         let lake = &self.lake;
@@ -464,11 +465,9 @@ impl Engine {
                 parts,
             });
         }
-        // Every retired object is now left out of a checkpoint: once that
-        // one is committed, nothing durable names it.
-        for entry in lock(&self.retired).iter_mut() {
-            entry.left_out_at.get_or_insert(c.get());
-        }
+        // Objects retired before this checkpoint began are left out of it:
+        // once it is committed, nothing durable names them.
+        lock(&self.retired).left_out_of(number, c.get());
         Ok(Manifest {
             format: MANIFEST_FORMAT,
             checkpoint_ts: c.get(),

@@ -93,12 +93,33 @@ impl EngineConfig {
 }
 
 pub(crate) struct TableRuntime {
-    def: Arc<TableDef>,
+    /// Its definitions, oldest first, each with the mirror transaction
+    /// from which it holds: the first is the table's creation (no
+    /// transaction below it can have written to the table; snapshots and
+    /// checkpoints below it do not have the table), each later one a schema
+    /// change. A snapshot or checkpoint at `ts` takes the newest one at or
+    /// below `ts`, so the change of a transaction not committed (or never
+    /// committed: it failed) shows nowhere.
+    versions: Vec<(Ts, Arc<TableDef>)>,
     parts: Vec<Arc<TablePart>>,
-    /// No transaction below this ts can have written to the table: a
-    /// checkpoint at a smaller ts leaves the table out (it was created by a
-    /// transaction that had not committed).
-    pub(crate) created_at: Ts,
+}
+
+impl TableRuntime {
+    /// The newest definition (the writer's).
+    fn current(&self) -> &Arc<TableDef> {
+        &self.versions.last().unwrap_or_else(|| unreachable!("a table has a definition from its creation")).1
+    }
+
+    /// The definition at `ts`; `None` before the table's creation.
+    fn def_at(&self, ts: Ts) -> Option<&Arc<TableDef>> {
+        self.versions.iter().rev().find(|(from, _)| *from <= ts).map(|(_, d)| d)
+    }
+
+    /// Drops the definitions no snapshot at or above `lwm` reads.
+    fn forget_before(&mut self, lwm: Ts) {
+        let holding = self.versions.iter().rposition(|(from, _)| *from <= lwm).unwrap_or(0);
+        self.versions.drain(..holding);
+    }
 }
 
 #[derive(Default)]
@@ -125,8 +146,38 @@ pub(crate) struct Retired {
     /// still read the objects.
     seq: u64,
     paths: Vec<Path>,
+    /// Checkpoints begun before the swap ([`RetiredObjects::checkpoints_begun`]
+    /// then): a checkpoint begun later may have read the part before the
+    /// swap and name the objects.
+    begun_before: u64,
     /// Ts of the first checkpoint written without them.
     pub(crate) left_out_at: Option<u64>,
+}
+
+/// Objects replaced by combines, and how many checkpoints have begun: the
+/// two change together, under one lock.
+#[derive(Default)]
+pub(crate) struct RetiredObjects {
+    /// Checkpoints begun so far.
+    pub(crate) checkpoints_begun: u64,
+    pub(crate) entries: Vec<Retired>,
+}
+
+impl RetiredObjects {
+    /// Counts a checkpoint beginning; returns its number.
+    pub(crate) fn begin_checkpoint(&mut self) -> u64 {
+        self.checkpoints_begun += 1;
+        self.checkpoints_begun
+    }
+
+    /// Marks the objects checkpoint `number` (at `c`) left out: those
+    /// retired before it began. One retired while it ran may still be named
+    /// by it (it read the part before the swap) and waits for the next.
+    pub(crate) fn left_out_of(&mut self, number: u64, c: u64) {
+        for entry in self.entries.iter_mut().filter(|e| e.begun_before < number) {
+            entry.left_out_at.get_or_insert(c);
+        }
+    }
 }
 
 /// What one GC round did.
@@ -195,7 +246,7 @@ pub struct Engine {
     /// checkpoint written before the swap still references them). They are
     /// deleted only once that checkpoint is committed, never on the strength
     /// of a checkpoint whose commit failed (a fenced replayer's).
-    pub(crate) retired: Mutex<Vec<Retired>>,
+    pub(crate) retired: Mutex<RetiredObjects>,
     /// One past the ts of the newest checkpoint committed to the catalog
     /// (0: none yet).
     committed_checkpoint: AtomicU64,
@@ -205,7 +256,13 @@ pub struct Engine {
     /// Source commit time (µs) of replayed transactions by mirror ts; below
     /// LWM only the newest entry is kept.
     source_commits: Mutex<std::collections::BTreeMap<u64, i64>>,
+    /// Told the freshness (µs from source commit to mirror commit) of each
+    /// committed transaction with a known source commit time.
+    freshness_observer: std::sync::OnceLock<FreshnessObserver>,
 }
+
+/// See [`Engine::observe_freshness`].
+type FreshnessObserver = Box<dyn Fn(i64) + Send + Sync>;
 
 impl Engine {
     /// An engine over `store`, with timestamps from `clock`.
@@ -233,10 +290,11 @@ impl Engine {
             flusher,
             flush_tx: Mutex::new(Some(tx)),
             flush_thread: Mutex::new(Some(thread)),
-            retired: Mutex::new(Vec::new()),
+            retired: Mutex::new(RetiredObjects::default()),
             committed_checkpoint: AtomicU64::new(0),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             source_commits: Mutex::new(std::collections::BTreeMap::new()),
+            freshness_observer: std::sync::OnceLock::new(),
         }))
     }
 
@@ -310,7 +368,7 @@ impl Engine {
         for (shard, part) in self.shards.iter().zip(&parts) {
             lock(shard).add_part(Arc::clone(part));
         }
-        tables.by_id.push(TableRuntime { def: Arc::clone(&def), parts, created_at });
+        tables.by_id.push(TableRuntime { versions: vec![(created_at, Arc::clone(&def))], parts });
         tables.by_name.insert(name.into(), id);
         Ok(def)
     }
@@ -321,9 +379,11 @@ impl Engine {
     /// through an exact cast ([`TypeChange::Widen`]). Key columns cannot be
     /// removed; a type change that is not a widening is refused. Each
     /// shard's open file is sealed, so new rows are written to files of the
-    /// new schema.
-    pub fn evolve_table(&self, name: &str, schema: SchemaRef) -> Result<Arc<TableDef>> {
-        self.change_table(name, schema, false)
+    /// new schema. The change belongs to the mirror transaction `ts` (begun,
+    /// not committed): snapshots and checkpoints below `ts` keep the old
+    /// definition, so if `ts` never commits the change never shows.
+    pub fn evolve_table(&self, name: &str, schema: SchemaRef, ts: Ts) -> Result<Arc<TableDef>> {
+        self.change_table(name, schema, false, ts)
     }
 
     /// [`Engine::evolve_table`] allowing any type change, for a table
@@ -331,11 +391,11 @@ impl Engine {
     /// from the source replaces them). Snapshots before it read the old
     /// rows through a cast that fails, naming the column, where a value
     /// does not convert.
-    pub fn reshape_table(&self, name: &str, schema: SchemaRef) -> Result<Arc<TableDef>> {
-        self.change_table(name, schema, true)
+    pub fn reshape_table(&self, name: &str, schema: SchemaRef, ts: Ts) -> Result<Arc<TableDef>> {
+        self.change_table(name, schema, true, ts)
     }
 
-    fn change_table(&self, name: &str, schema: SchemaRef, any_type: bool) -> Result<Arc<TableDef>> {
+    fn change_table(&self, name: &str, schema: SchemaRef, any_type: bool, ts: Ts) -> Result<Arc<TableDef>> {
         let _order = lock(&self.sequencer_apply);
         let old = self.table(name)?;
         for f in schema.fields() {
@@ -373,7 +433,20 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         let def = TableDef::new(old.id, name, schema, key)?;
         self.with_shard_context(|ctx| self.shards.iter().try_for_each(|shard| lock(shard).close_file(old.id, ctx)))?;
-        self.tables.write().unwrap_or_else(|p| p.into_inner()).by_id[old.id.0 as usize].def = Arc::clone(&def);
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let versions = &mut tables.by_id[old.id.0 as usize].versions;
+        match versions.last_mut() {
+            // Changed again by the same transaction.
+            Some((from, d)) if *from == ts => *d = Arc::clone(&def),
+            Some((from, _)) if *from > ts => {
+                return Err(Error::invariant(format!(
+                    "{name}: a schema change at ts {} after one at {}",
+                    ts.get(),
+                    from.get()
+                )));
+            }
+            _ => versions.push((ts, Arc::clone(&def))),
+        }
         Ok(def)
     }
 
@@ -381,17 +454,24 @@ impl Engine {
     pub fn table(&self, name: &str) -> Result<Arc<TableDef>> {
         let tables = self.read_tables();
         let id = tables.by_name.get(name).ok_or_else(|| Error::UnknownTable(name.into()))?;
-        Ok(Arc::clone(&tables.by_id[id.0 as usize].def))
+        Ok(Arc::clone(tables.by_id[id.0 as usize].current()))
     }
 
-    /// Tables created at or below `ts` (see `TableRuntime::created_at`).
+    /// The table named `name` as of `ts` (its columns then); unknown
+    /// before its creation.
+    pub fn table_at(&self, name: &str, ts: Ts) -> Result<Arc<TableDef>> {
+        self.views_at(name, ts).map(|(def, _)| def)
+    }
+
+    /// The tables as of `ts`: those created at or below it, each with its
+    /// definition at `ts` (see `TableRuntime::versions`).
     pub(crate) fn tables_at(&self, ts: Ts) -> Vec<Arc<TableDef>> {
-        self.read_tables().by_id.iter().filter(|t| t.created_at <= ts).map(|t| Arc::clone(&t.def)).collect()
+        self.read_tables().by_id.iter().filter_map(|t| t.def_at(ts).cloned()).collect()
     }
 
-    /// All tables, by id.
+    /// All tables, by id, with their newest definitions (the writer's view).
     pub fn tables(&self) -> Vec<Arc<TableDef>> {
-        self.read_tables().by_id.iter().map(|t| Arc::clone(&t.def)).collect()
+        self.read_tables().by_id.iter().map(|t| Arc::clone(t.current())).collect()
     }
 
     /// The shard a key belongs to.
@@ -569,7 +649,22 @@ impl Engine {
 
     /// Marks `ts` fully applied; HWM advances over the committed prefix.
     pub fn commit(&self, ts: Ts) -> Result<()> {
-        self.clock.commit(ts)
+        self.clock.commit(ts)?;
+        if let Some(observe) = self.freshness_observer.get() {
+            let source = lock(&self.source_commits).get(&ts.get()).copied();
+            if let Some(us) = source {
+                observe(crate::catalog::now_us() - us);
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `observe` with the freshness of every transaction committed
+    /// from now on whose source commit time is known
+    /// ([`Engine::note_source_commit`]): µs from its source commit to its
+    /// commit here. Set once; later calls are ignored.
+    pub fn observe_freshness(&self, observe: impl Fn(i64) + Send + Sync + 'static) {
+        let _ = self.freshness_observer.set(Box::new(observe));
     }
 
     /// Ends a transaction that wrote nothing.
@@ -638,11 +733,20 @@ impl Engine {
 
     /// One consistent view of every part of `table`.
     pub fn views(&self, table: &str) -> Result<(Arc<TableDef>, Vec<PartView>)> {
+        self.views_at(table, Ts::MAX)
+    }
+
+    /// [`Engine::views`] of a table as it is at `qts`: one created by a
+    /// mirror transaction above `qts` (committed later, or not yet) is
+    /// unknown there, as it was in the source before that transaction; one
+    /// changed above `qts` has its columns from before the change.
+    fn views_at(&self, table: &str, qts: Ts) -> Result<(Arc<TableDef>, Vec<PartView>)> {
         let tables = self.read_tables();
         let id = tables.by_name.get(table).ok_or_else(|| Error::UnknownTable(table.into()))?;
         let rt = &tables.by_id[id.0 as usize];
+        let def = rt.def_at(qts).ok_or_else(|| Error::UnknownTable(table.into()))?;
         let views = rt.parts.iter().map(|p| p.view()).collect::<Result<_>>()?;
-        Ok((Arc::clone(&rt.def), views))
+        Ok((Arc::clone(def), views))
     }
 
     /// Every table at `snapshot`, for planning scans on.
@@ -652,7 +756,7 @@ impl Engine {
 
     /// Scans `table` at `snapshot`.
     pub fn scan(&self, snapshot: &Snapshot, table: &str, options: ScanOptions) -> Result<Scan> {
-        let (def, views) = self.views(table)?;
+        let (def, views) = self.views_at(table, snapshot.qts())?;
         Scan::new(snapshot.clone(), self.lake.clone(), def, views, options)
     }
 
@@ -693,7 +797,16 @@ impl Engine {
                     f.kind = FileKind::Regular(Arc::new(regular));
                 }
                 // Readers registered before this point may still read the blocks.
-                lock(&self.retired).push(Retired { seq: self.clock.registration_seq(), paths, left_out_at: None });
+                // Pushed while the part's lock is held: a checkpoint that
+                // began before this push reads the part after the swap.
+                let mut retired = lock(&self.retired);
+                let begun_before = retired.checkpoints_begun;
+                retired.entries.push(Retired {
+                    seq: self.clock.registration_seq(),
+                    paths,
+                    begun_before,
+                    left_out_at: None,
+                });
                 combined += 1;
             }
         }
@@ -739,6 +852,9 @@ impl Engine {
         for shard in &self.shards {
             report.index_versions_dropped += lock(shard).purge(lwm);
         }
+        for table in &mut self.tables.write().unwrap_or_else(|p| p.into_inner()).by_id {
+            table.forget_before(lwm);
+        }
         {
             let mut commits = lock(&self.source_commits);
             // Keep the newest entry at or below LWM: snapshots at LWM need it.
@@ -758,12 +874,22 @@ impl Engine {
             // reads an older one.
             let covered = |r: &Retired| r.left_out_at.is_some_and(|c| c < committed && c <= floor);
             let (ready, keep): (Vec<_>, Vec<_>) =
-                retired.drain(..).partition(|r| r.seq <= oldest && (covered(r) || !checkpointing));
-            *retired = keep;
+                retired.entries.drain(..).partition(|r| r.seq <= oldest && (covered(r) || !checkpointing));
+            retired.entries = keep;
             ready.into_iter().flat_map(|r| r.paths).collect()
         };
-        for p in &ready {
-            self.lake.delete(p)?;
+        for (i, p) in ready.iter().enumerate() {
+            if let Err(e) = self.lake.delete(p) {
+                // What is left was ready: queued again as ready (no reader,
+                // no checkpoint needs it), for the next round.
+                lock(&self.retired).entries.push(Retired {
+                    seq: 0,
+                    paths: ready[i..].to_vec(),
+                    begun_before: 0,
+                    left_out_at: Some(0),
+                });
+                return Err(e);
+            }
         }
         report.objects_deleted = ready.len();
         Ok(report)
@@ -888,7 +1014,7 @@ impl crate::scan::SnapshotTables for EngineSnapshot {
     }
 
     fn tables(&self) -> Vec<Arc<TableDef>> {
-        self.engine.tables()
+        self.engine.tables_at(self.snapshot.qts())
     }
 
     fn scan(&self, table: &str, options: ScanOptions) -> Result<Scan> {

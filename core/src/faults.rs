@@ -4,7 +4,7 @@
 //! (retries) or stop with a clear error, and that after a restart the tables
 //! are exact.
 //!
-//! A [`FaultPlan`] is written `seed=N,errors=P,after=P,latency_ms=N,multipart=P`
+//! A [`FaultPlan`] is written `seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P`
 //! (every part optional; `FOVEA_FAULTS` in the `fovea` command line):
 //!
 //! | fault | what it imitates | effect |
@@ -54,14 +54,17 @@ pub struct FaultPlan {
     pub latency: Duration,
     /// Probability that a multipart upload fails at completion.
     pub multipart: f64,
+    /// Probability that deleting an object fails (clean-up of old
+    /// checkpoints and retired blocks), besides `errors`.
+    pub deletes: f64,
 }
 
 impl FaultPlan {
-    /// Parses `seed=N,errors=P,after=P,latency_ms=N,multipart=P`.
+    /// Parses `seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P`.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = |why: String| Error::Source {
             input: "FOVEA_FAULTS".into(),
-            message: format!("{why} (expected seed=N,errors=P,after=P,latency_ms=N,multipart=P)"),
+            message: format!("{why} (expected seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P)"),
         };
         let mut plan = FaultPlan::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -78,6 +81,7 @@ impl FaultPlan {
                 "errors" => plan.errors = probability()?,
                 "after" => plan.after = probability()?,
                 "multipart" => plan.multipart = probability()?,
+                "deletes" => plan.deletes = probability()?,
                 "latency_ms" => {
                     plan.latency = Duration::from_millis(value.parse().map_err(|_| bad(format!("latency_ms={value}")))?)
                 }
@@ -256,6 +260,9 @@ impl ObjectStore for FaultyStore {
                 let dice = dice.clone();
                 async move {
                     dice.before_async(&format!("delete {path}")).await?;
+                    if dice.roll(dice.plan.deletes) {
+                        return Err(store_fault(format!("injected fault: delete {path} failed")));
+                    }
                     Ok(path)
                 }
             })

@@ -119,6 +119,9 @@ pub struct SinkStats {
     pub rows: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
+    /// Clean-ups after a committed checkpoint that failed (old checkpoint
+    /// objects, retired blocks): retried later, replay goes on.
+    pub cleanup_failures: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -947,9 +950,18 @@ impl Sink {
         self.engine.clock().persist_watermarks()?;
         self.checkpointed_at = Some(resume);
         let committed = began.elapsed();
-        self.engine.drop_old_checkpoints(&manifest)?;
+        // The checkpoint is committed: clean-up that fails now is retried by
+        // a later checkpoint or GC round (and a restore deletes whatever the
+        // manifest does not name), so it does not stop the replay.
+        if let Err(e) = self.engine.drop_old_checkpoints(&manifest) {
+            self.stats.cleanup_failures += 1;
+            tracing::warn!("objects of older checkpoints stay until the next checkpoint: {e}");
+        }
         if self.config.maintain_on_checkpoint {
-            self.engine.gc()?;
+            if let Err(e) = self.engine.gc() {
+                self.stats.cleanup_failures += 1;
+                tracing::warn!("memory GC after the checkpoint failed; the next round retries: {e}");
+            }
             self.engine.combine()?;
         }
         tracing::debug!(
@@ -1052,11 +1064,13 @@ impl Sink {
             .filter(|f| def.schema.field_with_name(f.name()).is_ok_and(|o| o.data_type() != f.data_type()))
             .map(|f| format!("{} {}", f.name(), f.data_type()))
             .collect();
+        // The open transaction's (checked above): the new definition shows
+        // from its commit on.
+        let (ts, _) = self.table_ts()?;
         let new = self
             .engine
-            .reshape_table(&r.table, Arc::new(Schema::new(fields)))
+            .reshape_table(&r.table, Arc::new(Schema::new(fields)), ts)
             .map_err(|e| err(format!("replacing the table's rows: {e}")))?;
-        let ts = self.open.as_ref().and_then(|o| o.ts).unwrap_or_else(|| self.engine.clock().hwm());
         self.operations.push(CatalogOperation {
             description: format!("replace rows of {} (copied again from the source)", r.table),
             actions: serde_json::json!([{ "replace_table": r.table, "deleted": deleted, "retyped": changed }]),
@@ -1143,15 +1157,22 @@ impl Sink {
         let t = &self.tables[&r.table];
         let added: Vec<&(String, serde_json::Value)> =
             after.iter().filter(|(n, _)| !t.index_of.contains_key(n)).collect();
-        let gone: Vec<String> = t
-            .def
-            .schema
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|n| !after.iter().any(|(a, _)| a == n))
-            .collect();
-        let retyped = self.retyped_columns(r);
+        // Left out of an image that omits NULLs, a column is NULL, not gone.
+        let gone: Vec<String> = if r.omits_nulls {
+            Vec::new()
+        } else {
+            t.def
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .filter(|n| !after.iter().any(|(a, _)| a == n))
+                .collect()
+        };
+        let mut retyped = self.retyped_columns(r);
+        if r.declared.is_none() {
+            retyped.extend(widened_by_values(t, after));
+        }
         if added.is_empty() && gone.is_empty() && retyped.is_empty() {
             return Ok(());
         }
@@ -1193,10 +1214,16 @@ impl Sink {
             let t = declared.or_else(|| infer_type(v)).unwrap_or(DataType::Utf8);
             fields.push(Field::new(name.as_str(), t, true));
         }
-        let def = self
-            .engine
-            .evolve_table(&r.table, Arc::new(Schema::new(fields)))
-            .map_err(|e| input_error(position, Some(&r.table), Some(txid), format!("schema change: {e}")))?;
+        // Part of the open transaction (or one of its own): the change shows
+        // from that transaction's commit on, and nowhere if it fails.
+        let (ts, own) = self.table_ts()?;
+        let evolved = self.engine.evolve_table(&r.table, Arc::new(Schema::new(fields)), ts);
+        if own {
+            self.pool.commit(ts)?;
+            self.since_checkpoint += 1;
+        }
+        let def =
+            evolved.map_err(|e| input_error(position, Some(&r.table), Some(txid), format!("schema change: {e}")))?;
         self.operations.push(CatalogOperation {
             description: format!("evolve schema of {}", r.table),
             actions: serde_json::json!([{
@@ -1205,7 +1232,7 @@ impl Sink {
                 "removed": gone,
                 "widened": retyped.iter().map(|(n, t, _)| serde_json::json!({ "column": n, "type": t.to_string() })).collect::<Vec<_>>(),
             }]),
-            ts: self.engine.clock().hwm(),
+            ts,
         });
         self.tables.insert(r.table.clone(), SinkTable::new(def));
         Ok(())
@@ -1343,5 +1370,46 @@ fn digest_row(h: &mut XxHash64, r: &RowChange) {
                 }
             }
         }
+    }
+}
+
+/// Columns of `t` whose value in `after` does not fit the column's type
+/// but fits a wider one the column may widen to in place (the narrowest
+/// such): a record without declared types (DMS, Debezium without schemas)
+/// shows an `ALTER COLUMN … TYPE` of the source only this way, since the
+/// source holds no value its column's type cannot.
+fn widened_by_values(t: &SinkTable, after: &Columns) -> Vec<(String, DataType, TypeChange)> {
+    let fields = t.def.schema.fields();
+    after
+        .iter()
+        .filter(|(_, v)| !v.is_null() && v.as_str() != Some(UNAVAILABLE))
+        .filter_map(|(name, v)| {
+            let i = *t.index_of.get(name)?;
+            let current = fields[i].data_type();
+            let fits = |to: &DataType| to_value(v, to).is_ok_and(|x| crate::schema::accepts(to, &x).is_ok());
+            if fits(current) {
+                return None;
+            }
+            let key = t.def.primary_key.contains(&i);
+            wider_types(current)
+                .into_iter()
+                .find(|to| TypeChange::of(current, to, key) == TypeChange::Widen && fits(to))
+                .map(|to| (name.clone(), to, TypeChange::Widen))
+        })
+        .collect()
+}
+
+/// The types `t` may widen to, narrowest first.
+fn wider_types(t: &DataType) -> Vec<DataType> {
+    use DataType::*;
+    match t {
+        Int8 => vec![Int16, Int32, Int64],
+        Int16 => vec![Int32, Int64],
+        Int32 => vec![Int64],
+        Float16 => vec![Float32, Float64],
+        Float32 => vec![Float64],
+        Decimal128(p, s) => (*p + 1..=38).map(|p| Decimal128(p, *s)).collect(),
+        Date32 => vec![Timestamp(arrow::datatypes::TimeUnit::Microsecond, None)],
+        _ => Vec::new(),
     }
 }

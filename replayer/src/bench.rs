@@ -277,9 +277,10 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
 
 /// Runs every component benchmark; prints a table or one JSON object.
 pub fn components(sizes: ComponentSizes, json_out: bool) {
+    let bar = (!json_out).then(crate::input::spinner);
     let progress = |name: &str| {
-        if !json_out {
-            eprintln!("measuring {name} …");
+        if let Some(bar) = &bar {
+            bar.set_message(format!("measuring {name} …"));
         }
     };
     progress("visibility deletes");
@@ -296,6 +297,9 @@ pub fn components(sizes: ComponentSizes, json_out: bool) {
     let bits = visibility_bits_per_tuple(sizes);
     progress("VFoR overhead");
     let (ratio, on_ms, off_ms) = vfor_overhead_ratio(sizes);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     let result = json!({
         "visibility_deletes_per_s": deletes.round(),
         "bitmap_tiles_per_s": bitmaps.round(),
@@ -473,7 +477,7 @@ pub fn replay(
 /// `fovea bench freshness`: the demo's replay and query loop, measured.
 pub fn freshness(rate: u64, seconds: u64, json_out: bool) -> crate::replay::CliResult<()> {
     let dir = std::env::temp_dir().join(format!("fovea-bench-freshness-{}", std::process::id()));
-    let options = crate::demo::DemoOptions { lake: dir.clone(), seconds, rate, quiet: json_out };
+    let options = crate::demo::DemoOptions { lake: dir.clone(), seconds, rate, quiet: json_out, json: false };
     let r = crate::demo::measure(&options)?;
     std::fs::remove_dir_all(&dir)?;
     let result = json!({
@@ -555,8 +559,9 @@ pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
     time("bench.live")?;
     let (live_s, static_s) = (time("bench.live")?, time("bench.static")?);
 
-    // Replay throughput with and without a query loop beside it.
-    let replay_rate = |with_queries: bool| -> crate::replay::CliResult<f64> {
+    // Replay throughput alone and with a query loop beside it: paced at 1
+    // and 10 queries/s, and back to back (`Some(None)`).
+    let replay_rate = |queries: Option<Option<f64>>| -> crate::replay::CliResult<f64> {
         let engine = Engine::in_memory(EngineConfig::default())?;
         let t = engine.create_table(
             "hy.account",
@@ -573,20 +578,32 @@ pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
         let mut rows = 0u64;
         let mut elapsed = 0.0;
         std::thread::scope(|s| -> crate::replay::CliResult<()> {
-            if with_queries {
-                s.spawn(|| {
+            if let Some(per_s) = queries {
+                let (engine, stop) = (&engine, &stop);
+                s.spawn(move || {
                     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
                     let Ok(rt) = rt else { return };
+                    let began = Instant::now();
+                    let mut sent = 0u32;
                     // Relaxed: a stop flag; nothing is published through it.
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Some(rate) = per_s {
+                            // The next query's slot (a paced loop, not a burst).
+                            let due = Duration::from_secs_f64(f64::from(sent) / rate);
+                            if let Some(wait) = due.checked_sub(began.elapsed()) {
+                                std::thread::sleep(wait.min(Duration::from_millis(20)));
+                                continue;
+                            }
+                        }
                         let snap = engine.snapshot();
-                        let _ = rt.block_on(fovea_sql::query(&engine, &snap, "SELECT sum(balance) FROM hy.account"));
+                        let _ = rt.block_on(fovea_sql::query(engine, &snap, "SELECT sum(balance) FROM hy.account"));
+                        sent += 1;
                     }
                 });
             }
             let mut rng = SmallRng::seed_from_u64(1);
             let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(3) {
+            while start.elapsed() < Duration::from_secs(4) {
                 let ops: Vec<Op> = (0..10)
                     .map(|_| {
                         let k = rng.random_range(0..10_000i64);
@@ -609,28 +626,38 @@ pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
         })?;
         Ok(rows as f64 / elapsed)
     };
-    let without = replay_rate(false)?;
-    let with = replay_rate(true)?;
+    // Alone before and after the others: their mean is the baseline.
+    let before = replay_rate(None)?;
+    let with_1 = replay_rate(Some(Some(1.0)))?;
+    let with_10 = replay_rate(Some(Some(10.0)))?;
+    let with = replay_rate(Some(None))?;
+    let without = (before + replay_rate(None)?) / 2.0;
+    let ratio = |r: f64| ((r / without) * 1000.0).round() / 1000.0;
     let result = json!({
         "rows": rows,
         "live_query_ms": (live_s * 1e4).round() / 10.0,
         "static_query_ms": (static_s * 1e4).round() / 10.0,
         "live_over_static_ratio": ((live_s / static_s) * 1000.0).round() / 1000.0,
         "replay_rows_per_s_without_queries": without.round(),
+        "replay_rows_per_s_with_1qps": with_1.round(),
+        "replay_rows_per_s_with_10qps": with_10.round(),
         "replay_rows_per_s_with_queries": with.round(),
-        "replay_with_queries_over_without": ((with / without) * 1000.0).round() / 1000.0,
+        "replay_with_1qps_over_without": ratio(with_1),
+        "replay_with_10qps_over_without": ratio(with_10),
+        "replay_with_queries_over_without": ratio(with),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
     if json_out {
         println!("{result}");
     } else {
         println!(
-            "query on live data / static copy: {:.3} ({:.1} / {:.1} ms); replay with / without a query loop: {:.3} ({:.0} / {:.0} rows/s)",
+            "query on live data / static copy: {:.3} ({:.1} / {:.1} ms)\nreplay with / without a query loop: 1 query/s {:.3}, 10 queries/s {:.3}, back to back {:.3} ({:.0} rows/s alone)",
             live_s / static_s,
             live_s * 1e3,
             static_s * 1e3,
-            with / without,
-            with,
+            ratio(with_1),
+            ratio(with_10),
+            ratio(with),
             without
         );
     }

@@ -209,12 +209,12 @@ pub fn run(b: &KinesisBench) -> CliResult<()> {
     std::thread::sleep(Duration::from_millis(200));
     // Release: the sampler stops.
     loading.store(false, Ordering::Release);
-    let mut samples = sampler.join().map_err(|_| "the sampler panicked")?;
+    let samples = sampler.join().map_err(|_| "the sampler panicked")?;
     let _ = Command::new("kill").args(["-TERM", &serve.id().to_string()]).status();
     let _ = serve.wait();
     std::fs::remove_dir_all(&dir)?;
-    let p50 = crate::demo::percentile(&mut samples, 0.5);
-    let p99 = crate::demo::percentile(&mut samples, 0.99);
+    let latencies: crate::latency::Latencies = samples.iter().copied().collect();
+    let (p50, p99) = (latencies.quantile_ms(0.5), latencies.quantile_ms(0.99));
     let per_row = |r: &ReplayRun| r.cpu_s * 1e6 / r.rows.max(1) as f64;
     let result = json!({
         "workload": "hybench",

@@ -10,6 +10,7 @@
 //! freshness (HyBench method: query start − max visible `fresh_ts`), query
 //! latency with and without visibility, and memory.
 
+use crate::latency::Latencies;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ pub struct DemoOptions {
     pub rate: u64,
     /// No progress line.
     pub quiet: bool,
+    /// Print the report as one JSON object (summary fields, then `windows`).
+    pub json: bool,
 }
 
 /// What a demo run measured.
@@ -57,8 +60,31 @@ pub struct DemoReport {
     pub index_bytes: usize,
     /// Buffer bytes.
     pub buffer_bytes: usize,
+    /// Bytes of the lake directory at the end.
+    pub lake_bytes: u64,
     /// The plot.
     pub plot: PathBuf,
+    /// The run in windows of [`WINDOW_S`] seconds.
+    pub windows: Vec<Window>,
+}
+
+/// Length of a report window, seconds.
+pub const WINDOW_S: f64 = 10.0;
+
+/// What one window of the run measured (the last one may be shorter).
+pub struct Window {
+    /// Start, seconds from the start of the replay.
+    pub start_s: f64,
+    /// Rows replayed per second in the window.
+    pub rows_per_s: f64,
+    /// Freshness P50 of the window's queries, ms (NaN: no query ended in it).
+    pub freshness_p50_ms: f64,
+    /// Freshness P99 of the window's queries, ms.
+    pub freshness_p99_ms: f64,
+    /// Query latency P50 of the window's queries, ms.
+    pub query_p50_ms: f64,
+    /// Bytes of the lake directory at the window's last sample.
+    pub lake_bytes: u64,
 }
 
 const ACCOUNTS: i64 = 10_000;
@@ -97,9 +123,100 @@ struct QuerySample {
     latency_ms: f64,
 }
 
+/// The lake directory's size: `(seconds from the start, bytes)`.
+type LakeSample = (f64, u64);
+
+/// Bytes of the files under `dir`. A file deleted while the walk runs (GC
+/// retiring blocks) is not counted; any other error is returned.
+fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let mut total = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if gone(&e) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        match entry.metadata() {
+            Ok(m) if m.is_dir() => total += dir_bytes(&entry.path())?,
+            Ok(m) => total += m.len(),
+            Err(e) if gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+/// The run cut into windows of [`WINDOW_S`] seconds: each query counts in
+/// the window it ended in, each row in the second it was replayed in.
+fn windows(samples: &[QuerySample], throughput: &[u64], lake: &[LakeSample], seconds: f64) -> Vec<Window> {
+    let count = (seconds / WINDOW_S).ceil().max(1.0) as usize;
+    (0..count)
+        .map(|w| {
+            let (start, end) = (w as f64 * WINDOW_S, ((w + 1) as f64 * WINDOW_S).min(seconds));
+            let inside = |t: f64| t >= start && (t < end || (w + 1 == count && t <= seconds));
+            let queries: Vec<&QuerySample> = samples.iter().filter(|q| inside(q.at_s)).collect();
+            let fresh: Latencies = queries.iter().map(|q| q.freshness_ms).collect();
+            let latency: Latencies = queries.iter().map(|q| q.latency_ms).collect();
+            // Whole seconds: the throughput series is per second.
+            let rows: u64 = throughput.iter().enumerate().filter(|(i, _)| inside(*i as f64)).map(|(_, r)| r).sum();
+            let lake_bytes = lake.iter().rev().find(|(t, _)| *t < end || w + 1 == count).map_or(0, |(_, b)| *b);
+            Window {
+                start_s: start,
+                rows_per_s: rows as f64 / (end - start).max(1e-9),
+                freshness_p50_ms: fresh.quantile_ms(0.5),
+                freshness_p99_ms: fresh.quantile_ms(0.99),
+                query_p50_ms: latency.quantile_ms(0.5),
+                lake_bytes,
+            }
+        })
+        .collect()
+}
+
 /// Runs the demo and prints its report.
 pub fn run(o: &DemoOptions) -> DemoResult<()> {
     let r = measure(o)?;
+    if o.json {
+        let windows: Vec<_> = r
+            .windows
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "start_s": w.start_s,
+                    "rows_per_s": w.rows_per_s.round(),
+                    "freshness_p50_ms": w.freshness_p50_ms,
+                    "freshness_p99_ms": w.freshness_p99_ms,
+                    "query_p50_ms": w.query_p50_ms,
+                    "lake_bytes": w.lake_bytes,
+                })
+            })
+            .collect();
+        let report = serde_json::json!({
+            "rows": r.rows,
+            "seconds": r.seconds,
+            "rows_per_s": (r.rows as f64 / r.seconds).round(),
+            "target_rows_per_s": o.rate,
+            "queries": r.queries,
+            "freshness_p50_ms": r.freshness_p50_ms,
+            "freshness_p99_ms": r.freshness_p99_ms,
+            "query_p50_ms": r.query_p50_ms,
+            "query_off_p50_ms": r.query_off_p50_ms,
+            "visibility_bits_per_tuple": r.visibility_bits_per_tuple,
+            "tuples": r.tuples,
+            "index_bytes": r.index_bytes,
+            "buffer_bytes": r.buffer_bytes,
+            "lake_bytes": r.lake_bytes,
+            "plot": r.plot,
+            "windows": windows,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     println!("\n== fovea demo report ==");
     println!(
         "replayed            {} rows in {:.1} s = {:.0} rows/s (target {})",
@@ -121,6 +238,7 @@ pub fn run(o: &DemoOptions) -> DemoResult<()> {
         r.index_bytes / 1024,
         r.buffer_bytes / 1024
     );
+    println!("lake                {:.1} MB", r.lake_bytes as f64 / 1e6);
     println!("plot                {}", r.plot.display());
     println!(
         "query it            fovea sql --lake {} \"SELECT count(*), sum(balance) FROM hybench.account\"",
@@ -162,19 +280,26 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
         (0..ACCOUNTS).map(|k| Op::Insert { table: account.id, row: account_row(k, INITIAL_BALANCE, t0) }).collect(),
     )?;
     if !o.quiet {
-        println!(
+        // On stderr with --json: stdout is the JSON report alone.
+        let banner = format!(
             "fovea demo: lake {}, {} s at {} rows/s, {} shards; {ACCOUNTS} accounts loaded",
             o.lake.display(),
             o.seconds,
             o.rate,
             engine.config().shards
         );
+        if o.json {
+            eprintln!("{banner}");
+        } else {
+            println!("{banner}");
+        }
     }
 
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(Mutex::new(Vec::<QuerySample>::new()));
     let off_latency = Arc::new(Mutex::new(Vec::<f64>::new()));
     let rows_done = Arc::new(AtomicU64::new(0));
+    let lake_sizes = Arc::new(Mutex::new(Vec::<LakeSample>::new()));
     let start = Instant::now();
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     // Rows replayed in each second of the run.
@@ -231,9 +356,10 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
                 }
             });
         }
-        // Background maintenance: memory GC, flush, combine.
+        // Background maintenance: memory GC, flush, combine; then the
+        // lake's size.
         {
-            let (engine, stop, failure) = (&engine, &stop, &failure);
+            let (engine, stop, failure, lake_sizes) = (&engine, &stop, &failure, &lake_sizes);
             s.spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(500));
@@ -241,6 +367,17 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
                     if let Err(e) = r {
                         *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("maintenance failed: {e}"));
                         return;
+                    }
+                    match dir_bytes(&o.lake) {
+                        Ok(bytes) => lake_sizes
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((start.elapsed().as_secs_f64(), bytes)),
+                        Err(e) => {
+                            *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(format!("size of the lake {}: {e}", o.lake.display()));
+                            return;
+                        }
                     }
                 }
             });
@@ -369,25 +506,31 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
 
     let rows = rows_done.load(Ordering::Relaxed);
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut fresh: Vec<f64> = samples.iter().map(|q| q.freshness_ms).collect();
-    let mut live: Vec<f64> = samples.iter().map(|q| q.latency_ms).collect();
-    let mut off = off_latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let fresh: Latencies = samples.iter().map(|q| q.freshness_ms).collect();
+    let live: Latencies = samples.iter().map(|q| q.latency_ms).collect();
+    let off: Latencies = off_latency.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
     let mem = engine.memory();
+    let lake_bytes = dir_bytes(&o.lake)?;
+    let mut lake_sizes = std::mem::take(&mut *lake_sizes.lock().unwrap_or_else(|p| p.into_inner()));
+    lake_sizes.push((elapsed, lake_bytes));
     let plot = o.lake.join("demo.svg");
-    std::fs::write(&plot, svg_plot(&samples, &throughput, elapsed))?;
+    std::fs::write(&plot, svg_plot(&samples, &throughput, &lake_sizes, elapsed)?)?;
+    let windows = windows(&samples, &throughput, &lake_sizes, elapsed);
     Ok(DemoReport {
         rows,
         seconds: elapsed,
         queries: samples.len(),
-        freshness_p50_ms: percentile(&mut fresh, 0.5),
-        freshness_p99_ms: percentile(&mut fresh, 0.99),
-        query_p50_ms: percentile(&mut live, 0.5),
-        query_off_p50_ms: percentile(&mut off, 0.5),
+        freshness_p50_ms: fresh.quantile_ms(0.5),
+        freshness_p99_ms: fresh.quantile_ms(0.99),
+        query_p50_ms: live.quantile_ms(0.5),
+        query_off_p50_ms: off.quantile_ms(0.5),
         visibility_bits_per_tuple: mem.visibility_bits_per_tuple(),
         tuples: mem.tuples,
         index_bytes: mem.index_bytes,
         buffer_bytes: mem.buffer_bytes,
+        lake_bytes,
         plot,
+        windows,
     })
 }
 
@@ -419,47 +562,83 @@ fn sum_and_freshest(
     Ok((total, freshest))
 }
 
-/// The `p` quantile of `v` (sorted in place), NaN when empty.
-pub(crate) fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
+/// The run over time as an SVG of four panels sharing the time axis:
+/// freshness and query latency of every query, replay throughput per
+/// second, and the lake's size.
+fn svg_plot(samples: &[QuerySample], throughput: &[u64], lake: &[LakeSample], seconds: f64) -> DemoResult<String> {
+    use plotters::prelude::*;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 1000)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let root = root.titled(&format!("fovea demo: {seconds:.0} s"), ("sans-serif", 20))?;
+        let panels = root.split_evenly((4, 1));
+        // (caption, y axis, colour, points)
+        type Panel<'a> = (&'a str, &'a str, RGBColor, Vec<(f64, f64)>);
+        let series: [Panel; 4] = [
+            (
+                "freshness (query start − newest visible change)",
+                "freshness (ms)",
+                RGBColor(0x1f, 0x77, 0xb4),
+                samples.iter().map(|q| (q.at_s, q.freshness_ms)).collect(),
+            ),
+            (
+                "query latency (SELECT sum(balance), max(fresh_ts))",
+                "latency (ms)",
+                RGBColor(0xff, 0x7f, 0x0e),
+                samples.iter().map(|q| (q.at_s, q.latency_ms)).collect(),
+            ),
+            (
+                "replay throughput",
+                "rows/s",
+                RGBColor(0x2c, 0xa0, 0x2c),
+                throughput.iter().enumerate().map(|(i, r)| (i as f64 + 0.5, *r as f64)).collect(),
+            ),
+            ("lake size", "MB", RGBColor(0x94, 0x67, 0xbd), lake.iter().map(|(t, b)| (*t, *b as f64 / 1e6)).collect()),
+        ];
+        for (area, (caption, unit, color, points)) in panels.iter().zip(series) {
+            let top = points.iter().map(|(_, v)| *v).fold(0.0, f64::max).max(1e-3) * 1.05;
+            let mut chart = ChartBuilder::on(area)
+                .caption(caption, ("sans-serif", 15))
+                .margin(8)
+                .x_label_area_size(35)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0.0..seconds.max(1.0), 0.0..top)?;
+            chart
+                .configure_mesh()
+                .x_desc("time since the start of the replay (s)")
+                .y_desc(unit)
+                .light_line_style(WHITE)
+                .draw()?;
+            chart.draw_series(LineSeries::new(points, &color))?;
+        }
+        root.present()?;
     }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    Ok(svg)
 }
 
-/// Freshness of every query and replay throughput over time, as SVG.
-/// SVG polyline points of `(seconds, value)` pairs, each series scaled to
-/// its own maximum (returned with the points).
-fn polyline(series: impl Iterator<Item = (f64, f64)> + Clone, seconds: f64, (w, h): (f64, f64)) -> (String, f64) {
-    let max = series.clone().map(|(_, v)| v).fold(1.0, f64::max);
-    let points = series
-        .map(|(t, v)| {
-            format!("{:.1},{:.1} ", 50.0 + t / seconds.max(1e-9) * (w - 70.0), h - 30.0 - v / max * (h - 60.0))
-        })
-        .collect();
-    (points, max)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn svg_plot(samples: &[QuerySample], throughput: &[u64], seconds: f64) -> String {
-    let (w, h) = (800.0, 300.0);
-    let (rate, max_t) =
-        polyline(throughput.iter().enumerate().map(|(i, r)| (i as f64 + 0.5, *r as f64)), seconds, (w, h));
-    let (points, max_f) = polyline(samples.iter().map(|q| (q.at_s, q.freshness_ms)), seconds, (w, h));
-    let (lat, max_l) = polyline(samples.iter().map(|q| (q.at_s, q.latency_ms)), seconds, (w, h));
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="50" y="18">fovea demo over {seconds:.0} s: freshness (blue, max {max_f:.1} ms), query latency (orange, max {max_l:.1} ms), replay rows/s (green, max {max_t:.0})</text>
-<line x1="50" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="50" y1="30" x2="50" y2="{y0}" stroke="black"/>
-<polyline fill="none" stroke="#1f77b4" stroke-width="1" points="{points}"/>
-<polyline fill="none" stroke="#ff7f0e" stroke-width="1" points="{lat}"/>
-<polyline fill="none" stroke="#2ca02c" stroke-width="1.5" points="{rate}"/>
-<text x="50" y="{yl}">0 s</text><text x="{x1}" y="{yl}" text-anchor="end">{seconds:.0} s</text>
-</svg>
-"##,
-        y0 = h - 30.0,
-        x1 = w - 20.0,
-        yl = h - 12.0
-    )
+    #[test]
+    fn windows_split_the_run_and_keep_the_last_partial_one() {
+        let q = |at_s, ms| QuerySample { at_s, freshness_ms: ms, latency_ms: ms * 2.0 };
+        let samples = [q(1.0, 1.0), q(9.9, 3.0), q(10.0, 5.0), q(24.9, 7.0), q(25.0, 9.0)];
+        // 25 s: 100 rows in every second.
+        let throughput = vec![100; 25];
+        let lake = [(5.0, 10), (12.0, 20), (19.0, 30), (25.0, 40)];
+        let w = windows(&samples, &throughput, &lake, 25.0);
+        assert_eq!(w.iter().map(|w| w.start_s).collect::<Vec<_>>(), [0.0, 10.0, 20.0]);
+        assert_eq!(w.iter().map(|w| w.rows_per_s).collect::<Vec<_>>(), [100.0, 100.0, 100.0]);
+        assert_eq!(w.iter().map(|w| w.lake_bytes).collect::<Vec<_>>(), [10, 30, 40]);
+        // Quantiles are exact to three significant digits.
+        let near = |got: f64, want: f64| assert!((got - want).abs() <= want * 1e-3, "{got} vs {want}");
+        near(w[0].freshness_p50_ms, 1.0);
+        near(w[0].freshness_p99_ms, 3.0);
+        near(w[1].query_p50_ms, 10.0);
+        // The query ending at the last instant belongs to the last window.
+        near(w[2].freshness_p99_ms, 9.0);
+        assert!(windows(&[], &[], &[], 3.0)[0].freshness_p50_ms.is_nan());
+    }
 }

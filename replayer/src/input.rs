@@ -68,17 +68,33 @@ pub struct LoopOptions<'a> {
     pub lease: Option<&'a LeaseKeeper>,
     /// Metrics to update (serve).
     pub metrics: Option<&'a Metrics>,
-    /// Print progress to standard error (replay).
+    /// A progress line on standard error (replay; drawn only when it is a
+    /// terminal).
     pub progress: bool,
+}
+
+/// A spinner with the elapsed time and a message, on standard error when
+/// it is a terminal (indicatif draws nothing otherwise).
+pub fn spinner() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+            .unwrap_or_else(|e| unreachable!("a valid template: {e}")),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
 }
 
 /// Polls `source` into `sink` until the input ends or `stop` is set, then
 /// writes a final checkpoint (also after an error: everything committed
 /// before it stays durable).
 pub fn run(source: &mut dyn ChangeSource, sink: &mut Sink, options: &LoopOptions<'_>) -> CliResult<()> {
-    let result = run_until_stopped(source, sink, options);
-    if options.progress {
-        eprintln!();
+    // Drawn on standard error only when it is a terminal.
+    let bar = options.progress.then(spinner);
+    let result = run_until_stopped(source, sink, options, bar.as_ref());
+    // The caller reports the totals.
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     // The end of the input checkpointed already.
     if let Ok(true) = result {
@@ -93,7 +109,12 @@ pub fn run(source: &mut dyn ChangeSource, sink: &mut Sink, options: &LoopOptions
 }
 
 /// Runs until the input ends (`true`, checkpointed) or `stop` is set.
-fn run_until_stopped(source: &mut dyn ChangeSource, sink: &mut Sink, options: &LoopOptions<'_>) -> CliResult<bool> {
+fn run_until_stopped(
+    source: &mut dyn ChangeSource,
+    sink: &mut Sink,
+    options: &LoopOptions<'_>,
+    bar: Option<&indicatif::ProgressBar>,
+) -> CliResult<bool> {
     let count = |kind: &str| {
         if let Some(m) = options.metrics {
             m.error(kind);
@@ -125,7 +146,7 @@ fn run_until_stopped(source: &mut dyn ChangeSource, sink: &mut Sink, options: &L
         dirty |= polled.records > 0 || polled.moved;
         if last_report.elapsed() >= Duration::from_millis(500) {
             last_report = Instant::now();
-            report(source, sink, options, began);
+            report(source, sink, options, bar, began);
         }
         if dirty
             && (last_checkpoint.elapsed() >= options.checkpoint_every
@@ -140,27 +161,39 @@ fn run_until_stopped(source: &mut dyn ChangeSource, sink: &mut Sink, options: &L
 }
 
 /// Progress on standard error, lag and counters into the metrics.
-fn report(source: &mut dyn ChangeSource, sink: &Sink, options: &LoopOptions<'_>, began: Instant) {
+fn report(
+    source: &mut dyn ChangeSource,
+    sink: &Sink,
+    options: &LoopOptions<'_>,
+    bar: Option<&indicatif::ProgressBar>,
+    began: Instant,
+) {
     let stats = sink.stats();
     let lag = source.lag();
     if let Some(m) = options.metrics {
         // Relaxed: statistics (see `Metrics`).
         m.rows.store(stats.rows, Ordering::Relaxed);
         m.transactions.store(stats.applied, Ordering::Relaxed);
+        if stats.cleanup_failures > 0 {
+            m.errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert("checkpoint_cleanup".into(), stats.cleanup_failures);
+        }
         if let Some(bytes) = lag.bytes {
             m.input_lag_bytes.store(bytes, Ordering::Relaxed);
         }
         m.set_input_lag(&lag);
     }
-    if options.progress {
+    if let Some(bar) = bar {
         let secs = began.elapsed().as_secs_f64();
-        eprint!(
-            "\r[{secs:>6.1} s] {:>9} txns  {:>11} rows  {:>10.0} rows/s{}",
+        bar.set_message(format!(
+            "{:>9} txns  {:>11} rows  {:>10.0} rows/s{}",
             stats.applied,
             stats.rows,
             stats.rows as f64 / secs.max(1e-9),
             if lag.held.0 > 0 { format!("  {} held", lag.held.0) } else { String::new() }
-        );
+        ));
     }
 }
 
@@ -176,6 +209,7 @@ pub fn checkpoint(source: &mut dyn ChangeSource, sink: &mut Sink, metrics: Optio
         m.checkpoints.fetch_add(1, Ordering::Relaxed);
         m.checkpoint_us.fetch_add(us, Ordering::Relaxed);
         m.last_checkpoint_us.store(us, Ordering::Relaxed);
+        m.checkpoint_seconds.observe(us as f64 / 1e6);
     }
     if let Some(at) = sink.checkpointed_at() {
         source.confirm(at)?;

@@ -7,6 +7,7 @@ mod bench_scan;
 mod demo;
 mod input;
 mod lakes;
+mod latency;
 mod query;
 mod replay;
 mod serve;
@@ -91,6 +92,11 @@ enum Command {
         /// Target replay rate in changed rows per second.
         #[arg(long, default_value_t = 50_000)]
         rate: u64,
+        /// Print the report as JSON: the summary fields, then `windows`,
+        /// the same series per 10 s window (start_s, rows_per_s,
+        /// freshness_p50_ms, freshness_p99_ms, query_p50_ms, lake_bytes).
+        #[arg(long)]
+        json: bool,
     },
     /// Replay a change stream into a lake, to the end of the input.
     /// Rerunning continues from the last checkpoint; a finished input
@@ -376,7 +382,9 @@ fn main() -> ExitCode {
     tls::install_crypto_provider();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { lake, seconds, rate } => demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false }),
+        Command::Demo { lake, seconds, rate, json } => {
+            demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false, json })
+        }
         Command::Replay { lake, input, format, schema_file, checkpoint_txns, shards, lease_secs } => {
             serve::lease_time(lease_secs).and_then(|lease| {
                 let args = replay::ReplayArgs {

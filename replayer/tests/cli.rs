@@ -47,9 +47,25 @@ fn demo_replays_queries_and_reports() {
         .unwrap();
     assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
     assert_eq!(String::from_utf8_lossy(&q.stdout), "n,total\n10000,10000000.00\n");
-    // A second run replaces the lake it made.
-    let again = fovea().args(["demo", "--seconds", "1", "--rate", "1000", "--lake"]).arg(&lake).output().unwrap();
-    assert!(again.status.success());
+    // A second run replaces the lake it made; --json prints the summary,
+    // then the same series per 10 s window.
+    let again =
+        fovea().args(["demo", "--seconds", "1", "--rate", "1000", "--json", "--lake"]).arg(&lake).output().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys.last(), Some(&"windows"), "{keys:?}");
+    for k in ["rows_per_s", "freshness_p50_ms", "freshness_p99_ms", "query_p50_ms", "lake_bytes"] {
+        assert!(v[k].is_number(), "{k}: {v}");
+    }
+    let windows = v["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 1, "{v}");
+    let w = &windows[0];
+    assert_eq!(w["start_s"], 0.0);
+    assert!(w["rows_per_s"].as_f64().unwrap() > 0.0, "{w}");
+    assert!(w["lake_bytes"].as_u64().unwrap() > 0, "{w}");
+    assert!(w["freshness_p99_ms"].as_f64().unwrap() >= w["freshness_p50_ms"].as_f64().unwrap(), "{w}");
+    assert!(w["query_p50_ms"].as_f64().unwrap() > 0.0, "{w}");
 }
 
 #[test]

@@ -58,6 +58,48 @@ fn pg_tiny_replayed_under_injected_faults_equals_postgres() {
     assert!(again.contains("replayed 0 transactions"), "{again}");
 }
 
+/// Files under `dir`, recursively.
+fn walk_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| if p.is_dir() { walk_files(&p) } else { 1 })
+        .sum()
+}
+
+/// Every delete failing (old checkpoints, retired blocks): clean-up after a
+/// committed checkpoint is retried later, so the replay neither stops nor
+/// loses anything; the objects stay until a delete works.
+#[test]
+fn failing_deletes_never_stop_a_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = data().join("debezium_events.precise_schemas.jsonl.gz");
+    let out = fovea()
+        .env("FOVEA_FAULTS", "seed=1,deletes=1")
+        .args(["replay", "--lake", lake.to_str().unwrap(), "--checkpoint-txns", "10", "--input"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("stay until the next checkpoint"), "no clean-up failed: {stderr}");
+    // More checkpoint objects stay than after the same replay without faults.
+    let files = |lake: &Path| walk_files(&lake.join("_fovea/checkpoints"));
+    let clean = dir.path().join("clean");
+    ok(fovea()
+        .args(["replay", "--lake", clean.to_str().unwrap(), "--checkpoint-txns", "10", "--input"])
+        .arg(&input)
+        .output()
+        .unwrap());
+    assert!(files(&lake) > files(&clean), "old checkpoints were deleted although every delete failed");
+    for t in tables() {
+        let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        let got = ok(fovea().args(["export", "--table", &t, "--lake", lake.to_str().unwrap()]).output().unwrap());
+        assert_eq!(got, expected, "{t}");
+    }
+}
+
 #[test]
 fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_replay() {
     let dir = tempfile::tempdir().unwrap();
@@ -76,21 +118,28 @@ fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_rep
     }
 }
 
-/// `fovea serve` following a file under faults, a new seed per run: each
-/// run stops with an error naming its fault, or is still serving after a
-/// while and stops on SIGTERM (cleanly, or naming a fault of its final
-/// checkpoint). A last run without faults catches up to exactly the
-/// uninterrupted replay.
+/// `fovea serve` following a growing file under faults, a new seed per run:
+/// before each run the file grows by the next twelfth of the stream (cut at
+/// a line, so a transaction may be split across runs), which gives every
+/// run work to fail in. Each run stops with an error naming its fault, or is
+/// still serving after a while and stops on SIGTERM (cleanly, or naming a
+/// fault of its final checkpoint). A last run without faults catches up to
+/// exactly the uninterrupted replay.
 #[test]
 fn serve_under_injected_faults_restarts_to_exact() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("hybench.jsonl");
-    ok(fovea().args(["gen", "hybench", "--txns", "3000", "--seed", "3", "--output"]).arg(&input).output().unwrap());
+    let whole = dir.path().join("hybench-whole.jsonl");
+    ok(fovea().args(["gen", "hybench", "--txns", "3000", "--seed", "3", "--output"]).arg(&whole).output().unwrap());
     let clean = dir.path().join("clean");
-    ok(fovea().args(["replay", "--lake", clean.to_str().unwrap(), "--input"]).arg(&input).output().unwrap());
+    ok(fovea().args(["replay", "--lake", clean.to_str().unwrap(), "--input"]).arg(&whole).output().unwrap());
+    let lines: Vec<String> = std::fs::read_to_string(&whole).unwrap().lines().map(|l| format!("{l}\n")).collect();
+    let input = dir.path().join("hybench.jsonl");
+    let mut growing = std::fs::File::create(&input).unwrap();
     let lake = dir.path().join("faulty");
     let (mut stopped_by_fault, mut survived) = (0, 0);
     for seed in 1..=12 {
+        let part = &lines[lines.len() * (seed - 1) / 12..lines.len() * seed / 12];
+        std::io::Write::write_all(&mut growing, part.concat().as_bytes()).unwrap();
         let log = dir.path().join(format!("serve-{seed}.log"));
         let mut child = fovea()
             .env("FOVEA_FAULTS", format!("seed={seed},errors=0.01,after=0.01,latency_ms=1,multipart=0.3"))

@@ -149,9 +149,7 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
     });
 
     // A Python client (ADBC Flight SQL driver) reads the same.
-    let venv = "/var/tmp/fovea-py/bin/python";
-    let python = std::env::var("FOVEA_PYTHON")
-        .unwrap_or_else(|_| if Path::new(venv).exists() { venv.into() } else { "python3".into() });
+    let python = fovea_aws::moto::python();
     let script = format!(
         "import adbc_driver_flightsql.dbapi as f\n\
          c = f.connect('{}')\n\
@@ -361,6 +359,33 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
     assert!(!untrusted.status.success());
     let err = String::from_utf8_lossy(&untrusted.stderr);
     assert!(err.contains("invalid peer certificate"), "{err}");
+
+    // A Python ADBC client over TLS: trusting the test CA it reads the
+    // table; trusting only the system's roots it is refused.
+    let adbc = |trust_test_ca: bool| {
+        let roots = if trust_test_ca {
+            format!("D.TLS_ROOT_CERTS.value: open({:?}).read(), ", certs.ca.display().to_string())
+        } else {
+            String::new()
+        };
+        let script = format!(
+            "import adbc_driver_flightsql.dbapi as f\n\
+             from adbc_driver_flightsql import DatabaseOptions as D\n\
+             c = f.connect('grpc+tls://127.0.0.1:{port}', db_kwargs={{{roots}D.TLS_OVERRIDE_HOSTNAME.value: 'localhost', D.AUTHORIZATION_HEADER.value: 'Bearer s3cret'}})\n\
+             cur = c.cursor()\n\
+             cur.execute('SELECT count(*) AS n FROM public.t')\n\
+             print(cur.fetchall()[0][0])\n"
+        );
+        let python = fovea_aws::moto::python();
+        std::process::Command::new(&python).args(["-c", &script]).output().unwrap()
+    };
+    let trusted = adbc(true);
+    assert!(trusted.status.success(), "ADBC over TLS: {}", String::from_utf8_lossy(&trusted.stderr));
+    assert_eq!(String::from_utf8_lossy(&trusted.stdout).trim(), "49");
+    let refused = adbc(false);
+    assert!(!refused.status.success(), "ADBC trusted a certificate of an unknown CA");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("certificate") || err.contains("x509") || err.contains("authority"), "{err}");
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {

@@ -77,13 +77,24 @@ fn bench_cluster() -> (PgCluster, String) {
     let init = pg.pgbench("bench", &["-i", "-s", "1", "-q"]).output().unwrap();
     assert!(init.status.success(), "pgbench -i: {}", String::from_utf8_lossy(&init.stderr));
     pg.psql("bench", SCHEMA);
-    pg.psql("bench", "CREATE PUBLICATION fovea_pub FOR ALL TABLES");
-    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
+    let input = publish_all(&pg);
     (pg, input)
 }
 
+/// Publishes every table of database `bench`; the input URL that follows
+/// it (slot created on first use).
+fn publish_all(pg: &PgCluster) -> String {
+    pg.psql("bench", "CREATE PUBLICATION fovea_pub FOR ALL TABLES");
+    format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"))
+}
+
+/// The tests that run pgbench against a debug `fovea serve` take turns: on
+/// two cores, two such loads at once leave each replayer minutes behind.
+static PGBENCH_LOAD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
+    let _turn = PGBENCH_LOAD.lock().unwrap_or_else(|p| p.into_inner());
     let (pg, input) = bench_cluster();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
@@ -129,7 +140,8 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
 
     let mut tables = TABLES.to_vec();
     tables.push(("public.late", "k"));
-    eventually(Duration::from_secs(120), "fovea to match PostgreSQL", || compare_all(&pg, &server, &tables).ok());
+    common::while_progressing(&server, Duration::from_secs(1), || compare_all(&pg, &server, &tables))
+        .unwrap_or_else(|e| panic!("fovea to match PostgreSQL: {e}\n{}", server.log()));
     // TRUNCATE inside a transaction, between other changes of the table.
     pg.psql(
         "bench",
@@ -155,9 +167,40 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
         "fovea_checkpoints_total",
         "fovea_gc_seconds_total",
         "fovea_errors_total{kind=\"postgres_connection\"}",
+        "fovea_transaction_freshness_seconds_bucket{le=",
+        "fovea_checkpoint_duration_seconds_count",
+        "fovea_query_duration_seconds_sum",
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }
+    // The exposition is valid OpenMetrics (the reference parser reads it),
+    // and the histograms counted what happened.
+    let body = text.split_once("\r\n\r\n").map_or(text.as_str(), |(_, b)| b);
+    let python = fovea_aws::moto::python();
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+        fams = {f.name: f for f in parse(sys.stdin.read())}\n\
+        for n in ['fovea_transaction_freshness_seconds', 'fovea_checkpoint_duration_seconds', 'fovea_query_duration_seconds']:\n\
+        \x20   f = fams[n]\n\
+        \x20   print(n, f.type, int([s.value for s in f.samples if s.name == n + '_count'][0]))\n\
+        print('fovea_rows', fams['fovea_rows'].type)\n";
+    let mut child = std::process::Command::new(&python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {python} (run scripts/test-deps.sh, or set FOVEA_PYTHON): {e}"));
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), body.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let parsed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "OpenMetrics parser: {}\n{body}", String::from_utf8_lossy(&out.stderr));
+    for line in parsed.lines().take(3) {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields[1], "histogram", "{line}");
+        assert!(fields[2].parse::<u64>().unwrap() > 0, "nothing observed: {line}\n{body}");
+    }
+    assert!(parsed.contains("fovea_rows counter"), "{parsed}");
 
     // A clean stop confirms the slot up to the final checkpoint; PostgreSQL
     // then keeps no WAL for transactions fovea holds.
@@ -211,13 +254,12 @@ fn column_type_changes_never_stop_the_replica() {
          INSERT INTO t SELECT g, g * 10, g / 4.0, g * 1.25, 'n' || g, DATE '2026-01-01' + g, g, g::text, g
            FROM generate_series(1, 50) g;
          CREATE TABLE u (k int PRIMARY KEY, v text);
-         INSERT INTO u SELECT g, 'v' || g FROM generate_series(1, 20) g;
-         CREATE PUBLICATION fovea_pub FOR ALL TABLES",
+         INSERT INTO u SELECT g, 'v' || g FROM generate_series(1, 20) g",
     );
     let tables = [("public.t", "id"), ("public.u", "k")];
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let input = format!("{}?slot=fovea_slot&publication=fovea_pub&create_slot=true", pg.url("bench"));
+    let input = publish_all(&pg);
     let args = ["--checkpoint-secs", "0.5"];
     let server = Server::start(&lake, &input, &args);
     eventually(Duration::from_secs(60), "the initial copy", || compare_all(&pg, &server, &tables).ok());
@@ -268,6 +310,89 @@ fn column_type_changes_never_stop_the_replica() {
     assert_eq!(types(&server, "arrow_typeof(delta), arrow_typeof(code)"), "Int64,Int32\n");
 }
 
+/// Column changes whose old rows PostgreSQL shows with values the stream
+/// never carries — a renamed column, a column added with a default (stored
+/// as the "missing value", or written by a table rewrite for a volatile
+/// default) — end exactly as in PostgreSQL; a plain added or dropped
+/// column too.
+#[test]
+fn renamed_and_defaulted_columns_end_exact() {
+    let pg = PgCluster::start();
+    pg.psql(
+        "bench",
+        "CREATE TABLE r (id int PRIMARY KEY, v text, n int);
+         INSERT INTO r SELECT g, 'v' || g, g FROM generate_series(1, 40) g",
+    );
+    let tables = [("public.r", "id")];
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = publish_all(&pg);
+    let server = Server::start(&lake, &input, &["--checkpoint-secs", "0.5"]);
+    eventually(Duration::from_secs(60), "the initial copy", || compare_all(&pg, &server, &tables).ok());
+    for (what, sql) in [
+        ("a renamed column", "ALTER TABLE r RENAME COLUMN v TO w; UPDATE r SET n = n + 1 WHERE id = 1"),
+        ("a column added with a default", "ALTER TABLE r ADD COLUMN d int DEFAULT 7; UPDATE r SET n = 0 WHERE id = 2"),
+        (
+            "a column added with a volatile default",
+            "ALTER TABLE r ADD COLUMN s text DEFAULT md5(random()::text); UPDATE r SET n = 0 WHERE id = 3",
+        ),
+        ("a plain added column", "ALTER TABLE r ADD COLUMN p int; UPDATE r SET p = 5 WHERE id = 4"),
+        ("a dropped column", "ALTER TABLE r DROP COLUMN n; INSERT INTO r (id, w) VALUES (100, 'new')"),
+    ] {
+        pg.psql("bench", sql);
+        eventually(Duration::from_secs(60), what, || compare_all(&pg, &server, &tables).ok());
+    }
+    server.kill();
+    let server = Server::start(&lake, &input, &["--checkpoint-secs", "0.5"]);
+    compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("after the restart: {e}\n{}", server.log()));
+}
+
+/// One transaction far larger than the memory a transaction may hold
+/// (`spill_bytes`): its rest is spilled to disk while it arrives, read back
+/// in order — through a column added and a table truncated inside it — and
+/// the tables end equal to PostgreSQL's, before and after a restart.
+#[test]
+fn a_transaction_larger_than_memory_spills_and_replays_exact() {
+    let pg = PgCluster::start();
+    pg.psql(
+        "bench",
+        "CREATE TABLE big (id int PRIMARY KEY, v text, n bigint);
+         INSERT INTO big SELECT g, 'v' || g, g FROM generate_series(1, 1000) g;
+         CREATE TABLE small (k int PRIMARY KEY, v text);
+         INSERT INTO small SELECT g, 's' || g FROM generate_series(1, 10) g",
+    );
+    let tables = [("public.big", "id"), ("public.small", "k")];
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, spill) = (dir.path().join("lake"), dir.path().join("spill"));
+    std::fs::create_dir(&spill).unwrap();
+    let input = format!("{}&spill_bytes=65536&spill_dir={}", publish_all(&pg), spill.display());
+    let args = ["--checkpoint-secs", "0.5"];
+    let server = Server::start(&lake, &input, &args);
+    eventually(Duration::from_secs(60), "the initial copy", || compare_all(&pg, &server, &tables).ok());
+    pg.psql(
+        "bench",
+        "BEGIN;
+         INSERT INTO big SELECT g, repeat('x', g % 50), g * 3 FROM generate_series(1001, 150000) g;
+         UPDATE big SET v = 'updated', n = -n WHERE id % 97 = 0;
+         ALTER TABLE big ADD COLUMN extra text;
+         INSERT INTO small VALUES (100, 'gone');
+         TRUNCATE small;
+         INSERT INTO small VALUES (200, 'kept');
+         UPDATE big SET extra = 'e' || id WHERE id % 1000 = 0;
+         DELETE FROM big WHERE id % 5 = 1;
+         COMMIT;
+         UPDATE small SET v = 'after' WHERE k = 200",
+    );
+    eventually(Duration::from_secs(180), "the large transaction", || compare_all(&pg, &server, &tables).ok());
+    let log = server.log();
+    assert!(log.contains("spilled to disk"), "{log}");
+    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "spill files left behind");
+    server.kill();
+    let server = Server::start(&lake, &input, &args);
+    eventually(Duration::from_secs(60), "after the restart", || compare_all(&pg, &server, &tables).ok());
+    compare_all(&pg, &server, &tables).unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+}
+
 /// PostgreSQL taking TLS connections only: `sslmode=verify-full` with the
 /// server's CA copies and streams (both connections encrypted, as
 /// `pg_stat_ssl` shows); plaintext is refused by the server and named;
@@ -311,11 +436,13 @@ fn postgres_over_tls() {
 /// The kill loop: pgbench and the multi-table script run for minutes while
 /// `fovea serve` is SIGKILLed at random moments ten times (restarted after
 /// each) and PostgreSQL is restarted twice (its clients reconnect, as
-/// applications do); every table ends equal to PostgreSQL's.
+/// applications do); every table ends equal to PostgreSQL's. (Two early
+/// failures were its old fixed 180 s deadline: a debug build restoring ten
+/// times under load ends ~180 s behind, and catches up exactly.)
 #[test]
-#[ignore = "reproduces an open bug: in 2 of 12 runs some pgbench_accounts rows stayed older than PostgreSQL's after the loop; run with --ignored (FOVEA_KILL_SEED picks the schedule) until it is fixed"]
 fn ten_sigkills_and_two_postgres_restarts_under_load_end_exact() {
     use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let _turn = PGBENCH_LOAD.lock().unwrap_or_else(|p| p.into_inner());
     let (pg, input) = bench_cluster();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
@@ -368,38 +495,102 @@ fn ten_sigkills_and_two_postgres_restarts_under_load_end_exact() {
     }
     let history: usize = pg.psql("bench", "SELECT count(*) FROM pgbench_history").trim().parse().unwrap();
     assert!(history > 1000, "pgbench ran only {history} transactions");
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while let Err(e) = compare_all(&pg, &server, TABLES) {
-        if std::time::Instant::now() >= deadline {
-            // What was lost, when, and what each run said about it.
-            let order = "ORDER BY mtime, tid, bid, aid, delta";
-            let pg_rows = pg.psql("bench", &format!("COPY (SELECT * FROM pgbench_history {order}) TO STDOUT WITH CSV"));
-            let got = server.sql(&format!("SELECT * FROM public.pgbench_history {order}")).unwrap_or_default();
-            let have: std::collections::HashSet<&str> = got.lines().collect();
-            let missing: Vec<&str> = pg_rows.lines().filter(|l| !have.contains(l)).collect();
-            let slot = pg.psql("bench", "SELECT confirmed_flush_lsn, restart_lsn FROM pg_replication_slots");
-            let mut logs = String::new();
-            for entry in std::fs::read_dir(dir.path()).unwrap() {
-                let path = entry.unwrap().path();
-                if path.extension().is_some_and(|e| e == "log") {
-                    let text = std::fs::read_to_string(&path).unwrap_or_default();
-                    for line in text.lines().filter(|l| {
-                        l.contains("streaming") || l.contains("WARN") || l.contains("ERROR") || l.contains("copied")
-                    }) {
-                        logs.push_str(&format!("{}: {line}\n", path.file_name().unwrap().to_string_lossy()));
-                    }
+    // The replayer may be far behind (ten restores under load, a debug
+    // build, two cores shared with PostgreSQL and pgbench): wait while it
+    // makes progress, and fail when it stalls — what is asserted is that
+    // nothing is lost, not how fast it catches up (`fovea bench` measures
+    // that). Compared every few seconds: each comparison scans every table.
+    let waited = std::time::Instant::now();
+    if let Err(e) = common::while_progressing(&server, Duration::from_secs(3), || compare_all(&pg, &server, TABLES)) {
+        // What was lost, when, and what each run said about it.
+        let order = "ORDER BY mtime, tid, bid, aid, delta";
+        let pg_rows = pg.psql("bench", &format!("COPY (SELECT * FROM pgbench_history {order}) TO STDOUT WITH CSV"));
+        let got = server.sql(&format!("SELECT * FROM public.pgbench_history {order}")).unwrap_or_default();
+        let have: std::collections::HashSet<&str> = got.lines().collect();
+        let missing: Vec<&str> = pg_rows.lines().filter(|l| !have.contains(l)).collect();
+        let slot = pg.psql("bench", "SELECT confirmed_flush_lsn, restart_lsn FROM pg_replication_slots");
+        let mut logs = String::new();
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                for line in text.lines().filter(|l| {
+                    l.contains("streaming")
+                        || l.contains(" stream ")
+                        || l.contains("WARN")
+                        || l.contains("ERROR")
+                        || l.contains("copied")
+                }) {
+                    logs.push_str(&format!("{}: {line}\n", path.file_name().unwrap().to_string_lossy()));
                 }
             }
-            panic!(
-                "after the kill loop: {e}\n{} history rows missing, first {:?}, last {:?}; slot {slot}\n{logs}",
-                missing.len(),
-                missing.first(),
-                missing.last()
-            );
         }
-        std::thread::sleep(Duration::from_millis(500));
+        // The running server's view, and its whole log, kept for reading.
+        let metrics: String = server
+            .metrics()
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let kept = std::env::temp_dir().join(format!("fovea-kill-loop-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&kept);
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let _ = std::fs::copy(&path, kept.join(path.file_name().unwrap()));
+            }
+        }
+        panic!(
+            "after the kill loop: {e}\n{} of {history} history rows missing, first {:?}, last {:?}; slot {slot}\n{logs}\n\
+             metrics of the running server:\n{metrics}\nlogs kept in {}",
+            missing.len(),
+            missing.first(),
+            missing.last(),
+            kept.display()
+        );
     }
+    eprintln!("kill loop: caught up {:.0} s after the load ended", waited.elapsed().as_secs_f64());
     let log = server.stop();
     assert!(!log.contains("panicked"), "{log}");
     eprintln!("kill loop: {history} pgbench transactions in {:.0} s", began.elapsed().as_secs_f64());
+}
+
+/// A `--schema-file` written by `pg_dump --schema-only` of a live database
+/// (keys added by `ALTER TABLE`, sequences, functions, comments, quoted
+/// and folded names) gives every table its columns, types and key.
+#[test]
+fn pg_dump_schema_files_give_tables_types_and_keys() {
+    let pg = PgCluster::start();
+    pg.psql(
+        "postgres",
+        r#"CREATE SCHEMA shop;
+           CREATE TABLE shop.Orders ("Id" bigserial PRIMARY KEY, placed timestamp(3) with time zone NOT NULL,
+               note varchar(40) DEFAULT 'a, (b)', total numeric(12,2) CHECK (total > 0), paid boolean);
+           CREATE TABLE shop.lines (order_id bigint REFERENCES shop.Orders, n int, qty smallint, PRIMARY KEY (order_id, n));
+           CREATE TABLE public.notes (body text, at date);
+           CREATE FUNCTION shop.touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.paid := true; RETURN NEW; END $$;
+           COMMENT ON TABLE shop.lines IS 'create table nothing (x int);';"#,
+    );
+    let dump = pg.dump_schema("postgres");
+    let tables = fovea_core::cdc::ddl::parse_ddl(&dump).unwrap_or_else(|e| panic!("{e}\n{dump}"));
+    let shape: Vec<String> = tables
+        .iter()
+        .map(|t| {
+            let cols: Vec<String> = t
+                .columns
+                .iter()
+                .map(|c| format!("{}:{}:{}", c.name, c.data_type, if c.nullable { "null" } else { "not null" }))
+                .collect();
+            format!("{} [{}] key {:?}", t.name, cols.join(", "), t.primary_key)
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            "public.notes [body:Utf8:null, at:Date32:null] key []",
+            "shop.lines [order_id:Int64:not null, n:Int32:not null, qty:Int16:null] key [\"order_id\", \"n\"]",
+            "shop.orders [Id:Int64:not null, placed:Timestamp(µs, \"UTC\"):not null, note:Utf8:null, total:Decimal128(12, 2):null, paid:Boolean:null] key [\"Id\"]",
+        ],
+        "{dump}"
+    );
 }

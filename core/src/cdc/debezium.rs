@@ -205,6 +205,7 @@ pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> 
         declared: None,
         key_names,
         in_transaction_block: payload.transaction.is_some_and(|t| t.get() != "null"),
+        omits_nulls: false,
         txid,
         table,
     })))
@@ -325,6 +326,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         declared,
         key_names,
         in_transaction_block,
+        omits_nulls: false,
     })))
 }
 

@@ -4,7 +4,12 @@
 //!
 //! DMS has no BEGIN/END records: a transaction ends where the
 //! `transaction-id` changes (the sink groups consecutive records). DMS gives
-//! no primary key either; it comes from a `--schema-file`.
+//! no primary key either; it comes from a `--schema-file`. Unless the
+//! endpoint sets `IncludeNullAndEmpty`, a NULL column is left out of
+//! `data`: a missing column is NULL ([`RowChange::omits_nulls`]). Control
+//! records (table loads, and DDL with `IncludeTableAlterOperations`) carry
+//! no column details: a column added shows in the data, a widened type by
+//! a value only the wider type holds (the sink widens the column then).
 
 use serde_json::Value as Json;
 
@@ -67,5 +72,6 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         declared: None,
         key_names: None,
         in_transaction_block: false,
+        omits_nulls: true,
     })))
 }

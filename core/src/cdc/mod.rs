@@ -103,6 +103,10 @@ pub struct RowChange {
     /// The record names its transaction (Debezium's `transaction` block):
     /// the stream has BEGIN/END records, even if none was seen yet.
     pub in_transaction_block: bool,
+    /// The images leave NULL columns out (AWS DMS unless
+    /// `IncludeNullAndEmpty` is set): a column missing from the after
+    /// image is NULL in this row, not a column dropped from the table.
+    pub omits_nulls: bool,
 }
 
 /// One decoded input record.

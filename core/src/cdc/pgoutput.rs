@@ -15,18 +15,27 @@
 //!   FULL sends the whole old row: a changed key becomes delete + insert;
 //! - `TRUNCATE` is reported as such; the caller decides what it means.
 //!
+//! Memory is bounded however big a transaction is (proto 1 sends a
+//! transaction only once it committed, all of it): past
+//! [`SpillConfig::memory_bytes`] of messages, the rest of the transaction
+//! is written, as received, to an unnamed temporary file and decoded again
+//! from there, in order, each time its rows are read
+//! ([`PgTransaction::for_each_row`], [`PgTransaction::into_rows`]).
+//!
 //! [`XidSnapshot`] answers whether a transaction was visible to an
 //! exported snapshot (`pg_current_snapshot()`), which is how an initial
 //! copy and the stream of a slot fit together without loss or overlap.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
 
 use arrow::datatypes::DataType;
 use serde_json::Value as Json;
 
 use super::ddl::sql_type;
 use super::debezium::UNAVAILABLE;
-use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error};
+use super::{Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error};
 use crate::error::Result;
 
 /// The hidden key column of a table without a primary key (insert-only:
@@ -93,8 +102,27 @@ struct Relation {
     identity: u8,
 }
 
+/// When a transaction's messages stop being held in memory, and where the
+/// rest goes.
+#[derive(Clone, Debug)]
+pub struct SpillConfig {
+    /// Bytes of pgoutput messages of one transaction held (decoded) in
+    /// memory; the messages after them are spilled. Decoded rows take about
+    /// ten times their message's size.
+    pub memory_bytes: usize,
+    /// Directory of the temporary files (unnamed: nothing is left behind,
+    /// even after a crash).
+    pub dir: PathBuf,
+}
+
+impl Default for SpillConfig {
+    fn default() -> Self {
+        SpillConfig { memory_bytes: 8 << 20, dir: std::env::temp_dir() }
+    }
+}
+
 /// A committed source transaction.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct PgTransaction {
     /// Top-level transaction id (32 bits, as pgoutput sends it).
     pub xid: u32,
@@ -105,10 +133,105 @@ pub struct PgTransaction {
     pub end_lsn: Lsn,
     /// Commit time, µs since the Unix epoch.
     pub commit_us: i64,
-    /// Row changes in order.
-    pub rows: Vec<RowChange>,
-    /// Tables truncated, in order, with the index into `rows` they precede.
+    /// Row changes in order; of a spilled transaction, the ones held in
+    /// memory (the first).
+    rows: Vec<RowChange>,
+    /// Tables truncated, in order, with the index of the row they precede
+    /// (among all rows, spilled ones included).
     pub truncates: Vec<(usize, String)>,
+    /// Bytes of the messages decoded into `rows`.
+    bytes: usize,
+    /// The messages being spilled, while the transaction is received.
+    spilling: Option<SpillWriter>,
+    /// The rows after `rows`, once committed.
+    spilled: Option<Spilled>,
+}
+
+/// Messages of a transaction being written to its spill file.
+#[derive(Debug)]
+struct SpillWriter {
+    /// The decoder as it was before the first spilled message: what the
+    /// spilled messages are decoded with, each time they are read.
+    start: Box<PgOutputDecoder>,
+    file: BufWriter<std::fs::File>,
+    messages: u64,
+}
+
+/// The spilled rows of a committed transaction.
+#[derive(Debug)]
+struct Spilled {
+    start: Box<PgOutputDecoder>,
+    file: std::fs::File,
+    messages: u64,
+    rows: usize,
+}
+
+/// Reads spilled messages back, in order, decoding each with the decoder
+/// state they were received in.
+struct SpillReader {
+    decoder: PgOutputDecoder,
+    input: BufReader<std::fs::File>,
+    left: u64,
+}
+
+impl SpillReader {
+    fn open(spilled: &Spilled) -> Result<Self> {
+        let mut file = spilled.file.try_clone()?;
+        file.seek(SeekFrom::Start(0))?;
+        Ok(SpillReader { decoder: spilled.start.scratch(), input: BufReader::new(file), left: spilled.messages })
+    }
+
+    /// The rows and the truncated tables of the next message.
+    fn next_message(&mut self) -> Result<Option<(Vec<RowChange>, Vec<String>)>> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        self.left -= 1;
+        let mut head = [0u8; 12];
+        self.input.read_exact(&mut head)?;
+        let lsn = Lsn(u64::from_le_bytes(head[..8].try_into().unwrap_or_else(|_| unreachable!("8 bytes"))));
+        let len = u32::from_le_bytes(head[8..].try_into().unwrap_or_else(|_| unreachable!("4 bytes"))) as usize;
+        let mut data = vec![0u8; len];
+        self.input.read_exact(&mut data)?;
+        self.decoder.decode_in_transaction(lsn, &data)?;
+        let txn =
+            self.decoder.current.as_mut().unwrap_or_else(|| unreachable!("a scratch decoder is in a transaction"));
+        let truncated = txn.truncates.drain(..).map(|(_, t)| t).collect();
+        Ok(Some((std::mem::take(&mut txn.rows), truncated)))
+    }
+}
+
+/// The rows of a transaction, in order, by value ([`PgTransaction::into_rows`]).
+pub struct TxnRows {
+    memory: std::vec::IntoIter<RowChange>,
+    spilled: Option<SpillReader>,
+    queue: VecDeque<RowChange>,
+}
+
+impl Iterator for TxnRows {
+    type Item = Result<RowChange>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(r) = self.memory.next() {
+            return Some(Ok(r));
+        }
+        loop {
+            if let Some(r) = self.queue.pop_front() {
+                return Some(Ok(r));
+            }
+            match self.spilled.as_mut()?.next_message() {
+                Ok(Some((rows, _))) => self.queue.extend(rows),
+                Ok(None) => {
+                    self.spilled = None;
+                    return None;
+                }
+                Err(e) => {
+                    self.spilled = None;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
 }
 
 impl PgTransaction {
@@ -117,28 +240,38 @@ impl PgTransaction {
         format!("{}:{}", self.xid, self.final_lsn)
     }
 
-    /// The records the sink takes: BEGIN, the rows, END with its counts.
-    pub fn into_records(self) -> Vec<(ChangeRecord, SourcePosition, SourcePosition)> {
-        let identity = self.identity();
-        let first = self.final_lsn.position();
-        let mut per_table: Vec<(String, u64)> = Vec::new();
-        let mut out = Vec::with_capacity(self.rows.len() + 2);
-        out.push((ChangeRecord::Begin { txid: identity.clone(), commit_us: Some(self.commit_us) }, first, first));
-        let count = self.rows.len() as u64;
-        for mut row in self.rows {
-            match per_table.iter_mut().find(|(t, _)| *t == row.table) {
-                Some((_, n)) => *n += 1,
-                None => per_table.push((row.table.clone(), 1)),
+    /// How many rows it changes.
+    pub fn len(&self) -> usize {
+        self.rows.len() + self.spilled_rows()
+    }
+
+    /// Whether it changes no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many of its rows were spilled to disk.
+    pub fn spilled_rows(&self) -> usize {
+        self.spilled.as_ref().map_or(0, |s| s.rows)
+    }
+
+    /// Calls `f` with every row, in order (spilled rows are decoded again).
+    pub fn for_each_row(&self, mut f: impl FnMut(&RowChange)) -> Result<()> {
+        self.rows.iter().for_each(&mut f);
+        if let Some(spilled) = &self.spilled {
+            let mut reader = SpillReader::open(spilled)?;
+            while let Some((rows, _)) = reader.next_message()? {
+                rows.iter().for_each(&mut f);
             }
-            row.txid = Some(identity.clone());
-            out.push((ChangeRecord::Row(Box::new(row)), first, first));
         }
-        out.push((
-            ChangeRecord::End { txid: identity, event_count: Some(count), per_table, commit_us: Some(self.commit_us) },
-            first,
-            self.end_lsn.position(),
-        ));
-        out
+        Ok(())
+    }
+
+    /// Its rows by value, in order; an error (reading or decoding a
+    /// spilled message) ends them.
+    pub fn into_rows(self) -> Result<TxnRows> {
+        let spilled = self.spilled.as_ref().map(SpillReader::open).transpose()?;
+        Ok(TxnRows { memory: self.rows.into_iter(), spilled, queue: VecDeque::new() })
     }
 }
 
@@ -153,6 +286,8 @@ pub struct PgOutputDecoder {
     /// The LSN of the last change message and how many rows it carried so
     /// far (several rows share the LSN of a multi-insert record).
     last_change: (Lsn, u64),
+    /// When to spill; `None`: never (the decoders that read spills back).
+    spill: Option<SpillConfig>,
 }
 
 /// A big-endian reader over one message.
@@ -240,9 +375,28 @@ pub fn pg_type(oid: u32, typmod: i32) -> DataType {
 }
 
 impl PgOutputDecoder {
-    /// A decoder that has seen no relation yet.
+    /// A decoder that has seen no relation yet, spilling transactions
+    /// past [`SpillConfig::default`].
     pub fn new() -> Self {
-        Self::default()
+        Self::with_spill(SpillConfig::default())
+    }
+
+    /// A decoder that has seen no relation yet, spilling transactions past
+    /// `spill`.
+    pub fn with_spill(spill: SpillConfig) -> Self {
+        PgOutputDecoder { spill: Some(spill), ..Self::default() }
+    }
+
+    /// A decoder in the state this one is in, inside a transaction, that
+    /// never spills: spilled messages are decoded with it.
+    fn scratch(&self) -> PgOutputDecoder {
+        PgOutputDecoder {
+            relations: self.relations.clone(),
+            primary_keys: self.primary_keys.clone(),
+            current: Some(PgTransaction::default()),
+            last_change: self.last_change,
+            spill: None,
+        }
     }
 
     /// Sets the primary key of `table` (`schema.table`), from the catalog.
@@ -253,7 +407,7 @@ impl PgOutputDecoder {
     /// The decoder for a new decoding session (each peek of a slot is
     /// one): relations are described again, primary keys are kept.
     pub fn fresh_session(self) -> Self {
-        PgOutputDecoder { primary_keys: self.primary_keys, ..Self::default() }
+        PgOutputDecoder { primary_keys: self.primary_keys, spill: self.spill, ..Self::default() }
     }
 
     /// Whether a transaction's BEGIN came and its COMMIT did not yet.
@@ -264,9 +418,79 @@ impl PgOutputDecoder {
     /// Decodes one message written at `lsn`; returns the transaction its
     /// Commit message completes.
     pub fn decode(&mut self, lsn: Lsn, data: &[u8]) -> Result<Option<PgTransaction>> {
+        if self.spills(data) {
+            self.spill_message(lsn, data)?;
+            return Ok(None);
+        }
+        let bytes = data.len();
+        let Some(mut txn) = self.decode_in_transaction(lsn, data)? else {
+            if let Some(txn) = self.current.as_mut() {
+                txn.bytes += bytes;
+            }
+            return Ok(None);
+        };
+        if let Some(writer) = txn.spilling.take() {
+            let file = writer.file.into_inner().map_err(|e| e.into_error())?;
+            let mut spilled = Spilled { start: writer.start, file, messages: writer.messages, rows: 0 };
+            // Read once now: a bad message is this transaction's error
+            // (naming its position), the truncates get their row
+            // indices, and this decoder takes the relations described
+            // while spilling.
+            let mut reader = SpillReader::open(&spilled)?;
+            let mut at = txn.rows.len();
+            while let Some((rows, truncated)) = reader.next_message()? {
+                txn.truncates.extend(truncated.into_iter().map(|t| (at, t)));
+                at += rows.len();
+            }
+            spilled.rows = at - txn.rows.len();
+            self.relations = reader.decoder.relations;
+            self.last_change = reader.decoder.last_change;
+            txn.spilled = Some(spilled);
+        }
+        Ok(Some(txn))
+    }
+
+    /// [`PgOutputDecoder::decode`] without spilling.
+    fn decode_in_transaction(&mut self, lsn: Lsn, data: &[u8]) -> Result<Option<PgTransaction>> {
         let position = lsn.position();
         let txid = self.current.as_ref().map(|t| t.xid.to_string());
         self.decode_inner(lsn, data).map_err(|(table, m)| input_error(position, table.as_deref(), txid.as_deref(), m))
+    }
+
+    /// Whether `data` goes to the open transaction's spill file: a
+    /// message inside a transaction (not its COMMIT) once the transaction
+    /// holds its share of memory.
+    fn spills(&self, data: &[u8]) -> bool {
+        let (Some(txn), Some(spill)) = (&self.current, &self.spill) else { return false };
+        data.first().is_some_and(|&k| k != b'C' && k != b'B')
+            && (txn.spilling.is_some() || txn.bytes >= spill.memory_bytes)
+    }
+
+    fn spill_message(&mut self, lsn: Lsn, data: &[u8]) -> Result<()> {
+        let position = lsn.position();
+        let start = self.current.as_ref().filter(|t| t.spilling.is_none()).map(|_| Box::new(self.scratch()));
+        let dir = self.spill.as_ref().map(|s| s.dir.clone()).unwrap_or_default();
+        let txn = self.current.as_mut().unwrap_or_else(|| unreachable!("spills() checked a transaction is open"));
+        let xid = txn.xid.to_string();
+        let context = |e: std::io::Error| {
+            input_error(position, None, Some(&xid), format!("spilling a large transaction to {}: {e}", dir.display()))
+        };
+        if let Some(start) = start {
+            let file = tempfile::tempfile_in(&dir).map_err(context)?;
+            tracing::debug!(xid = txn.xid, rows_in_memory = txn.rows.len(), "spilling the rest of a large transaction");
+            txn.spilling = Some(SpillWriter { start, file: BufWriter::new(file), messages: 0 });
+        }
+        let len = u32::try_from(data.len())
+            .map_err(|_| input_error(position, None, Some(&xid), "a pgoutput message over 4 GiB".to_owned()))?;
+        let writer = txn.spilling.as_mut().unwrap_or_else(|| unreachable!("created above"));
+        let written = writer
+            .file
+            .write_all(&lsn.0.to_le_bytes())
+            .and_then(|()| writer.file.write_all(&len.to_le_bytes()))
+            .and_then(|()| writer.file.write_all(data));
+        written.map_err(context)?;
+        writer.messages += 1;
+        Ok(())
     }
 
     fn next_rowid(&mut self, lsn: Lsn) -> i64 {
@@ -439,6 +663,7 @@ impl PgOutputDecoder {
             declared: Some(declared.clone()),
             key_names: Some(key_names.clone()),
             in_transaction_block: true,
+            omits_nulls: false,
         };
         let missing = |what: &str| format!("{} message without {what} tuple", kind as char);
         Ok(match kind {
@@ -638,10 +863,86 @@ mod tests {
         assert_eq!(txn.rows[0].declared.as_ref().unwrap()[1].data_type, DataType::Decimal128(12, 2));
         assert_eq!(txn.rows[1].after.as_ref().unwrap()[2].1, Json::String(UNAVAILABLE.into()));
         assert_eq!(txn.rows[2].before.as_ref().unwrap(), &vec![("id".to_owned(), Json::String("1".into()))]);
-        let records = txn.into_records();
-        assert_eq!(records.len(), 6);
-        assert!(matches!(&records[5].0, ChangeRecord::End { event_count: Some(4), .. }));
-        assert_eq!(records[5].2, Lsn(150).position());
+        assert_eq!((txn.len(), txn.spilled_rows()), (4, 0));
+    }
+
+    /// A transaction decoded by `d`, message by message from `lsn` on.
+    fn decode_all(d: &mut PgOutputDecoder, lsn: u64, messages: &[Vec<u8>]) -> Result<Option<PgTransaction>> {
+        let mut last = None;
+        for (i, m) in messages.iter().enumerate() {
+            last = d.decode(Lsn(lsn + i as u64), m)?;
+        }
+        Ok(last)
+    }
+
+    fn insert(rel: u32, values: &[Option<&str>]) -> Vec<u8> {
+        let mut m = vec![b'I'];
+        m.extend(rel.to_be_bytes());
+        m.push(b'N');
+        m.extend(tuple(values));
+        m
+    }
+
+    #[test]
+    fn a_spilled_transaction_reads_back_exactly_as_one_held_in_memory() {
+        let cols = [("id", 23, -1, true), ("v", 25, -1, false)];
+        let mut messages = vec![relation(7, b'd', &cols), begin(1000, 5)];
+        for i in 0..40 {
+            messages.push(insert(7, &[Some(&i.to_string()), Some("before")]));
+        }
+        // The table gains a column while the transaction is being spilled,
+        // and is truncated: later messages decode with the new relation.
+        messages.push(relation(7, b'd', &[("id", 23, -1, true), ("v", 25, -1, false), ("w", 20, -1, false)]));
+        let mut truncate = vec![b'T'];
+        truncate.extend(1u32.to_be_bytes());
+        truncate.push(0);
+        truncate.extend(7u32.to_be_bytes());
+        messages.push(truncate);
+        for i in 40..60 {
+            messages.push(insert(7, &[Some(&i.to_string()), Some("after"), Some("9")]));
+        }
+        messages.push(commit(1000, 1010));
+        let dir = tempfile::tempdir().unwrap();
+        let mut small = PgOutputDecoder::with_spill(SpillConfig { memory_bytes: 200, dir: dir.path().into() });
+        let mut held = PgOutputDecoder::with_spill(SpillConfig { memory_bytes: usize::MAX, dir: dir.path().into() });
+        let spilled = decode_all(&mut small, 1, &messages).unwrap().expect("committed");
+        let in_memory = decode_all(&mut held, 1, &messages).unwrap().expect("committed");
+        assert!(spilled.spilled_rows() > 40, "{}", spilled.spilled_rows());
+        assert_eq!((spilled.len(), in_memory.len(), in_memory.spilled_rows()), (60, 60, 0));
+        assert_eq!(spilled.truncates, vec![(40, "public.t".to_owned())]);
+        assert_eq!(spilled.truncates, in_memory.truncates);
+        let mut seen = Vec::new();
+        spilled.for_each_row(|r| seen.push(format!("{r:?}"))).unwrap();
+        let read: Vec<String> = spilled.into_rows().unwrap().map(|r| format!("{:?}", r.unwrap())).collect();
+        let expected: Vec<String> = in_memory.into_rows().unwrap().map(|r| format!("{:?}", r.unwrap())).collect();
+        assert_eq!(seen, expected);
+        assert_eq!(read, expected);
+        assert!(read[59].contains("\"w\"") && !read[0].contains("\"w\""), "{}", read[59]);
+        // The relation described while spilling holds for the next one.
+        let next = decode_all(
+            &mut small,
+            100,
+            &[begin(2000, 6), insert(7, &[Some("1"), None, Some("3")]), commit(2000, 2010)],
+        );
+        assert_eq!(next.unwrap().unwrap().len(), 1);
+        // Nothing is left in the directory (the files are unnamed).
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_bad_spilled_message_is_an_error_naming_its_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut d = PgOutputDecoder::with_spill(SpillConfig { memory_bytes: 0, dir: dir.path().into() });
+        let mut messages = vec![relation(7, b'd', &[("id", 23, -1, true)]), begin(1000, 5), insert(7, &[Some("1")])];
+        messages.push(insert(9, &[Some("2")]));
+        messages.push(commit(1000, 1010));
+        let e = decode_all(&mut d, 0x1_0000_0000, &messages).unwrap_err().to_string();
+        assert!(e.contains("1/3") && e.contains("relation 9"), "{e}");
+        // A spill directory that does not exist is an error naming it.
+        let missing = dir.path().join("missing");
+        let mut d = PgOutputDecoder::with_spill(SpillConfig { memory_bytes: 0, dir: missing.clone() });
+        let e = decode_all(&mut d, 1, &messages[..3]).unwrap_err().to_string();
+        assert!(e.contains("spilling") && e.contains(&missing.display().to_string()), "{e}");
     }
 
     #[test]

@@ -168,7 +168,9 @@ pub fn parse_date(s: &str) -> Option<i32> {
     let y: i64 = it.next()?.parse().ok()?;
     let m: u32 = it.next()?.parse().ok()?;
     let d: u32 = it.next()?.get(..2)?.parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+    // Beyond any date column (Date32 spans ±5.8 million years), and where
+    // the day arithmetic would overflow.
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(-6_000_000..=6_000_000).contains(&y) {
         return None;
     }
     i32::try_from(days_from_civil(y, m, d)).ok()

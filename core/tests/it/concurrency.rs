@@ -147,3 +147,71 @@ fn readers_and_gc_see_exact_snapshots_while_replay_runs() {
     assert!(scans.load(Ordering::Relaxed) >= 3, "readers ran");
     let _ = Oracle::default();
 }
+
+/// Every object a checkpoint names: what a restore from it reads.
+fn named_objects(m: &fovea_core::checkpoint::Manifest) -> Vec<String> {
+    let mut out = Vec::new();
+    for shard in &m.shards {
+        out.push(shard.index.clone());
+        out.extend(shard.slots.iter().filter_map(|s| s.deleted.clone()));
+        for part in &shard.parts {
+            for file in &part.files {
+                out.extend(file.regular.iter().map(|r| r.path.clone()));
+                out.extend(file.blocks.iter().map(|b| b.path.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Checkpoints written while combine and GC run beside them: as long as a
+/// checkpoint is the newest committed one, every object it names exists (a
+/// combine swapping a file while a checkpoint reads the parts must not
+/// let GC delete blocks that checkpoint names).
+#[test]
+fn objects_of_the_committed_checkpoint_survive_combine_and_gc_beside_checkpoints() {
+    let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(16, 2)).unwrap();
+    create_tables(&engine);
+    let txns = workload(11);
+    let done = AtomicBool::new(false);
+    /// Stops the maintenance thread however the checking loop ends (a
+    /// failed assertion included).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            // Release: pairs with the maintenance loop's Acquire load.
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                engine.flush().unwrap();
+                engine.combine().unwrap();
+                engine.gc().unwrap();
+            }
+        });
+        let _stop = Stop(&done);
+        let mut committed: Option<fovea_core::checkpoint::Manifest> = None;
+        for (i, ops) in txns.iter().enumerate() {
+            engine.apply(ops.clone()).unwrap();
+            if i % 7 != 0 {
+                continue;
+            }
+            let manifest = engine.write_checkpoint().unwrap();
+            // Still the newest committed checkpoint until the next commit.
+            if let Some(previous) = &committed {
+                for path in named_objects(previous) {
+                    let found = engine.lake().get(&object_store::path::Path::from(path.as_str()));
+                    assert!(
+                        found.is_ok(),
+                        "after {i} transactions: {path}, named by the committed checkpoint at ts {}, is gone",
+                        previous.checkpoint_ts
+                    );
+                }
+            }
+            engine.checkpoint_committed(&manifest);
+            committed = Some(manifest);
+        }
+    });
+}

@@ -35,6 +35,17 @@ fn a_dms_timestamp_with_an_absurd_offset_is_an_error() {
 }
 
 #[test]
+fn a_date_with_an_absurd_year_is_no_date() {
+    // Found by the dms target (10M-execution run): the year's day
+    // arithmetic overflowed.
+    let line = r#"{"data": {"id": 1}, "metadata": {"timestamp": "204444444444444426-01-01T+0:00:0tabe-name0.000000Z", "record-type": "data", "operation": "insert", "partition-key-type": "schematable", "schema-name": "public", "table-name": "t"}}"#;
+    let _ = decode_line(line, SourcePosition { line: 1, offset: 0 }, InputFormat::Dms);
+    assert_eq!(fovea_core::cdc::types::parse_date("204444444444444426-01-01"), None);
+    assert_eq!(fovea_core::cdc::types::parse_timestamp("7000000-01-01 00:00:00"), None);
+    assert!(fovea_core::cdc::types::parse_date("5000000-01-01").is_some());
+}
+
+#[test]
 fn a_pgoutput_commit_time_beyond_i64_microseconds_is_an_error() {
     let data = include_bytes!("fuzz/pgoutput_commit_time.bin");
     let mut decoder = PgOutputDecoder::new();

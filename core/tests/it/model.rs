@@ -4,16 +4,26 @@
 //! flushes and combines at random points, transactions applied in chunks
 //! at one ts that create tables between chunks (as the sink does with big
 //! transactions), and restarts from checkpoints with transactions (and the
-//! tables they create) in flight. After every step, the scan of every table
-//! at every live snapshot equals the oracle at that snapshot.
+//! tables they create) in flight, and batches applied as production applies
+//! them (the sink's `ShardPool`: chunks routed to shard workers, group
+//! commit, commits completed by whichever worker is last) while reader
+//! threads scan, and transactions fed to the `Sink` as change records
+//! (BEGIN, row images, END), as an input hands them over. After every step, the scan of every table at every live
+//! snapshot equals the oracle at that snapshot; the readers check every
+//! snapshot they take while the batch is applied.
 
 use std::sync::Arc;
 
 use fovea_core::Clock;
+use fovea_core::catalog::Catalog;
+use fovea_core::catalog::sqlite::SqliteCatalog;
+use fovea_core::cdc::{ChangeRecord, RowChange, RowOp, SourcePosition};
 use fovea_core::mvcc::{MemoryTxnStore, TxnStore};
 use fovea_core::reader::CheckpointReader;
 use fovea_core::scan::{CmpOp, Predicate};
+use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::split::SplitTask;
+use fovea_core::workers::ShardPool;
 use fovea_core::{Engine, EngineConfig, Error, Op, ScanOptions, Snapshot, SnapshotTables, TableId, Ts, Value};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -46,6 +56,16 @@ enum Step {
     /// the first chunk, later chunks write to it too, then it commits.
     /// Chunks hold upserts `(table selector, key, payload)`.
     Chunked(Vec<Vec<(usize, i64, i64)>>),
+    /// Valid transactions applied through a `ShardPool` (each split into
+    /// two chunks), gathered jobs handed over every `group` transactions,
+    /// while two reader threads take snapshots and check them.
+    Pooled(Vec<Vec<RawOp>>, usize),
+    /// Valid transactions fed to a `Sink` as BEGIN / row images / END
+    /// records (its shard pool, group commit and chunking apply them),
+    /// the gathered group handed over every `group` transactions, while
+    /// two reader threads take snapshots and check them; with `group` 1
+    /// the sink is also drained and checked after every record.
+    Sink(Vec<Vec<RawOp>>, usize),
     /// Checkpoint (optionally with a transaction applied but not committed,
     /// which may have created a table), drop the engine as a crash would,
     /// restore from the checkpoint.
@@ -77,6 +97,10 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(ops, create)| Step::Restart(ops, create)),
         1 => proptest::collection::vec(proptest::collection::vec((0usize..4, 0i64..12, 0i64..1000), 1..4), 2..4)
             .prop_map(Step::Chunked),
+        1 => (proptest::collection::vec(proptest::collection::vec(raw_op(), 1..6), 1..12), 1usize..6)
+            .prop_map(|(t, g)| Step::Pooled(t, g)),
+        1 => (proptest::collection::vec(proptest::collection::vec(raw_op(), 1..6), 1..12), 1usize..6)
+            .prop_map(|(t, g)| Step::Sink(t, g)),
     ]
 }
 
@@ -96,6 +120,58 @@ fn to_op(op: &RawOp, tables: usize) -> Op {
             Op::Delete { table: TableId(t as u32), key: key(t, k) }
         }
     }
+}
+
+/// Columns of `values` in `table`'s order, as an input's JSON image (PostgreSQL
+/// text for every non-NULL value).
+fn image(def: &fovea_core::schema::TableDef, values: &[Value]) -> Vec<(String, serde_json::Value)> {
+    def.schema
+        .fields()
+        .iter()
+        .zip(values)
+        .map(|(f, v)| {
+            let json = fovea_core::cdc::types::format_value(v, f.data_type())
+                .map_or(serde_json::Value::Null, serde_json::Value::String);
+            (f.name().clone(), json)
+        })
+        .collect()
+}
+
+/// The change record an input would carry for `op`.
+fn record(engine: &Engine, op: &Op, txid: &str) -> ChangeRecord {
+    let tables = engine.tables();
+    let def = |t: TableId| tables.iter().find(|d| d.id == t).unwrap_or_else(|| panic!("no table {t:?}"));
+    let key_image = |t: TableId, key: &[Value]| {
+        let d = def(t);
+        let names: Vec<_> = d.primary_key.iter().map(|&i| d.schema.field(i).name().clone()).collect();
+        let mut full = vec![Value::Null; d.schema.fields().len()];
+        for (&i, v) in d.primary_key.iter().zip(key) {
+            full[i] = v.clone();
+        }
+        image(d, &full).into_iter().filter(|(n, _)| names.contains(n)).collect::<Vec<_>>()
+    };
+    let (table, op, key, after) = match op {
+        Op::Insert { table, row } => (*table, RowOp::Insert, None, Some(image(def(*table), row))),
+        Op::Update { table, key, row } => {
+            (*table, RowOp::Update, Some(key_image(*table, key)), Some(image(def(*table), row)))
+        }
+        Op::Delete { table, key } => (*table, RowOp::Delete, Some(key_image(*table, key)), None),
+        Op::Upsert { .. } => unreachable!("to_op makes no upserts"),
+    };
+    ChangeRecord::Row(Box::new(RowChange {
+        table: def(table).name.clone(),
+        op,
+        before: key.clone(),
+        key,
+        after,
+        txid: Some(txid.to_owned()),
+        commit_us: None,
+        snapshot: None,
+        declared: None,
+        key_names: None,
+        in_transaction_block: true,
+        omits_nulls: false,
+    }))
 }
 
 /// Tables at most (two of the oracle's, and ones created by transactions).
@@ -118,9 +194,20 @@ fn check(engine: &Arc<Engine>, oracle: &Oracle, snapshot: &Snapshot) -> Result<(
 fn check_on(tables: &dyn SnapshotTables, oracle: &Oracle) -> Result<(), TestCaseError> {
     let qts = tables.qts().get();
     let names: Vec<String> = tables.tables().iter().map(|t| t.name.clone()).collect();
-    prop_assert_eq!(names.len(), oracle.tables.len(), "tables {:?}", names);
+    let existing: Vec<String> = (0..oracle.tables.len()).filter(|&t| oracle.exists(t, qts)).map(table_name).collect();
+    prop_assert_eq!(&names, &existing, "tables at qts {}", qts);
     for t in 0..oracle.tables.len() {
         let name = table_name(t);
+        if !oracle.exists(t, qts) {
+            // Created by a transaction after the snapshot: unknown there.
+            prop_assert!(
+                matches!(tables.scan(&name, ScanOptions::default()), Err(fovea_core::Error::UnknownTable(_))),
+                "table {} planned at qts {} before its creation",
+                name,
+                qts
+            );
+            continue;
+        }
         let got = scan_rows_on(tables.scan(&name, ScanOptions::default()).expect("plan"));
         prop_assert_eq!(got, oracle.visible(t, qts), "table {} at qts {}", name, qts);
     }
@@ -152,6 +239,38 @@ fn check_on(tables: &dyn SnapshotTables, oracle: &Oracle) -> Result<(), TestCase
     Ok(())
 }
 
+/// Runs `apply` (a batch of valid transactions; `what` applies them) while
+/// two reader threads take snapshots and check each against `oracle`; fails
+/// with the first reader's or `apply`'s error.
+fn with_readers(
+    engine: &Arc<Engine>,
+    oracle: &Oracle,
+    what: &str,
+    apply: impl FnOnce() -> Result<(), String>,
+) -> Result<(), TestCaseError> {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| -> Result<(), TestCaseError> {
+                    // Acquire: pairs with the Release below.
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        check(engine, oracle, &engine.snapshot())?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let applied = apply();
+        // Release: the readers stop after their current check.
+        done.store(true, std::sync::atomic::Ordering::Release);
+        for r in readers {
+            r.join().map_err(|_| TestCaseError::fail("a reader panicked"))??;
+        }
+        applied.map_err(|e| TestCaseError::fail(format!("{what} failed a valid transaction: {e}")))
+    })
+}
+
 fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step>) -> Result<(), TestCaseError> {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
@@ -163,6 +282,10 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
     .unwrap();
     let mut oracle = create_tables(&engine);
     let mut live: Vec<Snapshot> = Vec::new();
+    // The sink's catalog (history, applied identities), made on first use.
+    let catalog_dir = tempfile::tempdir().unwrap();
+    let mut catalog: Option<Arc<dyn Catalog>> = None;
+    let mut sink_txns = 0u64;
     for step in steps {
         match step {
             Step::Txns(txns, seed) => {
@@ -187,6 +310,97 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
                     engine.commit(ts).unwrap();
                     check(&engine, &oracle, &engine.snapshot())?;
                 }
+            }
+            Step::Pooled(txns, group) => {
+                // The oracle first (every ts is known in advance); a
+                // transaction the oracle refuses ends empty instead (a
+                // failed one stops a pool for good, as it stops the sink).
+                let mut valid = Vec::new();
+                for txn in &txns {
+                    let ops: Vec<Op> = txn.iter().map(|op| to_op(op, oracle.tables.len())).collect();
+                    let ts = engine.begin().unwrap();
+                    if oracle.apply(ts.get(), &ops) {
+                        valid.push((ts, ops));
+                    } else {
+                        engine.abort(ts).unwrap();
+                    }
+                }
+                with_readers(&engine, &oracle, "the pool", || {
+                    let pool = ShardPool::start(Arc::clone(&engine)).map_err(|e| e.to_string())?;
+                    for (i, (ts, ops)) in valid.into_iter().enumerate() {
+                        let half = ops.len() / 2;
+                        let (first, second) = (ops[..half].to_vec(), ops[half..].to_vec());
+                        for chunk in [first, second].into_iter().filter(|c| !c.is_empty()) {
+                            pool.submit(ts, chunk).map_err(|e| e.to_string())?;
+                        }
+                        pool.commit(ts).map_err(|e| e.to_string())?;
+                        if (i + 1) % group == 0 {
+                            pool.flush();
+                        }
+                    }
+                    pool.drain().map_err(|e| format!("ts {}: {}", e.ts, e.error))
+                })?;
+            }
+            Step::Sink(txns, group) => {
+                // The sink begins one ts per transaction, in order, from the
+                // clock's next one (every earlier ts has ended): the oracle
+                // applies them first; a transaction it refuses is left out
+                // (a failed one stops a sink for good).
+                let first = engine.clock().hwm().get();
+                let mut records = Vec::new();
+                for txn in &txns {
+                    let ops: Vec<Op> = txn.iter().map(|op| to_op(op, oracle.tables.len())).collect();
+                    let ts = first + records.len() as u64;
+                    if oracle.apply(ts, &ops) {
+                        sink_txns += 1;
+                        let txid = format!("model-{sink_txns}");
+                        let mut rs = vec![ChangeRecord::Begin { txid: txid.clone(), commit_us: None }];
+                        rs.extend(ops.iter().map(|op| record(&engine, op, &txid)));
+                        rs.push(ChangeRecord::End {
+                            txid,
+                            event_count: Some(ops.len() as u64),
+                            per_table: Vec::new(),
+                            commit_us: None,
+                        });
+                        records.push(rs);
+                    }
+                }
+                let expected = first + records.len() as u64;
+                let catalog = Arc::clone(catalog.get_or_insert_with(|| {
+                    let dir = catalog_dir.path();
+                    Arc::new(SqliteCatalog::open(&dir.join("catalog.db"), &dir.join("txn.db")).unwrap())
+                        as Arc<dyn Catalog>
+                }));
+                with_readers(&engine, &oracle, "the sink", || {
+                    let config = SinkConfig {
+                        checkpoint_txns: u64::MAX,
+                        checkpoint_interval: std::time::Duration::MAX,
+                        chunk_rows: 2,
+                        ..SinkConfig::default()
+                    };
+                    let mut sink =
+                        Sink::new(Arc::clone(&engine), catalog, "model", config).map_err(|e| e.to_string())?;
+                    let mut at = SourcePosition::default();
+                    for (i, rs) in records.into_iter().enumerate() {
+                        for r in rs {
+                            at.line += 1;
+                            at.offset += 1;
+                            sink.push(r, at, at).map_err(|e| e.to_string())?;
+                            if group == 1 {
+                                // Deterministically too: whatever the sink
+                                // applied of an unfinished transaction
+                                // stays invisible.
+                                sink.sync().map_err(|e| e.to_string())?;
+                                check(&engine, &oracle, &engine.snapshot()).map_err(|e| e.to_string())?;
+                            }
+                        }
+                        if (i + 1) % group == 0 {
+                            sink.flush_group();
+                        }
+                    }
+                    sink.sync().map_err(|e| e.to_string())
+                })?;
+                prop_assert_eq!(engine.clock().hwm().get(), expected, "the sink began one ts per transaction");
             }
             Step::Snapshot => live.push(engine.snapshot()),
             Step::DropSnapshot(i) => {
@@ -217,7 +431,7 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
                     // check scans every table).
                     if i == 1 && oracle.tables.len() < MAX_TABLES {
                         extra_table(&engine, &table_name(oracle.tables.len()), ts).unwrap();
-                        oracle.add_table(vec![0]);
+                        oracle.add_table(vec![0], ts.get());
                     }
                     let n = oracle.tables.len();
                     let ops: Vec<Op> = chunk

@@ -18,6 +18,8 @@ pub struct Version {
 #[derive(Clone, Debug, Default)]
 pub struct TableModel {
     pub pk: Vec<usize>,
+    /// The transaction that created it (0: before all).
+    pub created: u64,
     pub versions: Vec<Version>,
     /// Rendered key → index of its live version.
     pub live: HashMap<String, usize>,
@@ -37,9 +39,15 @@ impl Oracle {
         Oracle { tables: pks.iter().map(|pk| TableModel { pk: pk.clone(), ..Default::default() }).collect() }
     }
 
-    /// A table added later (empty).
-    pub fn add_table(&mut self, pk: Vec<usize>) {
-        self.tables.push(TableModel { pk, ..Default::default() });
+    /// A table added later (empty) by the transaction at `ts`: snapshots
+    /// below `ts` do not have it.
+    pub fn add_table(&mut self, pk: Vec<usize>, ts: u64) {
+        self.tables.push(TableModel { pk, created: ts, ..Default::default() });
+    }
+
+    /// Whether table `t` exists at `qts`.
+    pub fn exists(&self, t: usize, qts: u64) -> bool {
+        self.tables[t].created <= qts
     }
 
     fn key_of(&self, t: usize, row: &Row) -> String {

@@ -5,13 +5,14 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::{InputFormat, SourcePosition, decode_line};
 use fovea_core::location::{OpenMode, open_lake};
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig};
-use fovea_core::{Engine, EngineConfig, ScanOptions, Value};
+use fovea_core::{Engine, EngineConfig, ScanOptions, SnapshotTables, Value};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
@@ -42,11 +43,7 @@ fn ddl() -> SinkConfig {
 }
 
 /// Replays `lines` into a fresh lake; returns the engine and its tables' visible rows.
-fn run(
-    lines: &[String],
-    format: InputFormat,
-    config: SinkConfig,
-) -> (std::sync::Arc<Engine>, BTreeMap<String, Vec<Vec<Value>>>) {
+fn run(lines: &[String], format: InputFormat, config: SinkConfig) -> (Arc<Engine>, BTreeMap<String, Vec<Vec<Value>>>) {
     let dir = tempfile::tempdir().unwrap();
     let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config).unwrap();
@@ -63,9 +60,11 @@ fn run(
     (lake.engine, tables)
 }
 
-fn visible(engine: &Engine) -> BTreeMap<String, Vec<Vec<Value>>> {
+/// Every table at the newest snapshot with its rows (canonical order).
+fn visible(engine: &Arc<Engine>) -> BTreeMap<String, Vec<Vec<Value>>> {
     let snap = engine.snapshot();
     engine
+        .at(snap.clone())
         .tables()
         .iter()
         .map(|t| {
@@ -165,7 +164,12 @@ fn a_big_transaction_streams_in_chunks_and_stays_invisible_until_its_end() {
     }
     sink.sync().unwrap();
     assert!(sink.stats().rows > 150, "chunks were applied: {:?}", sink.stats());
-    assert!(visible(&lake.engine).values().all(Vec::is_empty), "nothing of an unfinished transaction is visible");
+    // Not even the tables it creates.
+    assert_eq!(visible(&lake.engine), BTreeMap::new(), "nothing of an unfinished transaction is visible");
+    assert!(matches!(
+        lake.engine.scan(&lake.engine.snapshot(), "public.pgbench_accounts", ScanOptions::default()),
+        Err(fovea_core::Error::UnknownTable(_))
+    ));
     let pos = SourcePosition { line: end as u64 + 1, offset: end as u64 };
     sink.push(decode_line(&all[end], pos, InputFormat::Auto).unwrap(), pos, pos).unwrap();
     sink.sync().unwrap();
@@ -207,6 +211,97 @@ fn dms_records_replay_with_transaction_boundaries() {
     // the load, then transactions 7, 8 and 9: five mirror transactions
     // (timestamps start at 1 in a new lake).
     assert_eq!(engine.clock().latest().get(), 5);
+}
+
+/// DMS leaves NULL columns out of a record unless `IncludeNullAndEmpty` is
+/// set (its default is false): a missing column is NULL in that row, not a
+/// column dropped; later values of the column are kept. A value that does
+/// not fit its column's type (the source widened it, e.g. `ALTER COLUMN …
+/// TYPE bigint`, which DMS does not describe) widens the column in place
+/// when the wider type is a widening.
+#[test]
+fn dms_records_without_null_columns_and_widened_values_replay_exact() {
+    let rec = |op: &str, txn: u64, data: &str| {
+        format!(
+            r#"{{"data":{data},"metadata":{{"timestamp":"2026-11-30T10:00:00.000000Z","record-type":"data","operation":"{op}","partition-key-type":"schema-table","schema-name":"public","table-name":"acct","transaction-id":{txn},"commit-timestamp":"2026-11-30T10:00:00.000000Z"}}}}"#
+        )
+    };
+    let lines = vec![
+        rec("insert", 1, r#"{"id":1,"name":"a","n":5}"#),
+        // name is NULL: DMS leaves it out.
+        rec("insert", 2, r#"{"id":2,"n":6}"#),
+        rec("insert", 3, r#"{"id":3,"name":"c","n":7}"#),
+        // A column added in the source (DMS control records say so, or not).
+        r#"{"metadata":{"record-type":"control","operation":"add-column","schema-name":"public","table-name":"acct"}}"#
+            .to_owned(),
+        rec("insert", 4, r#"{"id":4,"name":"d","n":8,"extra":"x"}"#),
+        // n became bigint in the source.
+        rec("update", 5, r#"{"id":1,"name":"a","n":5000000000}"#),
+    ];
+    let config = SinkConfig {
+        ddl: parse_ddl("CREATE TABLE public.acct (id int PRIMARY KEY, name text, n int);").unwrap(),
+        ..SinkConfig::default()
+    };
+    let (engine, tables) = run(&lines, InputFormat::Auto, config);
+    let text = |s: &str| Value::Utf8(s.into());
+    assert_eq!(
+        tables["public.acct"],
+        vec![
+            vec![Value::Int(1), text("a"), Value::Int(5_000_000_000), Value::Null],
+            vec![Value::Int(2), Value::Null, Value::Int(6), Value::Null],
+            vec![Value::Int(3), text("c"), Value::Int(7), Value::Null],
+            vec![Value::Int(4), text("d"), Value::Int(8), text("x")],
+        ]
+    );
+    let def = engine.table("public.acct").unwrap();
+    assert_eq!(def.schema.field(2).data_type(), &arrow::datatypes::DataType::Int64);
+}
+
+/// A transaction that adds a column and then fails (a value that does not
+/// fit) leaves no trace: snapshots and the checkpoint written after the
+/// failure keep the columns of before, and so does the lake reopened.
+#[test]
+fn a_failed_transaction_leaves_no_schema_change_behind() {
+    let rec = |txid: u64, after: &str| {
+        format!(
+            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":null,"after":{after},"source":{{"schema":"public","table":"t","txId":{txid}}},"op":"c"}}}}"#,
+            id = serde_json::from_str::<serde_json::Value>(after).unwrap()["id"]
+        )
+    };
+    let good = [rec(1, r#"{"id":1,"a":"x"}"#), rec(1, r#"{"id":2,"a":"y"}"#)];
+    // Column b appears (as a number), then a row whose b is no number.
+    let failing = [rec(2, r#"{"id":3,"a":"z","b":30}"#), rec(2, r#"{"id":4,"a":"w","b":"forty"}"#)];
+    let columns =
+        |def: &fovea_core::TableDef| -> Vec<String> { def.schema.fields().iter().map(|f| f.name().clone()).collect() };
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+        let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "t", SinkConfig::default()).unwrap();
+        let mut line = 0;
+        let mut push = |sink: &mut Sink, l: &String| {
+            line += 1;
+            let pos = SourcePosition { line, offset: line };
+            sink.push(decode_line(l, pos, InputFormat::Auto).unwrap(), pos, pos)
+        };
+        for l in &good {
+            push(&mut sink, l).unwrap();
+        }
+        push(&mut sink, &failing[0]).unwrap();
+        let err = push(&mut sink, &failing[1]).and_then(|()| sink.sync()).unwrap_err().to_string();
+        assert!(err.contains("public.t") && err.contains('b'), "{err}");
+        // The writer evolved the table; no snapshot shows it.
+        assert_eq!(columns(&lake.engine.table("public.t").unwrap()), ["id", "a", "b"]);
+        let snapshot = lake.engine.at(lake.engine.snapshot());
+        assert_eq!(columns(&snapshot.tables()[0]), ["id", "a"]);
+        assert_eq!(
+            visible(&lake.engine)["public.t"],
+            [[Value::Int(1), Value::Utf8("x".into())], [Value::Int(2), Value::Utf8("y".into())]]
+        );
+        sink.maybe_checkpoint(SourcePosition { line: 9, offset: 9 }, true).unwrap();
+    }
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    assert_eq!(columns(&lake.engine.table("public.t").unwrap()), ["id", "a"]);
+    assert_eq!(visible(&lake.engine)["public.t"].len(), 2);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::demo::percentile;
+use crate::latency::Latencies;
 use crate::replay::CliResult;
 
 /// Options of `fovea bench serve`.
@@ -147,6 +147,9 @@ pub(crate) fn scrape(addr: &str) -> Option<String> {
     Some(body)
 }
 
+/// The components of `fovea_memory_bytes`, in the order the report keeps.
+const MEMORY_COMPONENTS: [&str; 3] = ["index", "visibility", "buffer"];
+
 /// One unlabelled metric of a metrics page.
 pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
@@ -208,7 +211,18 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let mut load = load.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn()?;
     let load_began = Instant::now();
     let mut freshness = Vec::new();
+    // The peak RSS and what the engine's components held at that sample.
     let mut rss_peak: f64 = 0.0;
+    let mut at_peak = [0.0f64; 3];
+    let mut sample_memory = |t: &str| {
+        let rss = metric(t, "fovea_rss_bytes").unwrap_or(0.0);
+        if rss > rss_peak {
+            rss_peak = rss;
+            for (slot, c) in at_peak.iter_mut().zip(MEMORY_COMPONENTS) {
+                *slot = metric(t, &format!("fovea_memory_bytes{{component=\"{c}\"}}")).unwrap_or(0.0);
+            }
+        }
+    };
     // Freshness (now − newest visible commit) means staleness only while
     // the source commits: sampled from 0.5 s into the load to 0.5 s before
     // its end (before, it is the age of the initial copy; after, idle time).
@@ -221,7 +235,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
             {
                 freshness.push(f * 1e3);
             }
-            rss_peak = rss_peak.max(metric(&t, "fovea_rss_bytes").unwrap_or(0.0));
+            sample_memory(&t);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -252,10 +266,23 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let catch_up_ms = caught.elapsed().as_secs_f64() * 1e3;
     let text = scrape(&metrics_addr).unwrap_or_default();
     let rows = metric(&text, "fovea_rows_total").unwrap_or(0.0) - rows_before;
-    rss_peak = rss_peak.max(metric(&text, "fovea_rss_bytes").unwrap_or(0.0));
+    sample_memory(&text);
+    let mb = |b: f64| (b / 104_857.6).round() / 10.0;
+    let mut memory_mb = serde_json::Map::new();
+    for (c, bytes) in MEMORY_COMPONENTS.iter().zip(at_peak) {
+        memory_mb.insert((*c).to_owned(), mb(bytes).into());
+    }
+    // Allocator slack, decoded input, SQL, Flight, the runtime's threads…
+    memory_mb.insert("other".into(), mb(rss_peak - at_peak.iter().sum::<f64>()).into());
+    let live_rows = pg.psql(
+        "SELECT (SELECT count(*) FROM pgbench_accounts) + (SELECT count(*) FROM pgbench_tellers) \
+         + (SELECT count(*) FROM pgbench_branches) + (SELECT count(*) FROM pgbench_history)",
+    )?;
+    let live_rows: f64 = live_rows.trim().parse()?;
     // Release: the input loop's Acquire load sees it and stops.
     stop.store(true, Ordering::Release);
     server.join().map_err(|_| "fovea serve panicked")??;
+    let latencies: Latencies = freshness.iter().copied().collect();
     let report = serde_json::json!({
         "pgbench_scale": args.scale,
         "pgbench_clients": args.clients,
@@ -264,11 +291,15 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         "initial_copy_s": copy_secs,
         "rows_replayed": rows,
         "rows_per_s": rows / (load_secs + catch_up_ms / 1e3),
-        "freshness_p50_ms": percentile(&mut freshness, 0.5),
-        "freshness_p99_ms": percentile(&mut freshness, 0.99),
+        "freshness_p50_ms": latencies.quantile_ms(0.5),
+        "freshness_p99_ms": latencies.quantile_ms(0.99),
         "freshness_samples": freshness.len(),
         "catch_up_after_load_ms": catch_up_ms,
         "rss_peak_mb": rss_peak / 1048576.0,
+        "memory_at_rss_peak_mb": memory_mb,
+        "live_rows": live_rows,
+        "rss_bytes_per_live_row": (rss_peak / live_rows).round(),
+        "index_bytes_per_live_row": (at_peak[0] / live_rows).round(),
         "checkpoints": metric(&text, "fovea_checkpoints_total").unwrap_or(0.0),
         "checkpoint_mean_s": metric(&text, "fovea_checkpoint_seconds_total").unwrap_or(0.0)
             / metric(&text, "fovea_checkpoints_total").unwrap_or(0.0).max(1.0),

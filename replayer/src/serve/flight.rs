@@ -6,16 +6,8 @@
 //! threshold gets a visibility checkpoint ([`fovea_core::frozen`]) and
 //! releases its registration, so LWM and memory GC move on.
 //!
-//! Visibility RPC (Flight actions, JSON bodies):
-//! - `fovea.bitmaps` `{"table","file","row_groups":[…],"qts"}` → one result
-//!   per row group: its deleted-row bitmap as little-endian u64 words;
-//! - `fovea.split` `{"table","qts"}` → first result JSON: regular files
-//!   with their row groups, and flushed blocks, each naming its deleted-row
-//!   bitmap as `"bitmap": k`, the index of the result that holds its
-//!   little-endian u64 words; second result: the visible in-memory rows as
-//!   an Arrow IPC stream; then the bitmaps. All of it comes from one view
-//!   of each table part, so a block flushed or combined meanwhile is read
-//!   exactly once.
+//! The visibility RPC for scan workers ([`fovea_core::rpc`]) is served as
+//! Flight actions with JSON bodies.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -36,20 +28,17 @@ use arrow_flight::sql::{
     TicketStatementQuery,
 };
 use arrow_flight::{Action, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
-use fovea_core::buffer::{BlockData, FileKind, PartView};
 use fovea_core::frozen::FrozenVisibility;
-use fovea_core::{Engine, ScanOptions, Snapshot, Ts};
+use fovea_core::rpc::{self, RpcError};
+use fovea_core::{Engine, Snapshot};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
-use serde::Deserialize;
 use tonic::{Request, Response, Status};
 
 use super::metrics::Metrics;
 
 /// Largest request body accepted by the visibility RPC.
 const MAX_REQUEST_BYTES: usize = 1 << 20;
-/// Most row groups one bitmap request may name.
-const MAX_ROW_GROUPS: usize = 4096;
 /// A planned query whose ticket is not fetched within this is dropped.
 const UNCLAIMED_QUERY: Duration = Duration::from_secs(600);
 /// Planned queries not fetched yet a server holds at most (each holds a
@@ -358,6 +347,19 @@ fn sql_info() -> &'static SqlInfoData {
     })
 }
 
+/// Observes a query's duration, from its planning to the end of its result
+/// stream (or the client dropping it).
+struct QueryTimer {
+    began: Instant,
+    histogram: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Drop for QueryTimer {
+    fn drop(&mut self) {
+        self.histogram.observe(self.began.elapsed().as_secs_f64());
+    }
+}
+
 type FlightStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
 
 fn stream_batches(schema: arrow::datatypes::SchemaRef, batches: Vec<RecordBatch>) -> FlightStream {
@@ -391,10 +393,11 @@ impl FoveaFlight {
         let batches = frame.execute_stream().await.map_err(status)?;
         // Relaxed: a statistic.
         self.metrics.queries.fetch_add(1, Ordering::Relaxed);
+        let timer = QueryTimer { began: q.planned, histogram: self.metrics.query_seconds.clone() };
         let cleanup = HeldUntilEnd { engine: Arc::clone(&self.engine), held: Some(q.held) };
         let batches = batches.map(move |b| {
-            // Moved in: released when the stream ends or is dropped.
-            let _ = &cleanup;
+            // Moved in: released (and timed) when the stream ends or is dropped.
+            let _ = (&cleanup, &timer);
             b.map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)))
         });
         let stream = FlightDataEncoderBuilder::new()
@@ -487,7 +490,8 @@ impl FlightSqlService for FoveaFlight {
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let mut builder = query.into_builder();
-        let mut schemas: Vec<String> = fovea_sql::tables(self.engine.tables()).into_iter().map(|(s, _, _)| s).collect();
+        let mut schemas: Vec<String> =
+            fovea_sql::tables(committed_tables(&self.engine)).into_iter().map(|(s, _, _)| s).collect();
         schemas.dedup();
         for s in schemas {
             builder.append(fovea_sql::CATALOG, s);
@@ -510,7 +514,7 @@ impl FlightSqlService for FoveaFlight {
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let mut builder = query.into_builder();
-        for (schema, table, columns) in fovea_sql::tables(self.engine.tables()) {
+        for (schema, table, columns) in fovea_sql::tables(committed_tables(&self.engine)) {
             builder.append(fovea_sql::CATALOG, schema, table, "TABLE", &columns).map_err(status)?;
         }
         Ok(Response::new(metadata_stream(builder.build())?))
@@ -676,21 +680,16 @@ impl FlightSqlService for FoveaFlight {
             )));
         }
         let engine = Arc::clone(&self.engine);
-        let results = match action.r#type.as_str() {
-            "fovea.bitmaps" => {
-                let req: BitmapRequest = parse_body(&action.body)?;
-                tokio::task::spawn_blocking(move || bitmaps(&engine, &req)).await.map_err(status)??
-            }
-            "fovea.split" => {
-                let req: SplitRequest = parse_body(&action.body)?;
-                tokio::task::spawn_blocking(move || split(&engine, &req)).await.map_err(status)??
-            }
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "unknown action {other:?}: fovea serves fovea.bitmaps and fovea.split"
-                )));
-            }
-        };
+        let results = tokio::task::spawn_blocking(move || rpc::answer(&engine, &action.r#type, &action.body))
+            .await
+            .map_err(status)?
+            .map_err(|e| match e {
+                RpcError::InvalidArgument(m) => Status::invalid_argument(m),
+                RpcError::NotFound(m) => Status::not_found(m),
+                RpcError::OutOfRange(m) => Status::out_of_range(m),
+                RpcError::FailedPrecondition(m) => Status::failed_precondition(m),
+                RpcError::Internal(m) => Status::internal(m),
+            })?;
         let stream =
             futures::stream::iter(results.into_iter().map(|body| Ok(arrow_flight::Result { body: body.into() })));
         Ok(Response::new(Box::pin(stream)))
@@ -699,172 +698,11 @@ impl FlightSqlService for FoveaFlight {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Status> {
-    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(format!("malformed request body: {e}")))
-}
-
-#[derive(Deserialize)]
-struct BitmapRequest {
-    table: String,
-    file: u64,
-    row_groups: Vec<usize>,
-    qts: u64,
-}
-
-#[derive(Deserialize)]
-struct SplitRequest {
-    table: String,
-    qts: u64,
-}
-
-/// A registered snapshot at `qts`, or a clear error when it is out of range.
-fn snapshot_at(engine: &Engine, qts: u64) -> Result<Snapshot, Status> {
-    engine.snapshot_at(Ts(qts)).map_err(|e| Status::out_of_range(e.to_string()))
-}
-
-fn views(engine: &Engine, table: &str) -> Result<Vec<PartView>, Status> {
-    engine.views(table).map(|(_, v)| v).map_err(|e| Status::not_found(e.to_string()))
-}
-
-fn words_le(words: &[u64]) -> Vec<u8> {
-    words.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-fn bitmaps(engine: &Engine, req: &BitmapRequest) -> Result<Vec<Vec<u8>>, Status> {
-    if req.row_groups.len() > MAX_ROW_GROUPS {
-        return Err(Status::invalid_argument(format!(
-            "{} row groups requested; at most {MAX_ROW_GROUPS} per request",
-            req.row_groups.len()
-        )));
-    }
-    let snapshot = snapshot_at(engine, req.qts)?;
-    let file = views(engine, &req.table)?
-        .into_iter()
-        .flat_map(|v| v.files)
-        .find(|f| f.id.0 == req.file)
-        .ok_or_else(|| Status::not_found(format!("table {} has no file {}", req.table, req.file)))?;
-    let FileKind::Regular(regular) = &file.kind else {
-        return Err(Status::failed_precondition(format!(
-            "file {} is not a regular file yet; read it with fovea.split",
-            req.file
-        )));
-    };
-    let mut out = Vec::with_capacity(req.row_groups.len());
-    let mut words = Vec::new();
-    for &rg in &req.row_groups {
-        let info = regular.row_groups.get(rg).ok_or_else(|| {
-            Status::invalid_argument(format!("file {} has {} row groups, not {rg}", req.file, regular.row_groups.len()))
-        })?;
-        file.vis
-            .deleted_bitmap(info.offset, info.rows, snapshot.qts(), &mut words)
-            .map_err(|e| Status::out_of_range(e.to_string()))?;
-        out.push(words_le(&words));
-    }
-    Ok(out)
-}
-
-fn split(engine: &Arc<Engine>, req: &SplitRequest) -> Result<Vec<Vec<u8>>, Status> {
-    let snapshot = snapshot_at(engine, req.qts)?;
-    let def = engine.table(&req.table).map_err(|e| Status::not_found(e.to_string()))?;
-    let mut files = Vec::new();
-    let mut memory_views = Vec::new();
-    let mut words = Vec::new();
-    // Results 0 and 1 are the head and the in-memory rows; bitmaps follow.
-    let mut bitmaps: Vec<Vec<u8>> = Vec::new();
-    let mut bitmap = |words: &[u64]| {
-        bitmaps.push(words_le(words));
-        bitmaps.len() + 1
-    };
-    let qts = snapshot.qts();
-    let internal = |e: fovea_core::Error| Status::internal(e.to_string());
-    for view in views(engine, &req.table)? {
-        let mut memory_files = Vec::new();
-        for file in view.files {
-            match &file.kind {
-                FileKind::Regular(r) => {
-                    let mut groups = Vec::new();
-                    for (i, info) in r.row_groups.iter().enumerate() {
-                        file.vis.deleted_bitmap(info.offset, info.rows, qts, &mut words).map_err(internal)?;
-                        groups.push(serde_json::json!({"row_group": i, "offset": info.offset, "rows": info.rows, "bitmap": bitmap(&words)}));
-                    }
-                    files
-                        .push(serde_json::json!({"file": file.id.0, "path": r.path.to_string(), "row_groups": groups}));
-                }
-                FileKind::Virtual { blocks, sealed } => {
-                    let mut flushed = Vec::new();
-                    let mut in_memory = Vec::new();
-                    let mut offset = 0;
-                    for b in blocks {
-                        match &b.data {
-                            BlockData::Flushed(path) => {
-                                file.vis.deleted_bitmap(offset, b.rows, qts, &mut words).map_err(internal)?;
-                                flushed.push(serde_json::json!({"block": b.index, "path": path.to_string(), "offset": offset, "rows": b.rows, "bitmap": bitmap(&words)}));
-                            }
-                            BlockData::Memory(_) => in_memory.push(Arc::clone(b)),
-                        }
-                        offset += b.rows;
-                    }
-                    files.push(serde_json::json!({"file": file.id.0, "flushed_blocks": flushed}));
-                    if !in_memory.is_empty() {
-                        memory_files.push(fovea_core::buffer::LakeFile {
-                            id: file.id,
-                            vis: Arc::clone(&file.vis),
-                            kind: FileKind::Virtual { blocks: keep_offsets(blocks, &in_memory), sealed: *sealed },
-                        });
-                    }
-                }
-            }
-        }
-        memory_views.push(PartView { files: memory_files, active: view.active });
-    }
-    // The in-memory rows, visibility applied, from the same views.
-    let scan = fovea_core::scan::Scan::new(
-        snapshot.clone(),
-        engine.lake().clone(),
-        Arc::clone(&def),
-        memory_views,
-        ScanOptions::default(),
-    )
-    .map_err(internal)?;
-    let schema = scan.schema();
-    let batches = scan.collect_batches().map_err(internal)?;
-    let mut ipc = Vec::new();
-    {
-        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &schema).map_err(status)?;
-        for b in &batches {
-            w.write(b).map_err(status)?;
-        }
-        w.finish().map_err(status)?;
-    }
-    let head = serde_json::json!({"table": req.table, "qts": qts.get(), "files": files, "memory_rows": batches.iter().map(|b| b.num_rows()).sum::<usize>()});
-    let mut out = vec![head.to_string().into_bytes(), ipc];
-    out.append(&mut bitmaps);
-    Ok(out)
-}
-
-/// The blocks of a virtual file for a scan of its in-memory rows only.
-/// Dropping the flushed blocks would shift the offsets of the later ones,
-/// so they stay in the list marked newer than any snapshot: the scan skips
-/// them unread (clients read them from their paths).
-fn keep_offsets(
-    all: &[Arc<fovea_core::buffer::Block>],
-    in_memory: &[Arc<fovea_core::buffer::Block>],
-) -> Vec<Arc<fovea_core::buffer::Block>> {
-    all.iter()
-        .map(|b| {
-            if in_memory.iter().any(|m| Arc::ptr_eq(m, b)) {
-                Arc::clone(b)
-            } else {
-                Arc::new(fovea_core::buffer::Block {
-                    index: b.index,
-                    rows: b.rows,
-                    min_ts: Ts(u64::MAX),
-                    max_ts: Ts(u64::MAX),
-                    data: b.data.clone(),
-                })
-            }
-        })
-        .collect()
+/// The tables of the newest snapshot (not one a transaction still in
+/// flight is creating), for the catalog listings.
+fn committed_tables(engine: &Arc<Engine>) -> Vec<Arc<fovea_core::TableDef>> {
+    use fovea_core::scan::SnapshotTables;
+    engine.at(engine.snapshot()).tables()
 }
 
 /// Serves Flight SQL on `listener` until the runtime stops.
@@ -969,99 +807,4 @@ pub async fn remote_query(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow::datatypes::{DataType, Field, Schema};
-    use fovea_core::{EngineConfig, Op, Value};
-
-    /// 500 rows flushed and combined into files, every 7th deleted, 50 new
-    /// rows in memory; the qts before and after the deletes.
-    fn lake() -> (Arc<Engine>, u64, u64) {
-        let engine = Engine::in_memory(EngineConfig::default().with_shards(1).with_blocks(100, 2)).unwrap();
-        let schema =
-            Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, false)]);
-        let t = engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap().id;
-        let insert = |keys: std::ops::Range<i64>| {
-            keys.map(|k| Op::Insert { table: t, row: vec![Value::Int(k), Value::Int(k)] }).collect::<Vec<_>>()
-        };
-        engine.apply(insert(0..500)).unwrap();
-        engine.flush().unwrap();
-        assert!(engine.combine().unwrap() > 0);
-        let before = engine.snapshot().qts().get();
-        engine.apply((0..500).step_by(7).map(|k| Op::Delete { table: t, key: vec![Value::Int(k)] }).collect()).unwrap();
-        engine.apply(insert(500..550)).unwrap();
-        let after = engine.snapshot().qts().get();
-        (engine, before, after)
-    }
-
-    fn ones(bytes: &[u8]) -> u32 {
-        bytes.iter().map(|b| b.count_ones()).sum()
-    }
-
-    #[test]
-    fn split_and_bitmaps_answer_with_the_rows_deleted_at_qts() {
-        let (engine, before, after) = lake();
-        let deleted = (0..500).step_by(7).count() as u32;
-        for (qts, want) in [(before, 0), (after, deleted)] {
-            let answer = split(&engine, &SplitRequest { table: "s.t".into(), qts }).unwrap();
-            let head: serde_json::Value = serde_json::from_slice(&answer[0]).unwrap();
-            let memory: usize = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(&answer[1]), None)
-                .unwrap()
-                .map(|b| b.unwrap().num_rows())
-                .sum();
-            assert_eq!(
-                (head["memory_rows"].as_u64(), memory),
-                (Some(memory as u64), if qts == after { 50 } else { 0 })
-            );
-            // Every bitmap is a result of its own, named by index; together
-            // they hold every deleted row once.
-            let mut bits = 0;
-            let mut regular = 0;
-            for file in head["files"].as_array().unwrap() {
-                let parts = file.get("row_groups").or_else(|| file.get("flushed_blocks")).unwrap();
-                for part in parts.as_array().unwrap() {
-                    let words = &answer[part["bitmap"].as_u64().unwrap() as usize];
-                    let rows = part["rows"].as_u64().unwrap() as usize;
-                    assert_eq!(words.len(), rows.div_ceil(64) * 8, "{part}");
-                    bits += ones(words);
-                }
-                if let Some(groups) = file.get("row_groups") {
-                    regular += 1;
-                    // fovea.bitmaps gives the same words for the same row groups.
-                    let row_groups: Vec<usize> = (0..groups.as_array().unwrap().len()).collect();
-                    let request = BitmapRequest {
-                        table: "s.t".into(),
-                        file: file["file"].as_u64().unwrap(),
-                        row_groups: row_groups.clone(),
-                        qts,
-                    };
-                    let words = bitmaps(&engine, &request).unwrap();
-                    for (rg, w) in row_groups.iter().zip(&words) {
-                        assert_eq!(w, &answer[groups[*rg]["bitmap"].as_u64().unwrap() as usize]);
-                    }
-                }
-            }
-            assert!(regular > 0, "{head}");
-            assert_eq!(bits, want, "qts {qts}: {head}");
-        }
-        // A bad row group is named.
-        let head: serde_json::Value =
-            serde_json::from_slice(&split(&engine, &SplitRequest { table: "s.t".into(), qts: after }).unwrap()[0])
-                .unwrap();
-        let file = head["files"].as_array().unwrap().iter().find(|f| f.get("row_groups").is_some()).unwrap();
-        let err = bitmaps(
-            &engine,
-            &BitmapRequest {
-                table: "s.t".into(),
-                file: file["file"].as_u64().unwrap(),
-                row_groups: vec![99],
-                qts: after,
-            },
-        )
-        .unwrap_err();
-        assert!(err.message().contains("not 99"), "{err}");
-    }
 }

@@ -1,18 +1,32 @@
-//! Prometheus metrics of `fovea serve`, served as text on `/metrics`.
+//! Prometheus metrics of `fovea serve`, served on `/metrics` in the
+//! OpenMetrics text format (encoded by `prometheus-client`).
+//!
+//! Counters and gauges are atomics the serve loop and the background loops
+//! update (read once per scrape); engine state (watermarks, freshness,
+//! memory) is read at scrape time; latencies are histograms: the freshness
+//! of each newly visible state, checkpoint durations and query durations.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fovea_core::Engine;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Counters and gauges the serve loop and the background loops update.
 ///
 /// All atomics are independent statistics read by the scraper: `Relaxed`
 /// is enough, no other memory is published through them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Row changes applied.
     pub rows: AtomicU64,
@@ -43,7 +57,45 @@ pub struct Metrics {
     /// The input's last reported lag (per shard for Kinesis, held
     /// transactions).
     pub input: Mutex<Option<fovea_core::cdc::source::Lag>>,
+    /// Freshness of each replayed transaction, seconds: its commit here
+    /// minus its source commit (see [`Engine::observe_freshness`]).
+    pub freshness: Histogram,
+    /// Checkpoint durations, seconds.
+    pub checkpoint_seconds: Histogram,
+    /// Query durations (planning to the last batch sent), seconds.
+    pub query_seconds: Histogram,
 }
+
+impl Default for Metrics {
+    fn default() -> Self {
+        // 0.1 ms … ~3.3 s (freshness, checkpoints) and 1 ms … ~33 s (queries).
+        let short = || Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        Metrics {
+            rows: AtomicU64::default(),
+            transactions: AtomicU64::default(),
+            input_lag_bytes: AtomicU64::default(),
+            checkpoints: AtomicU64::default(),
+            checkpoint_us: AtomicU64::default(),
+            last_checkpoint_us: AtomicU64::default(),
+            gc_rounds: AtomicU64::default(),
+            gc_us: AtomicU64::default(),
+            files_combined: AtomicU64::default(),
+            storage_gc_queued: AtomicU64::default(),
+            visibility_checkpoints: AtomicU64::default(),
+            queries: AtomicU64::default(),
+            errors: Mutex::default(),
+            input: Mutex::default(),
+            freshness: short(),
+            checkpoint_seconds: short(),
+            query_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        }
+    }
+}
+
+/// Labelled samples of one gauge family, built at scrape time.
+type GaugeFamily = Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>;
+/// Labelled samples of one counter family, built at scrape time.
+type CounterFamily = Family<Vec<(String, String)>, Counter>;
 
 impl Metrics {
     /// Records the input's lag.
@@ -56,10 +108,9 @@ impl Metrics {
         *self.errors.lock().unwrap_or_else(|p| p.into_inner()).entry(kind.to_owned()).or_default() += 1;
     }
 
-    /// The Prometheus text exposition of these metrics and the engine's.
+    /// The OpenMetrics text exposition of these metrics and the engine's.
     pub fn render(&self, engine: &Engine, started: std::time::Instant) -> String {
-        let mut out = String::new();
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let clock = engine.clock();
         let freshness = match engine.source_commit_at(clock.hwm()) {
@@ -68,115 +119,111 @@ impl Metrics {
         };
         let memory = engine.memory();
         let rss = rss_bytes().map_or(f64::NAN, |b| b as f64);
-        for (name, kind, help, value) in [
-            ("rows_total", "counter", "Row changes applied.", load(&self.rows)),
-            ("transactions_total", "counter", "Source transactions applied.", load(&self.transactions)),
-            ("rows_per_second", "gauge", "Average rows applied per second since start.", load(&self.rows) / secs),
-            ("input_lag_bytes", "gauge", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes)),
-            ("hwm", "gauge", "High watermark: newest mirror ts visible to new queries.", clock.hwm().get() as f64),
-            ("lwm", "gauge", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
+        let mut registry = Registry::with_prefix("fovea");
+        // Counters (the encoder appends `_total`).
+        for (name, help, value) in [
+            ("rows", "Row changes applied.", load(&self.rows)),
+            ("transactions", "Source transactions applied.", load(&self.transactions)),
+            ("checkpoints", "Checkpoints written.", load(&self.checkpoints)),
+            ("gc_rounds", "Memory GC rounds.", load(&self.gc_rounds)),
+            ("files_combined", "Flushed blocks combined into regular files.", load(&self.files_combined)),
             (
-                "freshness_seconds",
-                "gauge",
-                "Now minus the source commit time of the newest visible transaction.",
-                freshness,
-            ),
-            (
-                "visibility_bits_per_tuple",
-                "gauge",
-                "Tile visibility bits per stored tuple.",
-                memory.visibility_bits_per_tuple(),
-            ),
-            ("checkpoints_total", "counter", "Checkpoints written.", load(&self.checkpoints)),
-            ("checkpoint_seconds_total", "counter", "Time spent writing checkpoints.", load(&self.checkpoint_us) / 1e6),
-            (
-                "last_checkpoint_seconds",
-                "gauge",
-                "Duration of the last checkpoint.",
-                load(&self.last_checkpoint_us) / 1e6,
-            ),
-            ("gc_rounds_total", "counter", "Memory GC rounds.", load(&self.gc_rounds)),
-            ("gc_seconds_total", "counter", "Time spent in memory GC.", load(&self.gc_us) / 1e6),
-            (
-                "files_combined_total",
-                "counter",
-                "Flushed blocks combined into regular files.",
-                load(&self.files_combined),
-            ),
-            (
-                "storage_gc_queued",
-                "gauge",
-                "Files whose stale fraction passed the storage-GC threshold.",
-                load(&self.storage_gc_queued),
-            ),
-            (
-                "visibility_checkpoints_total",
-                "counter",
+                "visibility_checkpoints",
                 "Visibility checkpoints written for long-running queries.",
                 load(&self.visibility_checkpoints),
             ),
-            ("queries_total", "counter", "Queries answered.", load(&self.queries)),
-            ("rss_bytes", "gauge", "Resident set size of the process.", rss),
+            ("queries", "Queries answered.", load(&self.queries)),
         ] {
-            family(&mut out, name, kind, help, None, [(String::new(), value)]);
+            registry.register(name, help, ConstCounter::new(value));
         }
+        for (name, help, value) in [
+            ("checkpoint_seconds", "Time spent writing checkpoints.", load(&self.checkpoint_us) as f64 / 1e6),
+            ("gc_seconds", "Time spent in memory GC.", load(&self.gc_us) as f64 / 1e6),
+        ] {
+            registry.register(name, help, ConstCounter::new(value));
+        }
+        for (name, help, value) in [
+            ("rows_per_second", "Average rows applied per second since start.", load(&self.rows) as f64 / secs),
+            ("input_lag_bytes", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes) as f64),
+            ("hwm", "High watermark: newest mirror ts visible to new queries.", clock.hwm().get() as f64),
+            ("lwm", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
+            ("freshness_seconds", "Now minus the source commit time of the newest visible transaction.", freshness),
+            ("visibility_bits_per_tuple", "Tile visibility bits per stored tuple.", memory.visibility_bits_per_tuple()),
+            (
+                "last_checkpoint_seconds",
+                "Duration of the last checkpoint.",
+                load(&self.last_checkpoint_us) as f64 / 1e6,
+            ),
+            (
+                "storage_gc_queued",
+                "Files whose stale fraction passed the storage-GC threshold.",
+                load(&self.storage_gc_queued) as f64,
+            ),
+            ("rss_bytes", "Resident set size of the process.", rss),
+        ] {
+            registry.register(name, help, ConstGauge::new(value));
+        }
+        registry.register_with_unit(
+            "transaction_freshness",
+            "Freshness of each replayed transaction: its commit here minus its source commit.",
+            Unit::Seconds,
+            self.freshness.clone(),
+        );
+        registry.register_with_unit(
+            "checkpoint_duration",
+            "Duration of each checkpoint.",
+            Unit::Seconds,
+            self.checkpoint_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "query_duration",
+            "Duration of each query, planning to its last batch.",
+            Unit::Seconds,
+            self.query_seconds.clone(),
+        );
+        let labelled = |label: &str, samples: Vec<(String, f64)>| {
+            let family = GaugeFamily::default();
+            for (value, sample) in samples {
+                family.get_or_create(&vec![(label.to_owned(), value)]).set(sample);
+            }
+            family
+        };
         let components =
             [("visibility", memory.visibility_bytes), ("index", memory.index_bytes), ("buffer", memory.buffer_bytes)];
-        let by_component = components.map(|(c, bytes)| (c.to_owned(), bytes as f64));
-        family(&mut out, "memory_bytes", "gauge", "Memory held, by component.", Some("component"), by_component);
-        let errors: Vec<(String, f64)> =
-            self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, n)| (k.clone(), *n as f64)).collect();
-        family(&mut out, "errors_total", "counter", "Errors by kind.", Some("kind"), errors);
+        let by_component = components.iter().map(|(c, bytes)| ((*c).to_owned(), *bytes as f64)).collect();
+        registry.register("memory_bytes", "Memory held, by component.", labelled("component", by_component));
+        let counted = |label: &str, samples: Vec<(String, u64)>| {
+            let family = CounterFamily::default();
+            for (value, n) in samples {
+                family.get_or_create(&vec![(label.to_owned(), value)]).inc_by(n);
+            }
+            family
+        };
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner()).clone().into_iter().collect();
+        registry.register("errors", "Errors by kind.", counted("kind", errors));
         if let Some(lag) = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             let (held_txns, held_bytes) = lag.held;
-            family(
-                &mut out,
+            registry.register(
                 "input_held_transactions",
-                "gauge",
                 "Source transactions held until complete and in commit order.",
-                None,
-                [(String::new(), held_txns as f64)],
+                ConstGauge::new(held_txns as f64),
             );
-            family(
-                &mut out,
-                "input_held_bytes",
-                "gauge",
-                "Bytes of the records held.",
-                None,
-                [(String::new(), held_bytes as f64)],
-            );
-            let behind = lag.shards.iter().map(|s| (s.name.clone(), s.millis_behind as f64));
-            family(
-                &mut out,
+            registry.register("input_held_bytes", "Bytes of the records held.", ConstGauge::new(held_bytes as f64));
+            let behind = lag.shards.iter().map(|s| (s.name.clone(), s.millis_behind as f64)).collect();
+            registry.register(
                 "shard_millis_behind_latest",
-                "gauge",
                 "MillisBehindLatest of the shard's last read.",
-                Some("shard"),
-                behind,
+                labelled("shard", behind),
             );
-            let records = lag.shards.iter().map(|s| (s.name.clone(), s.records as f64));
-            family(&mut out, "shard_records_total", "counter", "Records read from the shard.", Some("shard"), records);
+            let records = lag.shards.iter().map(|s| (s.name.clone(), s.records)).collect();
+            registry.register("shard_records", "Records read from the shard.", counted("shard", records));
+        }
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &registry) {
+            // Writing to a String cannot fail; say so if it ever does.
+            tracing::error!("encoding the metrics failed: {e}");
         }
         out
-    }
-}
-
-/// One metric family: HELP, TYPE, and a sample per `(label value, value)`
-/// (unlabelled when `label` is `None`).
-fn family(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    label: Option<&str>,
-    samples: impl IntoIterator<Item = (String, f64)>,
-) {
-    let _ = writeln!(out, "# HELP fovea_{name} {help}\n# TYPE fovea_{name} {kind}");
-    for (label_value, value) in samples {
-        let _ = match label {
-            Some(l) => writeln!(out, "fovea_{name}{{{l}=\"{label_value}\"}} {value}"),
-            None => writeln!(out, "fovea_{name} {value}"),
-        };
     }
 }
 
@@ -256,13 +303,14 @@ pub async fn serve_metrics(
             }
             let head = String::from_utf8_lossy(&buf[..n]);
             let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = match path {
-                "/metrics" => ("200 OK", metrics.render(&engine, started)),
-                "/healthz" => ("200 OK", "ok\n".to_owned()),
-                _ => ("404 Not Found", "try /metrics\n".to_owned()),
+            let plain = "text/plain; charset=utf-8";
+            let (status, content_type, body) = match path {
+                "/metrics" => ("200 OK", CONTENT_TYPE, metrics.render(&engine, started)),
+                "/healthz" => ("200 OK", plain, "ok\n".to_owned()),
+                _ => ("404 Not Found", plain, "try /metrics\n".to_owned()),
             };
             let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(response.as_bytes())).await;

@@ -102,6 +102,10 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     let lake = args.lake.open_write(config, lease_time(args.lease_secs)?)?;
     let engine = Arc::clone(&lake.engine);
     let metrics = Arc::new(Metrics::default());
+    {
+        let freshness = metrics.freshness.clone();
+        engine.observe_freshness(move |us| freshness.observe(us.max(0) as f64 / 1e6));
+    }
     let started = Instant::now();
 
     let mut source = crate::input::open_source(

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fovea_core::Engine;
 use fovea_core::cdc::pgoutput::{
-    Lsn, PgOutputDecoder, PgTransaction, ROWID_COLUMN, XidSnapshot, pg_type, rowid_column, text_json,
+    Lsn, PgOutputDecoder, PgTransaction, ROWID_COLUMN, SpillConfig, XidSnapshot, pg_type, rowid_column, text_json,
 };
 use fovea_core::cdc::source::{ChangeSource, Lag, Polled};
 use fovea_core::cdc::types::format_value;
@@ -57,16 +57,19 @@ pub struct PgInput {
     pub create_slot: bool,
     /// TLS: `sslmode` and `sslrootcert` as libpq reads them.
     pub tls: PgTls,
+    /// When a large transaction spills to disk while it arrives.
+    pub spill: SpillConfig,
 }
 
 impl PgInput {
     /// Parses `postgres://…?slot=NAME&publication=NAME[&create_slot=true]
-    /// [&sslmode=MODE&sslrootcert=FILE]`.
+    /// [&sslmode=MODE&sslrootcert=FILE][&spill_bytes=N&spill_dir=DIR]`.
     pub fn parse(url: &str) -> CliResult<Self> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let (tls, pairs) = PgTls::take_from(query.split('&').filter(|p| !p.is_empty()))?;
         let mut kept = Vec::new();
         let (mut slot, mut publication, mut create_slot) = (None, None, false);
+        let mut spill = SpillConfig::default();
         for pair in pairs {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
@@ -79,6 +82,11 @@ impl PgInput {
                         other => return Err(format!("create_slot={other}: expected true or false").into()),
                     }
                 }
+                "spill_bytes" => {
+                    spill.memory_bytes =
+                        v.parse().map_err(|_| format!("spill_bytes={v}: expected a number of bytes"))?;
+                }
+                "spill_dir" => spill.dir = v.into(),
                 _ => kept.push(pair),
             }
         }
@@ -90,7 +98,7 @@ impl PgInput {
             }
         }
         let conninfo = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
-        Ok(PgInput { conninfo, slot, publication, create_slot, tls })
+        Ok(PgInput { conninfo, slot, publication, create_slot, tls, spill })
     }
 
     /// The connection string for `postgres`, with the TLS mode it knows
@@ -167,13 +175,48 @@ pub struct PgSource {
     copy_open: bool,
     /// After a lost connection: when to try again, and the next delay.
     retry_at: Option<std::time::Instant>,
-    backoff: std::time::Duration,
+    /// Delays before reconnecting: exponential with jitter, begun at the
+    /// first lost connection and dropped by a poll that went well.
+    backoff: Option<backon::ExponentialBackoff>,
     last_publication_check: std::time::Instant,
+    /// What the stream delivered so far (diagnostics).
+    counts: StreamCounts,
+    last_counts_log: std::time::Instant,
+}
+
+/// What the replication stream delivered, for the log.
+#[derive(Clone, Copy, Debug, Default)]
+struct StreamCounts {
+    /// Committed transactions received.
+    received: u64,
+    /// Received again (ending at or before the applied position): skipped.
+    already_applied: u64,
+    /// Rows dropped because an initial copy holds them.
+    filtered_rows: u64,
+    /// Keepalives that moved the applied position.
+    keepalive_moves: u64,
+    /// Transactions too big for memory, and their rows spilled to disk.
+    spilled_transactions: u64,
+    spilled_rows: u64,
 }
 
 /// First and longest delay before reconnecting after a lost connection.
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
 const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reconnect delays: from [`RETRY_FIRST`], doubling up to [`RETRY_MAX`],
+/// each plus up to as much again of random jitter (clients of a restarted
+/// server do not reconnect in step), never giving up.
+fn reconnect_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_FIRST)
+        .with_max_delay(RETRY_MAX)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
 
 /// A poll hands the sink at most this many transactions…
 const POLL_TRANSACTIONS: u64 = 4096;
@@ -248,9 +291,9 @@ impl PgSource {
             None => (confirmed, PgState::default()),
         };
         Ok(PgSource {
+            decoder: PgOutputDecoder::with_spill(input.spill.clone()),
             input,
             client,
-            decoder: PgOutputDecoder::new(),
             state,
             applied,
             confirmed,
@@ -258,8 +301,10 @@ impl PgSource {
             stream_failed: false,
             copy_open: false,
             retry_at: None,
-            backoff: RETRY_FIRST,
+            backoff: None,
             last_publication_check: std::time::Instant::now() - std::time::Duration::from_secs(3600),
+            counts: StreamCounts::default(),
+            last_counts_log: std::time::Instant::now(),
         })
     }
 
@@ -402,6 +447,7 @@ impl PgSource {
                 declared: Some(declared.clone()),
                 key_names: Some(key.clone()),
                 in_transaction_block: true,
+                omits_nulls: false,
             };
             // An empty table exists in the mirror too; a table the mirror
             // has (copied again after a type change, or back in the
@@ -476,15 +522,15 @@ impl PgSource {
         }
         match self.poll_connected(sink, engine) {
             Ok(out) => {
-                self.backoff = RETRY_FIRST;
+                self.backoff = None;
                 Ok(out)
             }
             Err(e) if !self.copy_open && (self.stream_failed || self.client.is_closed()) => {
-                tracing::warn!(retry_in = ?self.backoff, "PostgreSQL connection lost: {e}");
+                let delay = self.backoff.get_or_insert_with(reconnect_backoff).next().unwrap_or(RETRY_MAX);
+                tracing::warn!(retry_in = ?delay, "PostgreSQL connection lost: {e}");
                 self.stream = None;
                 self.stream_failed = false;
-                self.retry_at = Some(std::time::Instant::now() + self.backoff);
-                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+                self.retry_at = Some(std::time::Instant::now() + delay);
                 Ok(PollOutcome { disconnected: true, ..PollOutcome::default() })
             }
             Err(e) => Err(e),
@@ -526,6 +572,7 @@ impl PgSource {
                     // (vacuum, other databases…), so the slot may move past it.
                     if !self.decoder.in_transaction() && end > self.applied {
                         self.applied = end;
+                        self.counts.keepalive_moves += 1;
                         out.moved = true;
                     }
                     continue;
@@ -541,24 +588,68 @@ impl PgSource {
             self.apply(txn, sink, engine, &mut out)?;
         }
         self.stream = Some(stream);
+        if self.last_counts_log.elapsed() >= std::time::Duration::from_secs(5) {
+            self.last_counts_log = std::time::Instant::now();
+            let stats = sink.stats();
+            tracing::debug!(
+                applied = %self.applied,
+                confirmed = %self.confirmed,
+                counts = ?self.counts,
+                sink_applied = stats.applied,
+                sink_skipped = stats.skipped,
+                hwm = engine.clock().hwm().get(),
+                "stream"
+            );
+        }
         Ok(out)
     }
 
-    /// Hands one committed transaction to the sink (unless already applied).
+    /// Hands one committed transaction to the sink (unless already applied),
+    /// streaming its rows (a spilled transaction never is in memory whole).
     fn apply(&mut self, txn: PgTransaction, sink: &mut Sink, engine: &Engine, out: &mut PollOutcome) -> CliResult<()> {
+        self.counts.received += 1;
         // Received again after a restart: already applied.
         if txn.end_lsn <= self.applied {
+            self.counts.already_applied += 1;
             return Ok(());
         }
-        let mut copy: BTreeSet<String> =
-            txn.rows.iter().map(|r| r.table.clone()).filter(|t| !self.state.copied.contains(t)).collect();
+        if txn.spilled_rows() > 0 {
+            self.counts.spilled_transactions += 1;
+            self.counts.spilled_rows += txn.spilled_rows() as u64;
+            tracing::info!(
+                xid = txn.xid,
+                rows = txn.len(),
+                spilled = txn.spilled_rows(),
+                "a large transaction was spilled to disk while it arrived"
+            );
+        }
+        let mut copy = BTreeSet::new();
+        let mut added = BTreeSet::new();
         // A column whose new type the rows replicated so far cannot be
         // converted to exactly (`ALTER COLUMN … TYPE`): the table is copied
         // again, in the new type, instead of stopping the replica.
-        for r in &txn.rows {
-            if !copy.contains(&r.table) && needs_copy_again(engine, r) {
+        txn.for_each_row(|r| {
+            if copy.contains(&r.table) {
+                return;
+            }
+            if !self.state.copied.contains(&r.table) {
+                copy.insert(r.table.clone());
+            } else if needs_copy_again(engine, r) {
                 tracing::warn!(table = %r.table, "a column's type changed in a way that cannot be applied in place: copying the table again");
                 copy.insert(r.table.clone());
+            } else {
+                added.extend(new_columns(engine, r).map(|c| (r.table.clone(), c)));
+            }
+        })?;
+        // A column new to the mirror whose old rows PostgreSQL shows with
+        // values the stream never carried (a renamed column, one added with
+        // a default — kept as the "missing value" or written by a table
+        // rewrite): the table is copied again. Old rows of a plain added
+        // column are NULL, as the mirror reads them.
+        for (table, column) in added {
+            if !copy.contains(&table) && self.has_values(&table, &column) {
+                tracing::warn!(%table, %column, "a new column holds values in rows the stream did not carry (renamed, or added with a default): copying the table again");
+                copy.insert(table);
             }
         }
         if !copy.is_empty() {
@@ -567,13 +658,8 @@ impl PgSource {
             self.copy_tables(&tables, sink)?;
         }
         let end = txn.end_lsn;
-        let txn = self.filter(txn);
-        let txn = self.expand_truncates(txn, sink, engine)?;
-        if !txn.rows.is_empty() {
+        if self.push_transaction(txn, sink, engine)? {
             out.transactions += 1;
-            for (record, position, next) in txn.into_records() {
-                sink.push(record, position, next)?;
-            }
         }
         self.applied = end;
         // Filters no transaction from here on can match.
@@ -585,93 +671,183 @@ impl PgSource {
         Ok(())
     }
 
-    /// Drops the rows a copy already holds.
-    fn filter(&self, mut txn: PgTransaction) -> PgTransaction {
-        if self.state.filters.is_empty() {
-            return txn;
-        }
-        let covered: Vec<&CopyFilter> = self.state.filters.iter().filter(|f| f.snapshot.sees(txn.xid)).collect();
-        if covered.is_empty() {
-            return txn;
-        }
-        let dropped = |table: &str| covered.iter().any(|f| f.tables.contains(table));
-        let mut kept = Vec::with_capacity(txn.rows.len());
-        let mut truncates = Vec::new();
-        let mut pending = txn.truncates.into_iter().peekable();
-        for (i, row) in txn.rows.into_iter().enumerate() {
-            while let Some((_, t)) = pending.next_if(|(at, _)| *at <= i) {
-                if !dropped(&t) {
-                    truncates.push((kept.len(), t));
-                }
-            }
-            if !dropped(&row.table) {
-                kept.push(row);
+    /// Whether any row of `table` in the source has a value in `column`
+    /// (asked when the column is new to the mirror). An error answers yes:
+    /// copying again is always exact.
+    fn has_values(&mut self, table: &str, column: &str) -> bool {
+        let Some((schema_name, table_name)) = table.split_once('.') else { return true };
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM ONLY {}.{} WHERE {} IS NOT NULL)",
+            quote_ident(schema_name),
+            quote_ident(table_name),
+            quote_ident(column)
+        );
+        match self.client.query_one(&sql, &[]) {
+            Ok(row) => row.get(0),
+            Err(e) => {
+                tracing::debug!(%table, %column, error = %e, "checking a new column's values");
+                true
             }
         }
-        for (_, t) in pending {
-            if !dropped(&t) {
-                truncates.push((kept.len(), t));
-            }
-        }
-        txn.rows = kept;
-        txn.truncates = truncates;
-        txn
     }
 
-    /// `TRUNCATE t` in a transaction: t's earlier rows in it are moot, and
-    /// every row of t live before it is deleted.
-    fn expand_truncates(&self, mut txn: PgTransaction, sink: &mut Sink, engine: &Engine) -> CliResult<PgTransaction> {
-        if txn.truncates.is_empty() {
-            return Ok(txn);
+    /// Pushes `txn` to the sink as BEGIN, rows, END, row by row: without
+    /// the rows of tables an initial copy already holds (it saw the
+    /// transaction), and with each `TRUNCATE t` as deletes of t's rows
+    /// live before the transaction (t's earlier rows in it are moot).
+    /// Returns whether anything was pushed.
+    fn push_transaction(&mut self, mut txn: PgTransaction, sink: &mut Sink, engine: &Engine) -> CliResult<bool> {
+        let covered: Vec<&CopyFilter> = self.state.filters.iter().filter(|f| f.snapshot.sees(txn.xid)).collect();
+        let dropped = |table: &str| covered.iter().any(|f| f.tables.contains(table));
+        let truncates: Vec<(usize, String)> =
+            std::mem::take(&mut txn.truncates).into_iter().filter(|(_, t)| !dropped(t)).collect();
+        // A table's rows before its last truncate in the transaction are moot.
+        let mut moot_before: BTreeMap<&str, usize> = BTreeMap::new();
+        for (at, t) in &truncates {
+            moot_before.insert(t, *at);
         }
-        sink.sync()?;
-        let truncates = std::mem::take(&mut txn.truncates);
-        let mut rows = std::mem::take(&mut txn.rows).into_iter().enumerate().collect::<Vec<_>>();
-        let mut deletes: BTreeMap<usize, Vec<RowChange>> = BTreeMap::new();
-        for (at, table) in truncates {
-            rows.retain(|(i, r)| *i >= at || r.table != table);
-            let Ok(def) = engine.table(&table) else { continue };
+        // Rows live before the transaction go at its first truncate of the
+        // table; the scans are planned at the snapshot before it and read
+        // as their turn comes.
+        let mut wipes: Vec<(usize, String, fovea_core::Scan)> = Vec::new();
+        if !truncates.is_empty() {
+            sink.sync()?;
             let snapshot = engine.snapshot();
-            let batches = engine.scan(&snapshot, &table, fovea_core::ScanOptions::default())?.collect_batches()?;
-            let names: Vec<String> = def.primary_key.iter().map(|&i| def.schema.field(i).name().clone()).collect();
-            let types: Vec<_> = def.primary_key.iter().map(|&i| def.schema.field(i).data_type().clone()).collect();
-            for b in &batches {
-                for row in rows_from_batch(b)? {
-                    let key = def.key_of(&row);
-                    let before = names
-                        .iter()
-                        .zip(&key)
-                        .zip(&types)
-                        .map(|((n, v), t)| (n.clone(), format_value(v, t).map_or(Json::Null, Json::String)))
-                        .collect();
-                    deletes.entry(at).or_default().push(RowChange {
-                        table: table.clone(),
-                        op: RowOp::Delete,
-                        key: None,
-                        before: Some(before),
-                        after: None,
-                        txid: None,
-                        commit_us: None,
-                        snapshot: None,
-                        declared: None,
-                        key_names: Some(names.clone()),
-                        in_transaction_block: true,
-                    });
+            for (at, table) in &truncates {
+                if wipes.iter().any(|(_, t, _)| t == table) {
+                    continue;
+                }
+                let Ok(def) = engine.table(table) else { continue };
+                let options =
+                    fovea_core::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
+                match engine.scan(&snapshot, table, options) {
+                    Ok(scan) => wipes.push((*at, table.clone(), scan)),
+                    // Not in the mirror at the snapshot: nothing to delete.
+                    Err(fovea_core::Error::UnknownTable(_)) => {}
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
-        let mut out = Vec::new();
-        let mut rows = rows.into_iter().peekable();
-        for (at, dels) in deletes {
-            while let Some((_, r)) = rows.next_if(|(i, _)| *i < at) {
-                out.push(r);
+        let mut records = TxnRecords::new(&txn);
+        let mut wipes = wipes.into_iter().peekable();
+        let (mut filtered, mut at) = (0u64, 0usize);
+        for row in txn.into_rows()? {
+            let row = row?;
+            while let Some((_, table, scan)) = wipes.next_if(|(w, _, _)| *w <= at) {
+                records.wipe(sink, engine, &table, scan)?;
             }
-            out.extend(dels);
+            at += 1;
+            if dropped(&row.table) {
+                filtered += 1;
+            } else if moot_before.get(row.table.as_str()).is_none_or(|&m| at > m) {
+                records.row(sink, row)?;
+            }
         }
-        out.extend(rows.map(|(_, r)| r));
-        txn.rows = out;
-        Ok(txn)
+        for (_, table, scan) in wipes {
+            records.wipe(sink, engine, &table, scan)?;
+        }
+        self.counts.filtered_rows += filtered;
+        records.end(sink)
     }
+}
+
+/// One source transaction's records as they are pushed to the sink: BEGIN
+/// before the first row, END with the counts after the last.
+struct TxnRecords {
+    identity: String,
+    first: SourcePosition,
+    end: SourcePosition,
+    commit_us: i64,
+    begun: bool,
+    count: u64,
+    per_table: Vec<(String, u64)>,
+}
+
+impl TxnRecords {
+    fn new(txn: &PgTransaction) -> Self {
+        TxnRecords {
+            identity: txn.identity(),
+            first: txn.final_lsn.position(),
+            end: txn.end_lsn.position(),
+            commit_us: txn.commit_us,
+            begun: false,
+            count: 0,
+            per_table: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, sink: &mut Sink, mut row: RowChange) -> CliResult<()> {
+        if !self.begun {
+            self.begun = true;
+            let begin = ChangeRecord::Begin { txid: self.identity.clone(), commit_us: Some(self.commit_us) };
+            sink.push(begin, self.first, self.first)?;
+        }
+        self.count += 1;
+        match self.per_table.iter_mut().find(|(t, _)| *t == row.table) {
+            Some((_, n)) => *n += 1,
+            None => self.per_table.push((row.table.clone(), 1)),
+        }
+        row.txid = Some(self.identity.clone());
+        sink.push(ChangeRecord::Row(Box::new(row)), self.first, self.first)?;
+        Ok(())
+    }
+
+    /// Deletes of every row `scan` (of `table`'s key columns) reads.
+    fn wipe(&mut self, sink: &mut Sink, engine: &Engine, table: &str, scan: fovea_core::Scan) -> CliResult<()> {
+        let def = engine.table(table)?;
+        let names: Vec<String> = def.primary_key.iter().map(|&i| def.schema.field(i).name().clone()).collect();
+        let types: Vec<_> = def.primary_key.iter().map(|&i| def.schema.field(i).data_type().clone()).collect();
+        for batch in scan {
+            for key in rows_from_batch(&batch?)? {
+                let before = names
+                    .iter()
+                    .zip(&key)
+                    .zip(&types)
+                    .map(|((n, v), t)| (n.clone(), format_value(v, t).map_or(Json::Null, Json::String)))
+                    .collect();
+                let delete = RowChange {
+                    table: table.to_owned(),
+                    op: RowOp::Delete,
+                    key: None,
+                    before: Some(before),
+                    after: None,
+                    txid: None,
+                    commit_us: None,
+                    snapshot: None,
+                    declared: None,
+                    key_names: Some(names.clone()),
+                    in_transaction_block: true,
+                    omits_nulls: false,
+                };
+                self.row(sink, delete)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes END if anything was pushed; returns whether.
+    fn end(self, sink: &mut Sink) -> CliResult<bool> {
+        if self.begun {
+            let end = ChangeRecord::End {
+                txid: self.identity,
+                event_count: Some(self.count),
+                per_table: self.per_table,
+                commit_us: Some(self.commit_us),
+            };
+            sink.push(end, self.first, self.end)?;
+        }
+        Ok(self.begun)
+    }
+}
+
+/// The columns `r` declares that its mirror table does not have (yet).
+fn new_columns<'a>(engine: &Engine, r: &'a RowChange) -> impl Iterator<Item = String> + 'a {
+    let def = engine.table(&r.table).ok();
+    r.declared
+        .iter()
+        .flatten()
+        .filter(move |c| def.as_ref().is_some_and(|d| d.schema.index_of(&c.name).is_err()))
+        .map(|c| c.name.clone())
 }
 
 /// Whether a row declares a column type its mirror table cannot hold nor
@@ -777,6 +953,20 @@ fn quote_ident(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnect_delays_grow_with_jitter_and_never_end() {
+        let delays: Vec<_> = reconnect_backoff().take(50).collect();
+        assert_eq!(delays.len(), 50, "never gives up");
+        for (i, d) in delays.iter().enumerate() {
+            // Doubling from RETRY_FIRST, capped at RETRY_MAX, plus jitter of
+            // at most as much again.
+            let base = (RETRY_FIRST * 2u32.pow(i.min(10) as u32)).min(RETRY_MAX);
+            assert!(*d >= base && *d <= base * 2, "delay {i}: {d:?} outside [{base:?}, {:?}]", base * 2);
+        }
+        // Jitter: two schedules differ.
+        assert_ne!(delays, reconnect_backoff().take(50).collect::<Vec<_>>());
+    }
 
     #[test]
     fn parses_the_input_url_and_hides_the_password() {

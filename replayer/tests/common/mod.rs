@@ -73,7 +73,7 @@ impl Server {
             .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
             .args(["--metrics", &format!("127.0.0.1:{mport}")])
             .args(extra)
-            .env("FOVEA_LOG", "info")
+            .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap());
         Self::spawn(cmd, stderr, Some(format!("127.0.0.1:{mport}")))
@@ -184,6 +184,38 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::
         std::thread::sleep(Duration::from_millis(50));
     }
     None
+}
+
+/// Retries `check` every `every` while the server (with `--metrics`)
+/// makes progress: done when it passes; its last error once no transaction
+/// was applied for 60 s, or after 15 min. For waits on a replayer that may
+/// be far behind (debug build, restores under load, two cores): what a test
+/// asserts is that nothing is lost, not how fast it catches up.
+pub fn while_progressing(
+    server: &Server,
+    every: Duration,
+    mut check: impl FnMut() -> Result<(), String>,
+) -> Result<(), String> {
+    let waited = Instant::now();
+    let mut progress = (server.metric("fovea_transactions_total"), Instant::now());
+    loop {
+        let error = match check() {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let applied = server.metric("fovea_transactions_total");
+        if applied != progress.0 {
+            progress = (applied, Instant::now());
+        }
+        if progress.1.elapsed() >= Duration::from_secs(60) || waited.elapsed() >= Duration::from_secs(900) {
+            return Err(format!(
+                "no transaction applied for {:.0} s ({:.0} s waited): {error}",
+                progress.1.elapsed().as_secs_f64(),
+                waited.elapsed().as_secs_f64()
+            ));
+        }
+        std::thread::sleep(every);
+    }
 }
 
 /// Retries `f` until it returns `Some`, or panics with `what` after `limit`.
@@ -375,6 +407,16 @@ impl PgCluster {
             .output()
             .unwrap();
         assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `pg_dump --schema-only` of `db`.
+    pub fn dump_schema(&self, db: &str) -> String {
+        let out = Command::new(self.bin.join("pg_dump"))
+            .args(["--schema-only", "-h", "127.0.0.1", "-U", "postgres", "-p", &self.port.to_string(), db])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pg_dump: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     }
 
