@@ -49,7 +49,7 @@ use crate::catalog::{
 };
 use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
-use crate::cdc::types::{infer_type, to_value};
+use crate::cdc::types::{convert_exact, infer_type, to_value};
 use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -248,6 +248,20 @@ const GROUP_JOBS: usize = 2048;
 const GROUP_LATENCY: Duration = Duration::from_millis(1);
 /// Chunks in flight before the sink waits for the shards (memory bound).
 const MAX_CHUNKS_IN_FLIGHT: usize = 1 << 16;
+
+/// A column the source declares in another type than the table's.
+#[derive(Clone, Debug)]
+struct Retyped {
+    /// Its index in the table.
+    index: usize,
+    name: String,
+    /// The declared type, or the one it widens to.
+    to: DataType,
+    /// [`TypeChange::Widen`]: the table widens to `to`; [`TypeChange::Recopy`]:
+    /// the column keeps its type and each value of type `to` is converted
+    /// into it exactly.
+    change: TypeChange,
+}
 
 struct SinkTable {
     def: Arc<TableDef>,
@@ -1121,10 +1135,13 @@ impl Sink {
         Ok(())
     }
 
-    /// Columns the source declares in a type the table cannot hold
-    /// (`ALTER COLUMN … TYPE`), with what each needs. A `--schema-file`
+    /// Columns the source declares in another type than the table's
+    /// (`ALTER COLUMN … TYPE`): index, name, the declared type and what it
+    /// needs ([`TypeChange::Widen`]: the column widens in place;
+    /// [`TypeChange::Recopy`]: the column keeps its type, which must hold
+    /// each new value, see [`Sink::evolve_if_needed`]). A `--schema-file`
     /// table keeps the types its file declares.
-    fn retyped_columns(&self, r: &RowChange) -> Vec<(String, DataType, TypeChange)> {
+    fn retyped_columns(&self, r: &RowChange) -> Vec<Retyped> {
         let (Some(declared), Some(t)) = (r.declared.as_ref(), self.tables.get(&r.table)) else { return Vec::new() };
         if self.ddl.contains_key(&r.table) {
             return Vec::new();
@@ -1141,20 +1158,88 @@ impl Sink {
                 }
                 match TypeChange::of(current, &c.data_type, t.def.primary_key.contains(&i)) {
                     TypeChange::None => None,
-                    change => Some((c.name.clone(), c.data_type.clone(), change)),
+                    change => Some(Retyped { index: i, name: c.name.clone(), to: c.data_type.clone(), change }),
                 }
             })
             .collect()
     }
 
+    /// The type a column kept in its type (the source declares `declared`)
+    /// must widen to for this record's values of it: `None` while each
+    /// converts exactly into the column's type; else the narrowest type it
+    /// can widen to in place that holds them (text last). An error names
+    /// the value when no type does.
+    fn widening_for_kept(
+        t: &SinkTable,
+        r: &RowChange,
+        kept: &Retyped,
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<Option<DataType>> {
+        let current = t.def.schema.field(kept.index).data_type();
+        let key = t.def.primary_key.contains(&kept.index);
+        let values: Vec<Value> = [r.key.as_ref(), r.before.as_ref(), r.after.as_ref()]
+            .into_iter()
+            .flatten()
+            .flat_map(|cols| cols.iter())
+            .filter(|(n, v)| *n == kept.name && !v.is_null() && v.as_str() != Some(UNAVAILABLE))
+            .map(|(_, v)| to_value(v, &kept.to).map_err(|m| err(format!("column {}: {m}", kept.name))))
+            .collect::<Result<_>>()?;
+        let holds = |to: &DataType| values.iter().all(|v| convert_exact(v, &kept.to, to).is_some());
+        if holds(current) {
+            return Ok(None);
+        }
+        let mut candidates = wider_types(current);
+        candidates.push(DataType::Utf8);
+        candidates
+            .into_iter()
+            .find(|to| TypeChange::of(current, to, key) == TypeChange::Widen && holds(to))
+            .map(Some)
+            .ok_or_else(|| {
+                let value = values.iter().find(|v| convert_exact(v, &kept.to, current).is_none());
+                err(format!(
+                    "column {} changed type from {current} to {}, and its value {} converts exactly neither to \
+                     {current} nor to a type the replicated rows widen to in place. Help: a PostgreSQL input copies \
+                     such a table again by itself; for this input, replicate the table into a new lake from a fresh \
+                     snapshot",
+                    kept.name,
+                    kept.to,
+                    value.map_or_else(String::new, ToString::to_string),
+                ))
+            })
+    }
+
     /// Columns added to, gone from or widened in the source table show in
     /// the after image and the declared columns: evolve the table's schema
-    /// to match. A type change that cannot be made in place is an error
-    /// naming the column (a PostgreSQL input copies such a table again
-    /// instead, see [`ChangeRecord::Replace`]).
-    fn evolve_if_needed(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<()> {
-        let Some(after) = r.after.as_ref().filter(|_| r.op != RowOp::Delete) else { return Ok(()) };
+    /// to match. A column the source declares in a type the replicated rows
+    /// cannot be converted to exactly (bigint → int, text → int,
+    /// timestamp → date) keeps its type, which holds the old rows and —
+    /// converted exactly — the new values; a new value it cannot hold
+    /// widens it in place to the narrowest type that holds both (text
+    /// last), and one no such type holds is an error naming the column and
+    /// the value. (A PostgreSQL input copies such a table again instead,
+    /// see [`ChangeRecord::Replace`].)
+    ///
+    /// Returns the columns kept in another type than the declared one: the
+    /// record's values of them are converted (see [`Sink::image`]).
+    fn evolve_if_needed(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<Vec<Retyped>> {
+        let err = |m: String| input_error(position, Some(&r.table), Some(txid), m);
+        let mut retyped = self.retyped_columns(r);
+        let Some(after) = r.after.as_ref().filter(|_| r.op != RowOp::Delete) else {
+            // A delete reads its key alone, converted exactly from the
+            // declared type where it differs.
+            return Ok(retyped);
+        };
         let t = &self.tables[&r.table];
+        let mut kept = Vec::new();
+        for c in std::mem::take(&mut retyped) {
+            if c.change == TypeChange::Widen {
+                retyped.push(c);
+            } else if let Some(to) = Self::widening_for_kept(t, r, &c, &err)? {
+                retyped.push(Retyped { to, change: TypeChange::Widen, ..c });
+            } else {
+                kept.push(c);
+            }
+        }
         let added: Vec<&(String, serde_json::Value)> =
             after.iter().filter(|(n, _)| !t.index_of.contains_key(n)).collect();
         // Left out of an image that omits NULLs, a column is NULL, not gone.
@@ -1169,28 +1254,29 @@ impl Sink {
                 .filter(|n| !after.iter().any(|(a, _)| a == n))
                 .collect()
         };
-        let mut retyped = self.retyped_columns(r);
         if r.declared.is_none() {
             retyped.extend(widened_by_values(t, after));
         }
         if added.is_empty() && gone.is_empty() && retyped.is_empty() {
-            return Ok(());
+            return Ok(kept);
         }
-        if let Some((name, to, _)) = retyped.iter().find(|(_, _, c)| *c == TypeChange::Recopy) {
-            let from = t.def.schema.field_with_name(name).map(|f| f.data_type().to_string()).unwrap_or_default();
-            return Err(input_error(
-                position,
-                Some(&r.table),
-                Some(txid),
-                format!(
-                    "column {name} changed type from {from} to {to}, which the rows already replicated cannot be \
-                     converted to exactly (fovea widens types in place: integer to a wider integer, float to double, \
-                     a decimal's precision, date to timestamp, integer or decimal to text). Help: a PostgreSQL input \
-                     copies such a table again by itself; for this input, replicate the table into a new lake from a \
-                     fresh snapshot"
-                ),
-            ));
-        }
+        let added: Vec<(String, serde_json::Value)> = added.into_iter().cloned().collect();
+        self.evolve(r, position, txid, &added, gone, retyped)
+    }
+
+    /// Evolves `r`'s table: columns `added` (with a value each, for its
+    /// type when none is declared), `gone` and `retyped` (widened in place).
+    /// Returns the columns the record declares in another type than the
+    /// evolved table's (kept, see [`Sink::evolve_if_needed`]).
+    fn evolve(
+        &mut self,
+        r: &RowChange,
+        position: SourcePosition,
+        txid: &str,
+        added: &[(String, serde_json::Value)],
+        gone: Vec<String>,
+        retyped: Vec<Retyped>,
+    ) -> Result<Vec<Retyped>> {
         // Operations built with the old schema go in first (a snapshot
         // run's waiting ones too).
         self.settle_segments(None);
@@ -1203,12 +1289,12 @@ impl Sink {
             .fields()
             .iter()
             .filter(|f| !gone.contains(f.name()))
-            .map(|f| match retyped.iter().find(|(n, _, _)| n == f.name()) {
-                Some((_, to, _)) => f.as_ref().clone().with_data_type(to.clone()),
+            .map(|f| match retyped.iter().find(|c| c.name == *f.name()) {
+                Some(c) => f.as_ref().clone().with_data_type(c.to.clone()),
                 None => f.as_ref().clone(),
             })
             .collect();
-        for (name, v) in &added {
+        for (name, v) in added {
             let declared =
                 r.declared.as_ref().and_then(|d| d.iter().find(|c| &c.name == name)).map(|c| c.data_type.clone());
             let t = declared.or_else(|| infer_type(v)).unwrap_or(DataType::Utf8);
@@ -1230,16 +1316,23 @@ impl Sink {
                 "evolve_schema": r.table,
                 "added": added.iter().map(|(n, _)| n).collect::<Vec<_>>(),
                 "removed": gone,
-                "widened": retyped.iter().map(|(n, t, _)| serde_json::json!({ "column": n, "type": t.to_string() })).collect::<Vec<_>>(),
+                "widened": retyped.iter().map(|c| serde_json::json!({ "column": c.name, "type": c.to.to_string() })).collect::<Vec<_>>(),
             }]),
             ts,
         });
         self.tables.insert(r.table.clone(), SinkTable::new(def));
-        Ok(())
+        Ok(self.retyped_columns(r))
     }
 
     /// A full row in table order; `None` entries are TOAST placeholders.
-    fn image(t: &SinkTable, cols: &Columns, err: &dyn Fn(String) -> Error) -> Result<Vec<Option<Value>>> {
+    /// `kept`: columns the record declares in another type than the
+    /// table's, whose values are converted exactly.
+    fn image(
+        t: &SinkTable,
+        cols: &Columns,
+        kept: &[Retyped],
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<Vec<Option<Value>>> {
         let mut row = vec![Some(Value::Null); t.def.schema.fields().len()];
         for (hint, (name, v)) in cols.iter().enumerate() {
             let i = t.column(hint, name).ok_or_else(|| {
@@ -1249,13 +1342,28 @@ impl Sink {
                 row[i] = None;
                 continue;
             }
-            row[i] =
-                Some(to_value(v, t.def.schema.field(i).data_type()).map_err(|m| err(format!("column {name}: {m}")))?);
+            row[i] = Some(Self::value(t, i, v, kept).map_err(|m| err(format!("column {name}: {m}")))?);
         }
         Ok(row)
     }
 
-    fn key_values(t: &SinkTable, r: &RowChange, err: &dyn Fn(String) -> Error) -> Result<Row> {
+    /// The value of column `i` of `t` from `v`: in the declared type when
+    /// the column is kept in another, converted exactly.
+    #[inline]
+    fn value(t: &SinkTable, i: usize, v: &serde_json::Value, kept: &[Retyped]) -> std::result::Result<Value, String> {
+        let column = t.def.schema.field(i).data_type();
+        match kept.iter().find(|c| c.index == i) {
+            None => to_value(v, column),
+            Some(c) => {
+                let declared = to_value(v, &c.to)?;
+                convert_exact(&declared, &c.to, column).ok_or_else(|| {
+                    format!("value {declared} of the source's type {} does not convert exactly to {column}", c.to)
+                })
+            }
+        }
+    }
+
+    fn key_values(t: &SinkTable, r: &RowChange, kept: &[Retyped], err: &dyn Fn(String) -> Error) -> Result<Row> {
         let sources = [r.key.as_ref(), r.before.as_ref(), r.after.as_ref()];
         t.def
             .primary_key
@@ -1267,7 +1375,7 @@ impl Sink {
                     .flatten()
                     .find_map(|cols| cols.iter().find(|(n, v)| n == f.name() && !v.is_null()).map(|(_, v)| v))
                     .ok_or_else(|| err(format!("no value for key column {}", f.name())))?;
-                to_value(v, f.data_type()).map_err(|m| err(format!("key column {}: {m}", f.name())))
+                Self::value(t, i, v, kept).map_err(|m| err(format!("key column {}: {m}", f.name())))
             })
             .collect()
     }
@@ -1276,13 +1384,13 @@ impl Sink {
         let table = r.table.clone();
         let err = |m: String| input_error(position, Some(&table), Some(txid), m);
         self.table(r, position, txid)?;
-        self.evolve_if_needed(r, position, txid)?;
+        let kept = self.evolve_if_needed(r, position, txid)?;
         let t = &self.tables[&r.table];
         let id = t.def.id;
         Ok(match r.op {
             RowOp::Insert | RowOp::SnapshotRead => {
                 let after = r.after.as_ref().ok_or_else(|| err("insert without an after image".into()))?;
-                let row = Self::image(t, after, &err)?;
+                let row = Self::image(t, after, &kept, &err)?;
                 if row.iter().any(Option::is_none) {
                     return Err(err(format!("insert with {UNAVAILABLE:?}: there is no previous value to keep")));
                 }
@@ -1291,11 +1399,11 @@ impl Sink {
                 // whatever an earlier load or change left under its key.
                 if r.op == RowOp::SnapshotRead { Op::Upsert { table: id, row } } else { Op::Insert { table: id, row } }
             }
-            RowOp::Delete => Op::Delete { table: id, key: Self::key_values(t, r, &err)? },
+            RowOp::Delete => Op::Delete { table: id, key: Self::key_values(t, r, &kept, &err)? },
             RowOp::Update => {
                 let after = r.after.as_ref().ok_or_else(|| err("update without an after image".into()))?;
-                let key = Self::key_values(t, r, &err)?;
-                let image = Self::image(t, after, &err)?;
+                let key = Self::key_values(t, r, &kept, &err)?;
+                let image = Self::image(t, after, &kept, &err)?;
                 let row = if image.iter().any(Option::is_none) {
                     // Unchanged out-of-line values: keep the previous ones. The
                     // previous version may be in this transaction's pending chunk.
@@ -1378,7 +1486,7 @@ fn digest_row(h: &mut XxHash64, r: &RowChange) {
 /// such): a record without declared types (DMS, Debezium without schemas)
 /// shows an `ALTER COLUMN … TYPE` of the source only this way, since the
 /// source holds no value its column's type cannot.
-fn widened_by_values(t: &SinkTable, after: &Columns) -> Vec<(String, DataType, TypeChange)> {
+fn widened_by_values(t: &SinkTable, after: &Columns) -> Vec<Retyped> {
     let fields = t.def.schema.fields();
     after
         .iter()
@@ -1394,7 +1502,7 @@ fn widened_by_values(t: &SinkTable, after: &Columns) -> Vec<(String, DataType, T
             wider_types(current)
                 .into_iter()
                 .find(|to| TypeChange::of(current, to, key) == TypeChange::Widen && fits(to))
-                .map(|to| (name.clone(), to, TypeChange::Widen))
+                .map(|to| Retyped { index: i, name: name.clone(), to, change: TypeChange::Widen })
         })
         .collect()
 }

@@ -266,6 +266,95 @@ pub fn format_value(v: &Value, t: &DataType) -> Option<String> {
     })
 }
 
+/// Microseconds in a day.
+const DAY_US: i64 = 86_400_000_000;
+
+/// `v`, a value of type `from`, as a value of type `to`, when it converts
+/// exactly: it reads back as the same number, date, instant or text (a
+/// value becomes text as `COPY … TO` prints it, see [`format_value`]).
+/// `None` when it does not (a fraction into an integer, a value out of
+/// range, a time of day into a date, text that is no number, …).
+///
+/// This is how a column keeps its type when the source declares it in
+/// another one that cannot hold the rows already replicated (bigint →
+/// int, text → int, timestamp → date): new values, in the source's type,
+/// are stored in the column's as long as each converts exactly.
+pub fn convert_exact(v: &Value, from: &DataType, to: &DataType) -> Option<Value> {
+    use DataType::*;
+    if v.is_null() {
+        return Some(Value::Null);
+    }
+    if from == to {
+        return Some(v.clone());
+    }
+    let ten = |e: i8| 10i128.checked_pow(u32::from(e.unsigned_abs()));
+    let converted = match (v, from, to) {
+        (_, _, Utf8) => Value::Utf8(format_value(v, from)?),
+        (Value::Int(i), Int8 | Int16 | Int32 | Int64, _) => match to {
+            Int8 | Int16 | Int32 | Int64 => Value::Int(*i),
+            // Integers a double (a float) holds exactly.
+            Float64 if i.unsigned_abs() <= 1 << 53 => Value::Float(*i as f64),
+            Float32 if i.unsigned_abs() <= 1 << 24 => Value::Float(*i as f64),
+            Decimal128(_, s) if *s >= 0 => Value::Decimal(i128::from(*i).checked_mul(ten(*s)?)?),
+            _ => return None,
+        },
+        (Value::Float(x), Float32 | Float64, _) => match to {
+            Float64 => Value::Float(*x),
+            Float32 if x.is_nan() || f64::from(*x as f32) == *x => Value::Float(*x),
+            Int8 | Int16 | Int32 | Int64 if x.fract() == 0.0 && x.abs() < 9.2e18 => Value::Int(*x as i64),
+            // Rust prints the shortest text that reads back as the same
+            // double, never with an exponent.
+            Decimal128(_, s) if x.is_finite() => Value::Decimal(parse_decimal(&format!("{x}"), *s).ok()?),
+            _ => return None,
+        },
+        (Value::Decimal(d), Decimal128(_, s), _) => match to {
+            Decimal128(_, s2) if s2 >= s => Value::Decimal(d.checked_mul(ten(s2 - s)?)?),
+            Decimal128(_, s2) => {
+                let f = ten(s - s2)?;
+                if d % f != 0 {
+                    return None;
+                }
+                Value::Decimal(d / f)
+            }
+            Int8 | Int16 | Int32 | Int64 => {
+                let f = ten(*s)?;
+                if d % f != 0 {
+                    return None;
+                }
+                Value::Int(i64::try_from(d / f).ok()?)
+            }
+            Float64 => {
+                let text = format_decimal(*d, *s);
+                let x: f64 = text.parse().ok()?;
+                if parse_decimal(&format!("{x}"), *s).ok()? != *d {
+                    return None;
+                }
+                Value::Float(x)
+            }
+            _ => return None,
+        },
+        (Value::Int(days), Date32, Timestamp(TimeUnit::Microsecond, _)) => Value::Int(days.checked_mul(DAY_US)?),
+        (Value::Int(us), Timestamp(TimeUnit::Microsecond, _), _) => match to {
+            // Both count µs from the epoch (a naive one as UTC, as Arrow's
+            // cast does).
+            Timestamp(TimeUnit::Microsecond, _) => Value::Int(*us),
+            Date32 if us % DAY_US == 0 => Value::Int(us / DAY_US),
+            _ => return None,
+        },
+        (Value::Bool(b), Boolean, Int8 | Int16 | Int32 | Int64) => Value::Int(i64::from(*b)),
+        (Value::Utf8(s), Utf8, _) => {
+            // Text that is the number, date or instant as printed.
+            let x = to_value(&Json::String(s.clone()), to).ok()?;
+            if format_value(&x, to).as_deref() != Some(s.as_str()) {
+                return None;
+            }
+            x
+        }
+        _ => return None,
+    };
+    crate::schema::accepts(to, &converted).ok().map(|()| converted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,6 +371,52 @@ mod tests {
         assert_eq!(format_decimal(-249_650, 2), "-2496.50");
         assert_eq!(format_decimal(5, 4), "0.0005");
         assert_eq!(format_decimal(-5, 1), "-0.5");
+    }
+
+    #[test]
+    fn values_convert_exactly_or_not_at_all() {
+        use DataType::*;
+        let ts = Timestamp(TimeUnit::Microsecond, None);
+        let text = |s: &str| Some(Value::Utf8(s.into()));
+        let cases = [
+            (Value::Null, Utf8, Int32, Some(Value::Null)),
+            (Value::Int(7), Int32, Utf8, text("7")),
+            (Value::Int(-7), Int32, Int64, Some(Value::Int(-7))),
+            (Value::Int(5_000_000_000), Int64, Int32, None),
+            (Value::Int(1 << 53), Int64, Float64, Some(Value::Float(9_007_199_254_740_992.0))),
+            (Value::Int((1 << 53) + 1), Int64, Float64, None),
+            (Value::Int(12), Int32, Decimal128(4, 2), Some(Value::Decimal(1200))),
+            (Value::Int(120), Int32, Decimal128(4, 2), None),
+            (Value::Int(3), Date32, ts.clone(), Some(Value::Int(3 * DAY_US))),
+            (Value::Int(3), Date32, Utf8, text("1970-01-04")),
+            (Value::Int(3 * DAY_US), ts.clone(), Date32, Some(Value::Int(3))),
+            (Value::Int(3 * DAY_US + 1), ts.clone(), Date32, None),
+            (Value::Float(6.0), Float64, Int64, Some(Value::Int(6))),
+            (Value::Float(2.5), Float64, Int64, None),
+            (Value::Float(2.5), Float64, Utf8, text("2.5")),
+            (Value::Float(0.5), Float64, Float32, Some(Value::Float(0.5))),
+            (Value::Float(0.1), Float64, Float32, None),
+            (Value::Float(0.1), Float64, Decimal128(10, 2), Some(Value::Decimal(10))),
+            (Value::Float(0.125), Float64, Decimal128(10, 2), None),
+            (Value::Float(f64::NAN), Float64, Decimal128(10, 2), None),
+            (Value::Decimal(-1250), Decimal128(10, 2), Decimal128(14, 4), Some(Value::Decimal(-125_000))),
+            (Value::Decimal(-1250), Decimal128(10, 2), Decimal128(10, 1), Some(Value::Decimal(-125))),
+            (Value::Decimal(-1255), Decimal128(10, 2), Decimal128(10, 1), None),
+            (Value::Decimal(99_999_999_999), Decimal128(14, 2), Decimal128(10, 2), None),
+            (Value::Decimal(1200), Decimal128(10, 2), Int32, Some(Value::Int(12))),
+            (Value::Decimal(1250), Decimal128(10, 2), Int32, None),
+            (Value::Decimal(1250), Decimal128(10, 2), Utf8, text("12.50")),
+            (Value::Decimal(1250), Decimal128(10, 2), Float64, Some(Value::Float(12.5))),
+            (Value::Utf8("12".into()), Utf8, Int32, Some(Value::Int(12))),
+            (Value::Utf8("012".into()), Utf8, Int32, None),
+            (Value::Utf8("twelve".into()), Utf8, Int32, None),
+            (Value::Bool(true), Boolean, Int16, Some(Value::Int(1))),
+            (Value::Bool(false), Boolean, Utf8, text("f")),
+            (Value::Bool(true), Boolean, Date32, None),
+        ];
+        for (v, from, to, expected) in cases {
+            assert_eq!(convert_exact(&v, &from, &to), expected, "{v} as {from} -> {to}");
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Column type changes in the source (`ALTER COLUMN … TYPE`): widenings are
 //! applied in place (old rows read through an exact cast, at old snapshots
-//! too, and after a restart); a change the stored rows cannot follow is an
-//! error naming the column, or — for an input that can copy the table
-//! again — a replacement of the table's rows in the new type.
+//! too, and after a restart); for a change the stored rows cannot follow,
+//! an input that can copy the table again replaces the table's rows in the
+//! new type, and any other keeps the column in a type that holds the old
+//! rows and the new values.
 
 use arrow::datatypes::{DataType, TimeUnit};
 use base64::Engine as _;
@@ -207,26 +208,62 @@ fn widened_columns_change_in_place_and_old_rows_read_through_an_exact_cast() {
         assert_eq!(rows_at(&lake.engine, &lake.engine.snapshot()).unwrap(), expected_now);
     }
 
-    // After a restart: the widened schema, every row; then a narrowing
-    // (bigint back to int) is an error naming table and column, and what
-    // was committed stays.
+    // After a restart: the widened schema, every row. Then the source
+    // narrows the columns back (bigint → int, double → real, numeric(14,2)
+    // → numeric(10,2), timestamp → date): the rows already replicated
+    // cannot be narrowed, so each column keeps its wider type, which holds
+    // the old rows and, converted exactly, the new values.
     let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
     assert_eq!(lake.engine.table("public.t").unwrap().schema.field(1).data_type(), &DataType::Int64);
     let now = rows_at(&lake.engine, &lake.engine.snapshot()).unwrap();
     assert_eq!(now.len(), 4);
     assert_eq!(now[3][1], Value::Int(5_000_000_000));
+    let wide_types: Vec<DataType> =
+        lake.engine.table("public.t").unwrap().schema.fields().iter().map(|f| f.data_type().clone()).collect();
+    let before_narrowing = lake.engine.snapshot();
+    let evolutions = |lake: &fovea_core::location::OpenLake| {
+        lake.catalog
+            .operations(10_000)
+            .unwrap()
+            .iter()
+            .filter(|(_, o)| o.description.starts_with("evolve schema"))
+            .count()
+    };
+    let evolved_before = evolutions(&lake);
+    assert_eq!(evolved_before, 1);
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "t", SinkConfig::default()).unwrap();
-    let narrowed = record(
-        3,
-        "c",
-        &narrow_fields(),
-        json!({"id": 5, "delta": 1, "price": 1.0, "amount": decimal(1, 10, 2).1, "day": 1}),
-    );
-    let err = push_all(&mut sink, &[narrowed], 30).unwrap_err().to_string();
-    for part in ["public.t", "column delta changed type from Int64 to Int32", "line 30"] {
-        assert!(err.contains(part), "{part:?} not in: {err}");
+    let narrow = narrow_fields();
+    let narrowed = |id: i64, delta: i64| {
+        record(
+            3,
+            "c",
+            &narrow,
+            json!({"id": id, "delta": delta, "price": 0.5, "amount": decimal(-1, 10, 2).1, "day": 3}),
+        )
+    };
+    push_all(&mut sink, &[narrowed(5, -7), narrowed(6, i32::MIN.into())], 30).unwrap();
+    sink.finish_input(SourcePosition { line: 40, offset: 40 }).unwrap();
+    drop(sink);
+    let types: Vec<DataType> =
+        lake.engine.table("public.t").unwrap().schema.fields().iter().map(|f| f.data_type().clone()).collect();
+    assert_eq!(types, wide_types, "the columns keep the types that hold every row");
+    let mut expected = now.clone();
+    for (id, delta) in [(5, -7), (6, i64::from(i32::MIN))] {
+        expected.push(vec![
+            Value::Int(id),
+            Value::Int(delta),
+            Value::Float(0.5),
+            Value::Decimal(-1),
+            Value::Int(3 * DAY_US),
+        ]);
     }
-    assert_eq!(rows_at(&lake.engine, &lake.engine.snapshot()).unwrap(), now);
+    assert_eq!(rows_at(&lake.engine, &lake.engine.snapshot()).unwrap(), expected);
+    assert_eq!(rows_at(&lake.engine, &before_narrowing).unwrap(), now, "time travel to before the narrowing");
+    assert_eq!(evolutions(&lake), evolved_before, "no schema change recorded for a kept column");
+    drop(lake);
+    // And after another restart.
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    assert_eq!(rows_at(&lake.engine, &lake.engine.snapshot()).unwrap(), expected);
 }
 
 fn change(txid: &str, id: i64, code: Json, code_type: DataType) -> RowChange {
@@ -328,4 +365,115 @@ fn a_replaced_table_takes_any_type_and_old_snapshots_keep_their_columns() {
     sink.finish_input(SourcePosition { line: 99, offset: 99 }).unwrap();
     let ops = lake.catalog.operations(20).unwrap();
     assert_eq!(ops.iter().filter(|(_, o)| o.description.starts_with("replace rows of public.c")).count(), 3, "{ops:?}");
+}
+
+/// The rows of `table` at `snapshot`, by their first column.
+fn rows_of(engine: &Engine, snapshot: &Snapshot, table: &str) -> Vec<Vec<Value>> {
+    let mut rows = Vec::new();
+    for b in engine.scan(snapshot, table, ScanOptions::default()).unwrap().collect_batches().unwrap() {
+        rows.extend(rows_from_batch(&b).unwrap());
+    }
+    rows.sort_by_key(|r| match r[0] {
+        Value::Int(i) => i,
+        _ => i64::MAX,
+    });
+    rows
+}
+
+/// A change of a column's type that the rows already replicated cannot
+/// follow, in an input that cannot copy the table again (Debezium with
+/// schemas): the column keeps a type that holds every value — its own
+/// while the new values convert exactly into it (text → int keeps text),
+/// else the narrowest it widens to in place that holds them (bigint →
+/// double with a fraction: text). A value no such type holds (a key
+/// column that cannot widen) is an error naming table, column and value,
+/// and what was committed stays.
+#[test]
+fn a_type_change_the_rows_cannot_follow_keeps_a_type_that_holds_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "dbz", SinkConfig::default()).unwrap();
+    let mut line = 0;
+    let mut push = |sink: &mut Sink, r: ChangeRecord| {
+        line += 1;
+        let pos = SourcePosition { line, offset: line };
+        sink.push(r, pos, pos).and_then(|()| sink.sync())
+    };
+    let txn = |sink: &mut Sink,
+               push: &mut dyn FnMut(&mut Sink, ChangeRecord) -> fovea_core::Result<()>,
+               txid: &str,
+               rows: Vec<RowChange>| {
+        push(sink, ChangeRecord::Begin { txid: txid.into(), commit_us: None })?;
+        for r in rows {
+            push(sink, ChangeRecord::Row(Box::new(r)))?;
+        }
+        push(sink, ChangeRecord::End { txid: txid.into(), event_count: None, per_table: vec![], commit_us: None })
+    };
+    let code_type = || lake.engine.table("public.c").unwrap().schema.field(1).data_type().clone();
+    let text = |s: &str| Value::Utf8(s.into());
+
+    // text, then text → int: the column stays text; 7 is stored as "7".
+    txn(&mut sink, &mut push, "1", vec![change("1", 1, json!("x"), DataType::Utf8)]).unwrap();
+    let mut update = change("2", 1, json!(7), DataType::Int32);
+    update.op = RowOp::Update;
+    txn(&mut sink, &mut push, "2", vec![change("2", 2, json!(70), DataType::Int32), update]).unwrap();
+    assert_eq!(code_type(), DataType::Utf8);
+    assert_eq!(
+        rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"),
+        vec![vec![Value::Int(1), text("7")], vec![Value::Int(2), text("70")]]
+    );
+    // A delete carrying the declared types.
+    let mut delete = change("3", 2, json!(70), DataType::Int32);
+    delete.op = RowOp::Delete;
+    delete.before = delete.after.take();
+    txn(&mut sink, &mut push, "3", vec![delete]).unwrap();
+    assert_eq!(rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"), vec![vec![Value::Int(1), text("7")]]);
+
+    // Another table of its own: bigint, then bigint → double. Whole
+    // numbers fit the bigint column; 2.5 does not, nor any wider integer:
+    // the column widens in place to text, old rows read as their text.
+    let d = |txid: &str, id: i64, code: Json, t: DataType| RowChange {
+        table: "public.d".into(),
+        ..change(txid, id, code, t)
+    };
+    txn(&mut sink, &mut push, "4", vec![d("4", 1, json!(5_000_000_000i64), DataType::Int64)]).unwrap();
+    txn(&mut sink, &mut push, "5", vec![d("5", 2, json!(6.0), DataType::Float64)]).unwrap();
+    let d_type = || lake.engine.table("public.d").unwrap().schema.field(1).data_type().clone();
+    assert_eq!(d_type(), DataType::Int64);
+    let as_int = lake.engine.snapshot();
+    txn(&mut sink, &mut push, "6", vec![d("6", 3, json!(2.5), DataType::Float64)]).unwrap();
+    assert_eq!(d_type(), DataType::Utf8);
+    assert_eq!(
+        rows_of(&lake.engine, &lake.engine.snapshot(), "public.d"),
+        vec![vec![Value::Int(1), text("5000000000")], vec![Value::Int(2), text("6")], vec![Value::Int(3), text("2.5")]]
+    );
+    assert_eq!(
+        rows_of(&lake.engine, &as_int, "public.d"),
+        vec![vec![Value::Int(1), Value::Int(5_000_000_000)], vec![Value::Int(2), Value::Int(6)]]
+    );
+
+    sink.maybe_checkpoint(SourcePosition { line: 100, offset: 100 }, true).unwrap();
+
+    // A key column that cannot widen: id bigint → double with 1.5.
+    let mut bad = change("7", 0, json!("y"), DataType::Utf8);
+    bad.after.as_mut().unwrap()[0].1 = json!(1.5);
+    bad.declared.as_mut().unwrap()[0].data_type = DataType::Float64;
+    let committed = lake.engine.snapshot();
+    let err = txn(&mut sink, &mut push, "7", vec![bad]).unwrap_err().to_string();
+    for part in ["public.c", "column id changed type from Int64 to Float64", "1.5"] {
+        assert!(err.contains(part), "{part:?} not in: {err}");
+    }
+    drop(sink);
+    assert_eq!(
+        rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"),
+        rows_of(&lake.engine, &committed, "public.c")
+    );
+    assert_eq!(rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"), vec![vec![Value::Int(1), text("7")]]);
+
+    // After a restart, the same types and rows.
+    drop(lake);
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    assert_eq!(lake.engine.table("public.c").unwrap().schema.field(1).data_type(), &DataType::Utf8);
+    assert_eq!(lake.engine.table("public.d").unwrap().schema.field(1).data_type(), &DataType::Utf8);
+    assert_eq!(rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"), vec![vec![Value::Int(1), text("7")]]);
 }
