@@ -345,12 +345,26 @@ impl PgSource {
                     self.stream = None;
                 }
             }
-            // Not streaming yet (the slot is not in use): advance it directly.
+            // Not streaming (yet, or while reconnecting): advance the slot
+            // directly. When that fails too (PostgreSQL is restarting, the
+            // old session still holds the slot), the stream started next
+            // reports the position as flushed: the checkpoint is committed,
+            // so nothing is lost by confirming it later.
             None => {
-                self.client.query_one(
-                    "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                    &[&self.input.slot, &lsn.to_string()],
-                )?;
+                let advanced = if self.client.is_closed() {
+                    Err("the connection is closed".to_owned())
+                } else {
+                    self.client
+                        .query_one(
+                            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+                            &[&self.input.slot, &lsn.to_string()],
+                        )
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                };
+                if let Err(e) = advanced {
+                    tracing::warn!("cannot confirm {lsn} to the slot now (confirmed when streaming resumes): {e}");
+                }
             }
         }
         self.confirmed = lsn;

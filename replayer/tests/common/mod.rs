@@ -149,7 +149,8 @@ impl Server {
     /// The Prometheus text of `/metrics`.
     pub fn metrics(&self) -> String {
         let addr = self.metrics.as_ref().expect("started with --metrics");
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut s = std::net::TcpStream::connect(addr)
+            .unwrap_or_else(|e| panic!("metrics at {addr}: {e}; the server's log:\n{}", self.log()));
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
