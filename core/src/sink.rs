@@ -1188,24 +1188,18 @@ impl Sink {
         if holds(current) {
             return Ok(None);
         }
-        let mut candidates = wider_types(current);
-        candidates.push(DataType::Utf8);
-        candidates
-            .into_iter()
-            .find(|to| TypeChange::of(current, to, key) == TypeChange::Widen && holds(to))
-            .map(Some)
-            .ok_or_else(|| {
-                let value = values.iter().find(|v| convert_exact(v, &kept.to, current).is_none());
-                err(format!(
-                    "column {} changed type from {current} to {}, and its value {} converts exactly neither to \
+        narrowest_widening(current, key, true, holds).map(Some).ok_or_else(|| {
+            let value = values.iter().find(|v| convert_exact(v, &kept.to, current).is_none());
+            err(format!(
+                "column {} changed type from {current} to {}, and its value {} converts exactly neither to \
                      {current} nor to a type the replicated rows widen to in place. Help: a PostgreSQL input copies \
                      such a table again by itself; for this input, replicate the table into a new lake from a fresh \
                      snapshot",
-                    kept.name,
-                    kept.to,
-                    value.map_or_else(String::new, ToString::to_string),
-                ))
-            })
+                kept.name,
+                kept.to,
+                value.map_or_else(String::new, ToString::to_string),
+            ))
+        })
     }
 
     /// Columns added to, gone from or widened in the source table show in
@@ -1498,13 +1492,31 @@ fn widened_by_values(t: &SinkTable, after: &Columns) -> Vec<Retyped> {
             if fits(current) {
                 return None;
             }
-            let key = t.def.primary_key.contains(&i);
-            wider_types(current)
-                .into_iter()
-                .find(|to| TypeChange::of(current, to, key) == TypeChange::Widen && fits(to))
-                .map(|to| Retyped { index: i, name: name.clone(), to, change: TypeChange::Widen })
+            narrowest_widening(current, t.def.primary_key.contains(&i), false, fits).map(|to| Retyped {
+                index: i,
+                name: name.clone(),
+                to,
+                change: TypeChange::Widen,
+            })
         })
         .collect()
+}
+
+/// The narrowest type `current` (a key column's if `key`) widens to in
+/// place that `holds` the values at hand, among the wider numbers, dates
+/// and decimals of [`wider_types`] — and text last with `or_text` (for
+/// records whose declared type says the change is the source's, not a
+/// wrong value).
+fn narrowest_widening(
+    current: &DataType,
+    key: bool,
+    or_text: bool,
+    holds: impl Fn(&DataType) -> bool,
+) -> Option<DataType> {
+    wider_types(current)
+        .into_iter()
+        .chain(or_text.then_some(DataType::Utf8))
+        .find(|to| TypeChange::of(current, to, key) == TypeChange::Widen && holds(to))
 }
 
 /// The types `t` may widen to, narrowest first.
