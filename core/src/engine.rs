@@ -140,7 +140,8 @@ struct Flusher {
     idle: Condvar,
 }
 
-/// Objects replaced by one combine, waiting to be deleted.
+/// Objects replaced by one combine or storage-GC rewrite, waiting to be
+/// deleted.
 pub(crate) struct Retired {
     /// Registration sequence of the swap: readers registered before it may
     /// still read the objects.
@@ -152,6 +153,14 @@ pub(crate) struct Retired {
     begun_before: u64,
     /// Ts of the first checkpoint written without them.
     pub(crate) left_out_at: Option<u64>,
+}
+
+impl Retired {
+    /// Objects replaced at registration sequence `seq`, while
+    /// `begun_before` checkpoints had begun.
+    pub(crate) fn new(seq: u64, paths: Vec<Path>, begun_before: u64) -> Self {
+        Retired { seq, paths, begun_before, left_out_at: None }
+    }
 }
 
 /// Objects replaced by combines, and how many checkpoints have begun: the
@@ -801,12 +810,7 @@ impl Engine {
                 // began before this push reads the part after the swap.
                 let mut retired = lock(&self.retired);
                 let begun_before = retired.checkpoints_begun;
-                retired.entries.push(Retired {
-                    seq: self.clock.registration_seq(),
-                    paths,
-                    begun_before,
-                    left_out_at: None,
-                });
+                retired.entries.push(Retired::new(self.clock.registration_seq(), paths, begun_before));
                 combined += 1;
             }
         }

@@ -199,6 +199,24 @@ impl PrimaryIndex {
         out
     }
 
+    /// Every row id some version points at (tombstones left out), for
+    /// checks before [`Self::remap_rows`].
+    pub fn rows(&self) -> impl Iterator<Item = RowId> + '_ {
+        self.map.values().flatten().filter(|v| v.row != TOMBSTONE).map(|v| RowId(v.row))
+    }
+
+    /// Moves every version pointing at a row id `moved` maps to the row id
+    /// it returns (storage GC moved the row to a new file); the others stay.
+    pub fn remap_rows(&mut self, moved: impl Fn(RowId) -> Option<RowId>) {
+        for v in self.map.values_mut().flatten() {
+            if v.row != TOMBSTONE
+                && let Some(to) = moved(RowId(v.row))
+            {
+                v.row = to.0;
+            }
+        }
+    }
+
     /// Approximate bytes used.
     pub fn memory_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(KeyBytes, Versions)>() + 1;
@@ -377,6 +395,20 @@ impl MainIndex {
             file_slot: r.file_slot,
             offset: r.offset + delta as u32,
         })
+    }
+
+    /// Replaces every range of `file` by `with` (the file's rows, moved by
+    /// storage GC; `None`: it kept none). `with` must start above every
+    /// range: its row ids are new.
+    pub fn replace_file(&mut self, file: FileId, with: Option<RangeEntry>) -> Result<()> {
+        if let (Some(w), Some(last)) = (&with, self.ranges.last())
+            && w.start < last.start + u64::from(last.len)
+        {
+            return Err(Error::invariant(format!("row-id range at {} for {} overlaps older ones", w.start, w.file)));
+        }
+        self.ranges.retain(|r| r.file != file);
+        self.ranges.extend(with);
+        Ok(())
     }
 
     /// The ranges, in row-id order (checkpoints).

@@ -33,6 +33,7 @@ pub mod scan;
 pub mod scan_worker;
 pub mod sink;
 pub mod split;
+pub mod storage_gc;
 
 pub use engine::{Engine, EngineConfig};
 pub use mvcc::{Clock, Snapshot};

@@ -464,11 +464,59 @@ impl FileVisibility {
         freed
     }
 
+    /// What a rewrite of this file must carry over (storage GC): the rows
+    /// deleted at `base` — the newest base of its tiles, or `floor` when that
+    /// is newer — and every later delete with its ts, in ts order. Taken
+    /// under the fold lock, so no fold moves a base meanwhile; the caller
+    /// excludes the writer (it holds the shard), so the result is exact.
+    pub fn deletes_for_rewrite(&self, floor: Ts) -> Result<RewriteDeletes> {
+        let _exclusive = lock(&self.fold_lock);
+        let guard = epoch::pin();
+        let mut base = floor;
+        for t in self.tiles.iter() {
+            // SAFETY: loaded under `guard`; see `TileVisibility::deleted_at`.
+            if let Some(s) = unsafe { t.snapshot.load(Ordering::Acquire, &guard).as_ref() } {
+                base = base.max(s.base_ts);
+            }
+        }
+        let deleted = self.deleted_rows(base)?;
+        let mut later = Vec::new();
+        for (i, t) in self.tiles.iter().enumerate() {
+            // Acquire: pairs with the Release stores of `append` and `fold`.
+            let mut block = t.head.load(Ordering::Acquire, &guard);
+            // SAFETY: blocks reachable from `head` under `guard` are retired
+            // with `defer_destroy` only.
+            while let Some(b) = unsafe { block.as_ref() } {
+                for e in b.load() {
+                    if e != 0 && kernel::entry_ts(e) > base.get() {
+                        later.push(((i * TILE_ROWS + kernel::entry_offset(e)) as u32, Ts(kernel::entry_ts(e))));
+                    }
+                }
+                block = b.next.load(Ordering::Acquire, &guard);
+            }
+        }
+        // Stable: a tile's entries stay in the order they were appended.
+        later.sort_by_key(|&(_, ts)| ts);
+        Ok(RewriteDeletes { base, deleted, later })
+    }
+
     /// Bytes used by this file's visibility.
     pub fn memory_bytes(&self) -> usize {
         let guard = epoch::pin();
         std::mem::size_of::<Self>() + self.tiles.iter().map(|t| t.memory_bytes(&guard)).sum::<usize>()
     }
+}
+
+/// The deletes of a file a rewrite carries over
+/// ([`FileVisibility::deletes_for_rewrite`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RewriteDeletes {
+    /// Every delete at or below it is in `deleted`.
+    pub base: Ts,
+    /// Offsets deleted at `base`, ascending.
+    pub deleted: Vec<u32>,
+    /// Deletes after `base`: (offset, ts), in ts order.
+    pub later: Vec<(u32, Ts)>,
 }
 
 /// The unique writer of a [`FileVisibility`]: owns the right to append.

@@ -356,14 +356,14 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
                 }
             });
         }
-        // Background maintenance: memory GC, flush, combine; then the
-        // lake's size.
+        // Background maintenance: memory GC, flush, combine, storage GC;
+        // then the lake's size.
         {
             let (engine, stop, failure, lake_sizes) = (&engine, &stop, &failure, &lake_sizes);
             s.spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(500));
-                    let r = engine.gc().and_then(|_| engine.flush()).and_then(|_| engine.combine().map(|_| ()));
+                    let r = crate::replay::maintenance_round(engine, crate::replay::STORAGE_GC_THRESHOLD);
                     if let Err(e) = r {
                         *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("maintenance failed: {e}"));
                         return;

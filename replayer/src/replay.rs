@@ -3,6 +3,7 @@
 use fovea_core::SnapshotTables;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fovea_core::cdc::InputFormat;
@@ -11,7 +12,7 @@ use fovea_core::cdc::types::format_value;
 use fovea_core::index::encode_key;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
-use fovea_core::{EngineConfig, ScanOptions};
+use fovea_core::{Engine, EngineConfig, ScanOptions};
 
 /// Boxed error of the command line.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -107,9 +108,61 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         metrics: None,
         progress: args.progress,
     };
-    crate::input::run(source.as_mut(), &mut sink, &options)?;
+    let stop = AtomicBool::new(false);
+    let engine = &lake.engine;
+    std::thread::scope(|s| {
+        let maintenance = std::thread::Builder::new()
+            .name("fovea-maintenance".into())
+            .spawn_scoped(s, || maintain_until(engine, &stop, MAINTENANCE_EVERY))?;
+        let replayed = crate::input::run(source.as_mut(), &mut sink, &options);
+        // Release: pairs with the Acquire load in `maintain_until`.
+        stop.store(true, Ordering::Release);
+        if maintenance.join().is_err() {
+            return Err("the maintenance thread panicked".into());
+        }
+        replayed
+    })?;
     lake.engine.flush()?;
     Ok(ReplaySummary { stats: sink.stats(), elapsed: began.elapsed() })
+}
+
+/// Seconds between maintenance rounds of `fovea replay`.
+const MAINTENANCE_EVERY: Duration = Duration::from_secs(2);
+
+/// Stale fraction past which `fovea replay` and `fovea demo` rewrite a file
+/// (the design's default).
+pub const STORAGE_GC_THRESHOLD: f64 = 0.5;
+
+/// One round of in-process maintenance: memory GC, flush, combine, storage
+/// GC at `threshold`. Each step changes no answer; one that fails leaves
+/// what it had not done for the next round.
+pub fn maintenance_round(engine: &Engine, threshold: f64) -> fovea_core::Result<()> {
+    engine.gc()?;
+    engine.flush()?;
+    engine.combine()?;
+    let report = engine.storage_gc(threshold)?;
+    if report.files_rewritten > 0 {
+        tracing::debug!(?report, "storage GC rewrote stale files");
+    }
+    Ok(())
+}
+
+/// Maintenance rounds every `every` until `stop` is set. A failed round is
+/// logged (the replay goes on: what is committed is unaffected) and the
+/// next one retries.
+fn maintain_until(engine: &Engine, stop: &AtomicBool, every: Duration) {
+    let mut last = Instant::now();
+    // Acquire: pairs with the Release store in `replay`.
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50));
+        if last.elapsed() < every {
+            continue;
+        }
+        last = Instant::now();
+        if let Err(e) = maintenance_round(engine, STORAGE_GC_THRESHOLD) {
+            tracing::error!("maintenance (memory GC, combine, storage GC) failed, retried in {every:?}: {e}");
+        }
+    }
 }
 
 /// Writes the visible rows of `table` as CSV (header, source columns in

@@ -1,6 +1,6 @@
 //! One writer replaying a deterministic bank workload, several readers
-//! taking snapshots and scanning, and a GC thread folding, flushing and
-//! combining: every scan equals the oracle at its qts, and every total is
+//! taking snapshots and scanning, and a GC thread folding, flushing,
+//! combining and rewriting stale files (storage GC): every scan equals the oracle at its qts, and every total is
 //! the invariant.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -136,6 +136,7 @@ fn readers_and_gc_see_exact_snapshots_while_replay_runs() {
                     engine.gc().unwrap();
                     engine.flush().unwrap();
                     engine.combine().unwrap();
+                    engine.storage_gc(0.2).unwrap();
                     std::thread::yield_now();
                 }
             });
@@ -188,6 +189,7 @@ fn objects_of_the_committed_checkpoint_survive_combine_and_gc_beside_checkpoints
             while !done.load(Ordering::Acquire) {
                 engine.flush().unwrap();
                 engine.combine().unwrap();
+                engine.storage_gc(0.2).unwrap();
                 engine.gc().unwrap();
             }
         });

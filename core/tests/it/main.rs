@@ -11,3 +11,4 @@ mod range_reads;
 mod readers;
 mod schema_change;
 mod sink;
+mod storage_gc;

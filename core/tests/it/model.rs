@@ -52,6 +52,8 @@ enum Step {
     Gc,
     Flush,
     Combine,
+    /// Flush, combine, then storage GC at this stale-fraction threshold.
+    StorageGc(f64),
     /// One transaction applied in chunks at one ts: a table is created after
     /// the first chunk, later chunks write to it too, then it commits.
     /// Chunks hold upserts `(table selector, key, payload)`.
@@ -93,6 +95,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Gc),
         1 => Just(Step::Flush),
         1 => Just(Step::Combine),
+        1 => prop_oneof![Just(0.0), Just(0.3), Just(0.6)].prop_map(Step::StorageGc),
         1 => (proptest::option::of(proptest::collection::vec(raw_op(), 1..4)), any::<bool>())
             .prop_map(|(ops, create)| Step::Restart(ops, create)),
         1 => proptest::collection::vec(proptest::collection::vec((0usize..4, 0i64..12, 0i64..1000), 1..4), 2..4)
@@ -477,19 +480,45 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
                 engine.flush().unwrap();
                 engine.combine().unwrap();
             }
+            Step::StorageGc(threshold) => {
+                engine.flush().unwrap();
+                engine.combine().unwrap();
+                let report = engine.storage_gc(threshold).unwrap();
+                prop_assert!(live.iter().all(|s| s.qts() >= report.gts), "storage GC below a live snapshot");
+                // Memory GC right after: it folds what the rewrite carried.
+                engine.gc().unwrap();
+            }
         }
         for s in &live {
             check(&engine, &oracle, s)?;
         }
         check(&engine, &oracle, &engine.snapshot())?;
     }
-    // Everything stays correct once all blocks are in regular files.
+    // Everything stays correct once all blocks are in regular files, and
+    // once every file with a deleted row is rewritten without it.
     engine.flush().unwrap();
     engine.combine().unwrap();
     engine.gc().unwrap();
     for s in &live {
         check(&engine, &oracle, s)?;
     }
+    check(&engine, &oracle, &engine.snapshot())?;
+    engine.storage_gc(0.0).unwrap();
+    for s in &live {
+        check(&engine, &oracle, s)?;
+    }
+    check(&engine, &oracle, &engine.snapshot())?;
+    // And a checkpoint of the rewritten files restores to the same state.
+    let manifest = engine.write_checkpoint().unwrap();
+    drop(live);
+    drop(engine);
+    let engine = Engine::restore(
+        Arc::clone(&store),
+        Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap(),
+        &manifest,
+        true,
+    )
+    .unwrap();
     check(&engine, &oracle, &engine.snapshot())
 }
 

@@ -48,6 +48,10 @@ pub struct Metrics {
     pub files_combined: AtomicU64,
     /// Files queued for storage GC (stale fraction past the threshold).
     pub storage_gc_queued: AtomicU64,
+    /// Files storage GC rewrote without their stale rows.
+    pub files_rewritten: AtomicU64,
+    /// Stale rows storage GC left out of the files it rewrote.
+    pub stale_rows_dropped: AtomicU64,
     /// Visibility checkpoints written for long-running queries.
     pub visibility_checkpoints: AtomicU64,
     /// Queries answered over Flight SQL.
@@ -81,6 +85,8 @@ impl Default for Metrics {
             gc_us: AtomicU64::default(),
             files_combined: AtomicU64::default(),
             storage_gc_queued: AtomicU64::default(),
+            files_rewritten: AtomicU64::default(),
+            stale_rows_dropped: AtomicU64::default(),
             visibility_checkpoints: AtomicU64::default(),
             queries: AtomicU64::default(),
             errors: Mutex::default(),
@@ -127,6 +133,12 @@ impl Metrics {
             ("checkpoints", "Checkpoints written.", load(&self.checkpoints)),
             ("gc_rounds", "Memory GC rounds.", load(&self.gc_rounds)),
             ("files_combined", "Flushed blocks combined into regular files.", load(&self.files_combined)),
+            ("files_rewritten", "Files storage GC rewrote without their stale rows.", load(&self.files_rewritten)),
+            (
+                "stale_rows_dropped",
+                "Stale rows storage GC left out of the files it rewrote.",
+                load(&self.stale_rows_dropped),
+            ),
             (
                 "visibility_checkpoints",
                 "Visibility checkpoints written for long-running queries.",

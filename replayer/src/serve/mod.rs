@@ -58,13 +58,14 @@ pub struct ServeArgs {
     /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
     #[arg(long, default_value_t = 10.0)]
     pub checkpoint_secs: f64,
-    /// Seconds between memory GC rounds (and combines, storage-GC queueing).
+    /// Seconds between memory GC rounds (and combines, storage GC).
     #[arg(long, default_value_t = 60.0)]
     pub gc_secs: f64,
     /// A query held open longer than this gets a visibility checkpoint.
     #[arg(long, default_value_t = 30.0)]
     pub long_query_secs: f64,
-    /// Stale fraction past which a file is queued for storage GC.
+    /// Stale fraction (rows deleted at LWM over rows stored) past which
+    /// storage GC rewrites a file without its stale rows.
     #[arg(long, default_value_t = 0.3)]
     pub storage_gc_threshold: f64,
     /// Milliseconds between polls of an idle file input.
@@ -250,6 +251,20 @@ fn maintenance_loop(
                 tracing::error!("combine failed: {e}");
             }
         }
+        match engine.storage_gc(args.storage_gc_threshold) {
+            Ok(report) => {
+                metrics.files_rewritten.fetch_add(report.files_rewritten as u64, Ordering::Relaxed);
+                metrics.stale_rows_dropped.fetch_add(report.rows_dropped as u64, Ordering::Relaxed);
+                if report.files_rewritten > 0 {
+                    tracing::info!(?report, "storage GC rewrote stale files");
+                }
+            }
+            Err(e) => {
+                metrics.error("storage_gc");
+                tracing::error!("storage gc failed: {e}");
+            }
+        }
+        // What is left past the threshold (stale since the rewrite's snapshot).
         match engine.storage_gc_candidates(args.storage_gc_threshold).and_then(|files| {
             catalog.set_storage_gc_queue(engine.clock().epoch(), &files)?;
             Ok(files)

@@ -1,0 +1,223 @@
+//! Storage GC: regular files rewritten without the versions no snapshot can
+//! see any more.
+//!
+//! ```text
+//!  gts = LWM ─▶ F's rows not deleted at gts ─▶ new file F' (new id, same order, same create_ts)
+//!            ─▶ under F's shard: index + MI moved to F', F's deletes since gts carried over
+//!               ("dual delete": F's visibility is read whole while no delete can reach it),
+//!               F replaced by F' in its part, F retired by snapshot
+//! ```
+//!
+//! * **Nothing changes an answer.** F' holds every row of F not deleted at
+//!   `gts ≤ LWM`; the deletes after that come over with their timestamps (the
+//!   folded ones at the newest base, which no live snapshot is below). A
+//!   snapshot at any `qts ≥ LWM` reads the same rows from F' as from F; one
+//!   that took its view of the part before the swap keeps reading F, which is
+//!   deleted only once no reader registered before the swap is left and a
+//!   committed checkpoint no longer names it (as after `combine`).
+//! * **A failure leaves no change.** F' is written before anything else
+//!   moves; every check (each index version points at a row F' has, each
+//!   carried delete lands in F') runs before the first change under the shard
+//!   lock, and the changes after that cannot fail. A crash before the swap
+//!   leaves F' unnamed: the next recovery's vacuum deletes it.
+//! * Row ids of the moved rows are new (one range above every other), so the
+//!   main index gets one entry for F' instead of F's per-block ones.
+
+use std::sync::Arc;
+
+use arrow::array::BooleanArray;
+use arrow::record_batch::RecordBatch;
+
+use crate::buffer::{FileKind, LakeFile, TablePart};
+use crate::engine::{Engine, Retired};
+use crate::error::{Error, Result};
+use crate::ids::{FileId, RowId, Ts};
+use crate::index::RangeEntry;
+use crate::lake::{RegularFile, file_path};
+use crate::mvcc::lock;
+use crate::visibility::{FileVisibility, RewriteDeletes};
+
+/// What one storage-GC round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StorageGcReport {
+    /// The snapshot the rewrites kept rows of (LWM when the round began).
+    pub gts: Ts,
+    /// Files rewritten.
+    pub files_rewritten: usize,
+    /// Rows left out of the rewrites (deleted at `gts`).
+    pub rows_dropped: usize,
+    /// Rows the rewritten files kept.
+    pub rows_kept: usize,
+    /// Bytes of the files rewritten, where known.
+    pub bytes_before: u64,
+    /// Bytes of the files written.
+    pub bytes_after: u64,
+}
+
+impl Engine {
+    /// Rewrites every regular file whose rows deleted at LWM are at least
+    /// `threshold` of its rows (and at least one) without them. Changes no
+    /// answer of any query. A file that fails is left as it was; the error
+    /// names it.
+    pub fn storage_gc(&self, threshold: f64) -> Result<StorageGcReport> {
+        let gts = self.clock.lwm();
+        let mut report = StorageGcReport { gts, ..StorageGcReport::default() };
+        for part in self.all_parts() {
+            let files: Vec<_> = lock(&part.state)
+                .files
+                .iter()
+                .filter_map(|f| match &f.kind {
+                    FileKind::Regular(r) => Some((f.id, Arc::clone(r), Arc::clone(&f.vis))),
+                    FileKind::Virtual { .. } => None,
+                })
+                .collect();
+            for (id, regular, vis) in files {
+                let rows = regular.rows();
+                let dropped = vis.deleted_rows(gts)?;
+                if rows == 0 || dropped.is_empty() || (dropped.len() as f64) < threshold * rows as f64 {
+                    continue;
+                }
+                self.rewrite(&part, id, &regular, &dropped, gts, &mut report).map_err(|e| {
+                    Error::invariant(format!("storage GC of {id} of table {} (left as it was): {e}", part.table.name))
+                })?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Rewrites `file` of `part` without the rows `dropped` (deleted at `gts`).
+    fn rewrite(
+        &self,
+        part: &Arc<TablePart>,
+        file: FileId,
+        regular: &RegularFile,
+        dropped: &[u32],
+        gts: Ts,
+        report: &mut StorageGcReport,
+    ) -> Result<()> {
+        let rows = regular.rows();
+        let batch = self.lake.read_block(&regular.path)?;
+        if batch.num_rows() != rows {
+            return Err(Error::invariant(format!(
+                "{} holds {} rows, its row groups {rows}",
+                regular.path,
+                batch.num_rows()
+            )));
+        }
+        // new_offset[old offset] (u32::MAX: dropped).
+        let mut keep = vec![true; rows];
+        for &d in dropped {
+            *keep.get_mut(d as usize).ok_or_else(|| {
+                Error::invariant(format!("deleted row {d} beyond the {rows} rows of {}", regular.path))
+            })? = false;
+        }
+        let mut new_offset = vec![u32::MAX; rows];
+        let mut kept = 0u32;
+        for (o, k) in keep.iter().enumerate() {
+            if *k {
+                new_offset[o] = kept;
+                kept += 1;
+            }
+        }
+        let kept_batch = arrow::compute::filter_record_batch(&batch, &BooleanArray::from(keep))?;
+        drop(batch);
+        // Relaxed: ids only need to be unique (fenced by epoch).
+        let new_id = FileId(self.file_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let written = if kept == 0 { None } else { Some(self.write_rewritten(part, new_id, &kept_batch)?) };
+        drop(kept_batch);
+
+        let mut shard = lock(&self.shards[part.shard.0 as usize]);
+        // Versions no snapshot ≥ LWM sees would point at dropped rows.
+        shard.purge(self.clock.lwm());
+        let ranges: Vec<RangeEntry> = shard.main.ranges().iter().filter(|r| r.file == file).copied().collect();
+        let slot = match ranges.first() {
+            Some(r) if ranges.iter().all(|x| x.file_slot == r.file_slot) => r.file_slot as usize,
+            Some(_) => return Err(Error::invariant(format!("{file} has ranges in two visibility slots"))),
+            None => return Err(Error::invariant(format!("{file} has no row-id range in its shard"))),
+        };
+        let old_vis = Arc::clone(
+            shard
+                .writers
+                .get(slot)
+                .filter(|w| w.visibility().file() == file)
+                .ok_or_else(|| Error::invariant(format!("slot {slot} is not the visibility writer of {file}")))?
+                .visibility(),
+        );
+        let start = shard.next_row_id;
+        // The new row id of an old one in `file` (`Some(None)`: a dropped row).
+        let moved = |row: RowId| -> Option<Option<RowId>> {
+            let i = ranges.partition_point(|r| r.start <= row.0).checked_sub(1)?;
+            let r = &ranges[i];
+            let delta = row.0 - r.start;
+            (delta < u64::from(r.len)).then(|| {
+                let offset = r.offset as usize + delta as usize;
+                new_offset.get(offset).filter(|&&n| n != u32::MAX).map(|&n| RowId(start + u64::from(n)))
+            })
+        };
+        if let Some(row) = shard.index.rows().find(|&r| matches!(moved(r), Some(None))) {
+            return Err(Error::invariant(format!(
+                "index version at {row:?} points at a row deleted at {gts:?}, below LWM"
+            )));
+        }
+        // Dual delete: the deletes of `file` since `gts`, onto the new file.
+        let RewriteDeletes { base, deleted, later } = old_vis.deletes_for_rewrite(gts)?;
+        let carried: Vec<u32> =
+            deleted.iter().filter_map(|&d| new_offset.get(d as usize).copied().filter(|&n| n != u32::MAX)).collect();
+        let (vis, mut writer) = FileVisibility::restore(new_id, kept as usize, &carried, base)?;
+        for (d, ts) in later {
+            let n = new_offset.get(d as usize).copied().filter(|&n| n != u32::MAX).ok_or_else(|| {
+                Error::invariant(format!("row {d} of {file} deleted at {ts:?} was already deleted at {gts:?}"))
+            })?;
+            writer.delete(n as usize, ts)?;
+        }
+        let range =
+            (kept > 0).then_some(RangeEntry { start, len: kept, file: new_id, file_slot: slot as u32, offset: 0 });
+        shard.main.replace_file(file, range)?;
+        // Nothing below fails: the swap is whole.
+        shard.index.remap_rows(|r| moved(r).flatten());
+        shard.next_row_id += u64::from(kept);
+        shard.writers[slot] = writer;
+        {
+            let mut state = lock(&part.state);
+            let at = state.files.iter().position(|f| f.id == file);
+            match (at, written) {
+                (Some(i), Some(regular)) => {
+                    state.files[i] = LakeFile { id: new_id, vis, kind: FileKind::Regular(Arc::new(regular)) };
+                }
+                (Some(i), None) => {
+                    state.files.remove(i);
+                }
+                (None, _) => unreachable!("only storage GC removes regular files, and it holds the shard"),
+            }
+            report.bytes_after += state
+                .files
+                .iter()
+                .find(|f| f.id == new_id)
+                .and_then(|f| match &f.kind {
+                    FileKind::Regular(r) => r.footer_range.as_ref().map(|r| r.end),
+                    FileKind::Virtual { .. } => None,
+                })
+                .unwrap_or(0);
+            // Readers registered before this point may still read `file`;
+            // pushed under the part's lock as combine does (a checkpoint that
+            // began before the push reads the part after the swap).
+            let mut retired = lock(&self.retired);
+            let begun_before = retired.checkpoints_begun;
+            retired.entries.push(Retired::new(self.clock.registration_seq(), vec![regular.path.clone()], begun_before));
+        }
+        report.files_rewritten += 1;
+        report.rows_dropped += rows - kept as usize;
+        report.rows_kept += kept as usize;
+        report.bytes_before += regular.footer_range.as_ref().map_or(0, |r| r.end);
+        Ok(())
+    }
+
+    /// Writes the kept rows as file `id` of `part`, in row groups of the
+    /// engine's block size.
+    fn write_rewritten(&self, part: &TablePart, id: FileId, kept: &RecordBatch) -> Result<RegularFile> {
+        let rows = self.config.block_rows;
+        let groups: Vec<RecordBatch> =
+            (0..kept.num_rows()).step_by(rows).map(|o| kept.slice(o, rows.min(kept.num_rows() - o))).collect();
+        crate::lake::combine(&self.lake, file_path(part.table.id, id), &groups, rows)
+    }
+}
