@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::Path as FsPath;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -268,6 +268,9 @@ pub struct Engine {
     /// Told the freshness (µs from source commit to mirror commit) of each
     /// committed transaction with a known source commit time.
     freshness_observer: std::sync::OnceLock<FreshnessObserver>,
+    /// Retained visibility checkpoints holding storage GC off (see
+    /// [`Engine::pause_storage_gc`]).
+    pub(crate) storage_gc_pauses: Arc<AtomicUsize>,
 }
 
 /// See [`Engine::observe_freshness`].
@@ -304,6 +307,7 @@ impl Engine {
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             source_commits: Mutex::new(std::collections::BTreeMap::new()),
             freshness_observer: std::sync::OnceLock::new(),
+            storage_gc_pauses: Arc::default(),
         }))
     }
 

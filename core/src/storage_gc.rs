@@ -18,12 +18,18 @@
 //! * **A failure leaves no change.** F' is written before anything else
 //!   moves; every check (each index version points at a row F' has, each
 //!   carried delete lands in F') runs before the first change under the shard
-//!   lock, and the changes after that cannot fail. A crash before the swap
-//!   leaves F' unnamed: the next recovery's vacuum deletes it.
+//!   lock, and the changes after that cannot fail. A crash (or a failed
+//!   check) before the swap leaves F' unnamed: the next recovery's vacuum
+//!   deletes it.
+//! * **Visibility checkpoints hold it off.** A long query moved to a
+//!   visibility checkpoint ([`crate::frozen`]) reads bitmaps keyed by the
+//!   file ids of its time, below LWM: while one is retained (its
+//!   [`StorageGcPause`] alive) no file is swapped.
 //! * Row ids of the moved rows are new (one range above every other), so the
 //!   main index gets one entry for F' instead of F's per-block ones.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::array::BooleanArray;
 use arrow::record_batch::RecordBatch;
@@ -52,9 +58,35 @@ pub struct StorageGcReport {
     pub bytes_before: u64,
     /// Bytes of the files written.
     pub bytes_after: u64,
+    /// Rewrites abandoned at the swap: a visibility checkpoint paused GC.
+    pub abandoned: usize,
+}
+
+/// Holds storage GC off while alive: no swap happens once it is taken (a
+/// rewrite under way is abandoned at its swap). Taken before a visibility
+/// checkpoint is captured, kept as long as the checkpoint is read.
+#[derive(Debug)]
+pub struct StorageGcPause(Arc<AtomicUsize>);
+
+impl Drop for StorageGcPause {
+    fn drop(&mut self) {
+        // Relaxed: the count is only read under a part lock (see `paused`).
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Engine {
+    /// Holds storage GC off until the pause is dropped. A capture of the
+    /// parts after this call and any swap are ordered by the part locks:
+    /// a swap checks the pause under the part's lock, after which a capture
+    /// sees the swapped file, or before it, when the pause is seen.
+    pub fn pause_storage_gc(&self) -> StorageGcPause {
+        // Relaxed: published to a swap through the part lock the capture
+        // takes after this (the swap reads it under the same lock).
+        self.storage_gc_pauses.fetch_add(1, Ordering::Relaxed);
+        StorageGcPause(Arc::clone(&self.storage_gc_pauses))
+    }
+
     /// Rewrites every regular file whose rows deleted at LWM are at least
     /// `threshold` of its rows (and at least one) without them. Changes no
     /// answer of any query. A file that fails is left as it was; the error
@@ -63,6 +95,9 @@ impl Engine {
         let gts = self.clock.lwm();
         let mut report = StorageGcReport { gts, ..StorageGcReport::default() };
         for part in self.all_parts() {
+            if self.storage_gc_paused() {
+                break;
+            }
             let files: Vec<_> = lock(&part.state)
                 .files
                 .iter()
@@ -127,6 +162,18 @@ impl Engine {
         drop(kept_batch);
 
         let mut shard = lock(&self.shards[part.shard.0 as usize]);
+        let mut state = lock(&part.state);
+        if self.storage_gc_paused() {
+            drop((state, shard));
+            report.abandoned += 1;
+            if let Some(w) = written {
+                // Named by nothing: a failure here leaves it to vacuum.
+                if let Err(e) = self.lake.delete(&w.path) {
+                    tracing::warn!("storage GC: the abandoned rewrite {} stays until vacuum: {e}", w.path);
+                }
+            }
+            return Ok(());
+        }
         // Versions no snapshot ≥ LWM sees would point at dropped rows.
         shard.purge(self.clock.lwm());
         let ranges: Vec<RangeEntry> = shard.main.ranges().iter().filter(|r| r.file == file).copied().collect();
@@ -178,7 +225,6 @@ impl Engine {
         shard.next_row_id += u64::from(kept);
         shard.writers[slot] = writer;
         {
-            let mut state = lock(&part.state);
             let at = state.files.iter().position(|f| f.id == file);
             match (at, written) {
                 (Some(i), Some(regular)) => {
@@ -205,11 +251,18 @@ impl Engine {
             let begun_before = retired.checkpoints_begun;
             retired.entries.push(Retired::new(self.clock.registration_seq(), vec![regular.path.clone()], begun_before));
         }
+        drop((state, shard));
         report.files_rewritten += 1;
         report.rows_dropped += rows - kept as usize;
         report.rows_kept += kept as usize;
         report.bytes_before += regular.footer_range.as_ref().map_or(0, |r| r.end);
         Ok(())
+    }
+
+    /// True while a [`StorageGcPause`] is alive.
+    fn storage_gc_paused(&self) -> bool {
+        // Relaxed: see `pause_storage_gc`.
+        self.storage_gc_pauses.load(Ordering::Relaxed) > 0
     }
 
     /// Writes the kept rows as file `id` of `part`, in row groups of the

@@ -128,7 +128,7 @@ type LakeSample = (f64, u64);
 
 /// Bytes of the files under `dir`. A file deleted while the walk runs (GC
 /// retiring blocks) is not counted; any other error is returned.
-fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
+pub(crate) fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut total = 0;
     let entries = match std::fs::read_dir(dir) {
@@ -363,7 +363,7 @@ pub fn measure(o: &DemoOptions) -> DemoResult<DemoReport> {
             s.spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(500));
-                    let r = crate::replay::maintenance_round(engine, crate::replay::STORAGE_GC_THRESHOLD);
+                    let r = crate::replay::maintenance_round(engine, crate::replay::STORAGE_GC_THRESHOLD).map(|_| ());
                     if let Err(e) = r {
                         *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("maintenance failed: {e}"));
                         return;

@@ -1,6 +1,7 @@
 //! `fovea`: the replayer service and command line.
 
 mod bench;
+mod bench_gc;
 mod bench_kinesis;
 mod bench_lambda;
 mod bench_scan;
@@ -234,6 +235,20 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Storage GC: lake size and query latency on a table whose loaded
+    /// files are half stale, before and after one round; the round's rows/s;
+    /// replay rows/s with storage GC running beside it vs without.
+    Gc {
+        /// Rows of the table.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+        /// Seconds of each replay run.
+        #[arg(long, default_value_t = 4.0)]
+        seconds: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Throughput and memory of the core structures.
     Components {
         /// Print one JSON object instead of a table.
@@ -489,6 +504,9 @@ fn main() -> ExitCode {
         }
         Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, rate, json } } => {
             serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
+        }
+        Command::Bench { which: BenchCommand::Gc { rows, seconds, json } } => {
+            bench_gc::run(&bench_gc::GcBenchArgs { rows, seconds, json })
         }
         Command::Bench { which: BenchCommand::Components { json, quick } } => {
             bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);

@@ -12,6 +12,7 @@ use fovea_core::cdc::types::format_value;
 use fovea_core::index::encode_key;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
+use fovea_core::storage_gc::StorageGcReport;
 use fovea_core::{Engine, EngineConfig, ScanOptions};
 
 /// Boxed error of the command line.
@@ -136,7 +137,7 @@ pub const STORAGE_GC_THRESHOLD: f64 = 0.5;
 /// One round of in-process maintenance: memory GC, flush, combine, storage
 /// GC at `threshold`. Each step changes no answer; one that fails leaves
 /// what it had not done for the next round.
-pub fn maintenance_round(engine: &Engine, threshold: f64) -> fovea_core::Result<()> {
+pub fn maintenance_round(engine: &Engine, threshold: f64) -> fovea_core::Result<StorageGcReport> {
     engine.gc()?;
     engine.flush()?;
     engine.combine()?;
@@ -144,7 +145,7 @@ pub fn maintenance_round(engine: &Engine, threshold: f64) -> fovea_core::Result<
     if report.files_rewritten > 0 {
         tracing::debug!(?report, "storage GC rewrote stale files");
     }
-    Ok(())
+    Ok(report)
 }
 
 /// Maintenance rounds every `every` until `stop` is set. A failed round is

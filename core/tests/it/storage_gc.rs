@@ -39,10 +39,7 @@ fn apply(engine: &Engine, oracle: &mut Oracle, ops: Vec<Op>) {
 fn update_all(engine: &Engine, oracle: &mut Oracle, rounds: std::ops::Range<i64>) {
     for round in rounds {
         for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
-            let ops = chunk
-                .iter()
-                .map(|&k| Op::Upsert { table: TableId(0), row: row(0, k, round) })
-                .collect();
+            let ops = chunk.iter().map(|&k| Op::Upsert { table: TableId(0), row: row(0, k, round) }).collect();
             apply(engine, oracle, ops);
         }
     }
@@ -158,6 +155,24 @@ fn a_file_with_every_row_deleted_is_removed() {
     // The keys can come back.
     let inserts = (0..10).map(|k| Op::Insert { table: TableId(0), row: row(0, k, 2) }).collect();
     apply(&engine, &mut oracle, inserts);
+    let s = engine.snapshot();
+    assert_eq!(scan_rows(&engine, &s, ACCOUNTS, ScanOptions::default()), oracle.visible(0, s.qts().get()));
+}
+
+#[test]
+fn a_pause_holds_storage_gc_off_until_dropped() {
+    let (engine, _store, mut oracle) = engine();
+    let inserts = (0..KEYS).map(|k| Op::Insert { table: TableId(0), row: row(0, k, -1) }).collect();
+    apply(&engine, &mut oracle, inserts);
+    update_all(&engine, &mut oracle, 0..3);
+    engine.flush().unwrap();
+    engine.combine().unwrap();
+    let pause = engine.pause_storage_gc();
+    let held = engine.storage_gc(0.5).unwrap();
+    assert_eq!((held.files_rewritten, held.rows_dropped), (0, 0), "{held:?}");
+    drop(pause);
+    let report = engine.storage_gc(0.5).unwrap();
+    assert!(report.files_rewritten > 0, "{report:?}");
     let s = engine.snapshot();
     assert_eq!(scan_rows(&engine, &s, ACCOUNTS, ScanOptions::default()), oracle.visible(0, s.qts().get()));
 }

@@ -30,6 +30,7 @@ use arrow_flight::sql::{
 use arrow_flight::{Action, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use fovea_core::frozen::FrozenVisibility;
 use fovea_core::rpc::{self, RpcError};
+use fovea_core::storage_gc::StorageGcPause;
 use fovea_core::{Engine, Snapshot};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
@@ -58,8 +59,9 @@ pub struct FlightOptions {
 enum HeldSnapshot {
     /// Registered: LWM waits for it.
     Live(Snapshot),
-    /// Released after a visibility checkpoint written at `path`.
-    Checkpointed { frozen: Arc<FrozenVisibility>, path: object_store::path::Path },
+    /// Released after a visibility checkpoint written at `path`; storage GC
+    /// is held off while it is read (its bitmaps name the files of its time).
+    Checkpointed { frozen: Arc<FrozenVisibility>, path: object_store::path::Path, _pause: StorageGcPause },
 }
 
 struct PlannedQuery {
@@ -134,13 +136,14 @@ impl QueryRegistry {
         let mut written = 0;
         for (id, snapshot) in due {
             let name = format!("q{}-{id}", snapshot.qts().get());
+            let pause = engine.pause_storage_gc();
             let (path, frozen) = FrozenVisibility::checkpoint(engine, &snapshot, &name)?;
             tracing::info!(query = id, qts = snapshot.qts().get(), files = frozen.files(), %path, "visibility checkpoint");
             if let Some(q) = self.lock().get_mut(&id) {
                 // The plan holds the live snapshot: planned again at the
                 // checkpoint when fetched.
                 q.frame = None;
-                q.held = HeldSnapshot::Checkpointed { frozen: Arc::new(frozen), path };
+                q.held = HeldSnapshot::Checkpointed { frozen: Arc::new(frozen), path, _pause: pause };
                 written += 1;
             } else {
                 engine.lake().delete(&path)?;
