@@ -1,7 +1,8 @@
 //! `fovea bench gc`: what storage GC buys and costs, in one run.
 //!
-//! * A table of `rows` rows on a local lake, every second row updated once:
-//!   the files of the initial load are half stale. Lake size and the median
+//! * A table of `rows` rows on a local lake, every second row updated
+//!   twice: half the stored rows are stale (the files of the initial load
+//!   half, those of the first updates all, those of the second none). Lake size and the median
 //!   of an aggregate query before and after one storage-GC round, and that
 //!   round's rewrite speed (rows of the files it rewrote per second).
 //! * Replay throughput of an update stream with in-process maintenance
@@ -57,10 +58,15 @@ pub fn run(args: &GcBenchArgs) -> CliResult<()> {
     for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
         engine.apply(chunk.iter().map(|&k| Op::Insert { table: t.id, row: row(k, k) }).collect())?;
     }
-    for chunk in (0..n).step_by(2).collect::<Vec<_>>().chunks(10_000) {
-        engine.apply(
-            chunk.iter().map(|&k| Op::Update { table: t.id, key: vec![Value::Int(k)], row: row(k, -k) }).collect(),
-        )?;
+    for round in 1..=2 {
+        for chunk in (0..n).step_by(2).collect::<Vec<_>>().chunks(10_000) {
+            engine.apply(
+                chunk
+                    .iter()
+                    .map(|&k| Op::Update { table: t.id, key: vec![Value::Int(k)], row: row(k, -k * round) })
+                    .collect(),
+            )?;
+        }
     }
     engine.flush()?;
     engine.combine()?;
@@ -115,7 +121,7 @@ pub fn run(args: &GcBenchArgs) -> CliResult<()> {
     if args.json {
         println!("{out}");
     } else {
-        println!("storage GC, {} rows, every second one updated once", args.rows);
+        println!("storage GC, {} rows, every second one updated twice", args.rows);
         println!(
             "  stale fraction {:.2}; lake {:.1} MB -> {:.1} MB ({:.2}x); query {:.1} ms -> {:.1} ms ({:.2}x)",
             out["stale_fraction_before"].as_f64().unwrap_or(f64::NAN),
@@ -141,7 +147,7 @@ pub fn run(args: &GcBenchArgs) -> CliResult<()> {
 }
 
 /// Rows/s of an update stream over 200,000 keys for `seconds`, with
-/// maintenance rounds every 200 ms beside it: with storage GC
+/// maintenance rounds every second beside it: with storage GC
 /// (`storage_gc`) or without. Returns the rate and the files rewritten.
 fn replay_rate(seconds: Duration, storage_gc: bool) -> CliResult<(f64, usize)> {
     let dir = tempfile::tempdir()?;
@@ -158,7 +164,7 @@ fn replay_rate(seconds: Duration, storage_gc: bool) -> CliResult<(f64, usize)> {
         let maintenance = s.spawn(|| -> fovea_core::Result<()> {
             // Acquire: pairs with the Release store below.
             while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_secs(1));
                 if storage_gc {
                     let report = maintenance_round(&engine, STORAGE_GC_THRESHOLD)?;
                     // Relaxed: a counter read after the join.

@@ -235,15 +235,15 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// Storage GC: lake size and query latency on a table whose loaded
-    /// files are half stale, before and after one round; the round's rows/s;
+    /// Storage GC: lake size and query latency on a table with half its
+    /// stored rows stale, before and after one round; the round's rows/s;
     /// replay rows/s with storage GC running beside it vs without.
     Gc {
         /// Rows of the table.
         #[arg(long, default_value_t = 1_000_000)]
         rows: usize,
         /// Seconds of each replay run.
-        #[arg(long, default_value_t = 4.0)]
+        #[arg(long, default_value_t = 6.0)]
         seconds: f64,
         /// Print one JSON object.
         #[arg(long)]
