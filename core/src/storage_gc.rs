@@ -140,21 +140,21 @@ impl Engine {
             )));
         }
         // new_offset[old offset] (u32::MAX: dropped).
-        let mut keep = vec![true; rows];
+        let mut new_offset = vec![0u32; rows];
         for &d in dropped {
-            *keep.get_mut(d as usize).ok_or_else(|| {
+            *new_offset.get_mut(d as usize).ok_or_else(|| {
                 Error::invariant(format!("deleted row {d} beyond the {rows} rows of {}", regular.path))
-            })? = false;
+            })? = u32::MAX;
         }
-        let mut new_offset = vec![u32::MAX; rows];
         let mut kept = 0u32;
-        for (o, k) in keep.iter().enumerate() {
-            if *k {
-                new_offset[o] = kept;
-                kept += 1;
-            }
+        for n in new_offset.iter_mut().filter(|n| **n != u32::MAX) {
+            *n = kept;
+            kept += 1;
         }
-        let kept_batch = arrow::compute::filter_record_batch(&batch, &BooleanArray::from(keep))?;
+        // The offset in the new file of an old one (`None`: dropped).
+        let new_of = |old: usize| new_offset.get(old).copied().filter(|&n| n != u32::MAX);
+        let keep: BooleanArray = new_offset.iter().map(|&n| Some(n != u32::MAX)).collect();
+        let kept_batch = arrow::compute::filter_record_batch(&batch, &keep)?;
         drop(batch);
         // Relaxed: ids only need to be unique (fenced by epoch).
         let new_id = FileId(self.file_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
@@ -196,10 +196,8 @@ impl Engine {
             let i = ranges.partition_point(|r| r.start <= row.0).checked_sub(1)?;
             let r = &ranges[i];
             let delta = row.0 - r.start;
-            (delta < u64::from(r.len)).then(|| {
-                let offset = r.offset as usize + delta as usize;
-                new_offset.get(offset).filter(|&&n| n != u32::MAX).map(|&n| RowId(start + u64::from(n)))
-            })
+            (delta < u64::from(r.len))
+                .then(|| new_of(r.offset as usize + delta as usize).map(|n| RowId(start + u64::from(n))))
         };
         if let Some(row) = shard.index.rows().find(|&r| matches!(moved(r), Some(None))) {
             return Err(Error::invariant(format!(
@@ -208,11 +206,10 @@ impl Engine {
         }
         // Dual delete: the deletes of `file` since `gts`, onto the new file.
         let RewriteDeletes { base, deleted, later } = old_vis.deletes_for_rewrite(gts)?;
-        let carried: Vec<u32> =
-            deleted.iter().filter_map(|&d| new_offset.get(d as usize).copied().filter(|&n| n != u32::MAX)).collect();
+        let carried: Vec<u32> = deleted.iter().filter_map(|&d| new_of(d as usize)).collect();
         let (vis, mut writer) = FileVisibility::restore(new_id, kept as usize, &carried, base)?;
         for (d, ts) in later {
-            let n = new_offset.get(d as usize).copied().filter(|&n| n != u32::MAX).ok_or_else(|| {
+            let n = new_of(d as usize).ok_or_else(|| {
                 Error::invariant(format!("row {d} of {file} deleted at {ts:?} was already deleted at {gts:?}"))
             })?;
             writer.delete(n as usize, ts)?;
@@ -224,6 +221,7 @@ impl Engine {
         shard.index.remap_rows(|r| moved(r).flatten());
         shard.next_row_id += u64::from(kept);
         shard.writers[slot] = writer;
+        report.bytes_after += written.as_ref().and_then(|w| w.footer_range.as_ref()).map_or(0, |r| r.end);
         {
             let at = state.files.iter().position(|f| f.id == file);
             match (at, written) {
@@ -235,15 +233,6 @@ impl Engine {
                 }
                 (None, _) => unreachable!("only storage GC removes regular files, and it holds the shard"),
             }
-            report.bytes_after += state
-                .files
-                .iter()
-                .find(|f| f.id == new_id)
-                .and_then(|f| match &f.kind {
-                    FileKind::Regular(r) => r.footer_range.as_ref().map(|r| r.end),
-                    FileKind::Virtual { .. } => None,
-                })
-                .unwrap_or(0);
             // Readers registered before this point may still read `file`;
             // pushed under the part's lock as combine does (a checkpoint that
             // began before the push reads the part after the swap).

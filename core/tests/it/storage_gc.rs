@@ -45,6 +45,16 @@ fn update_all(engine: &Engine, oracle: &mut Oracle, rounds: std::ops::Range<i64>
     }
 }
 
+/// Every key inserted, then written three times more; flushed and
+/// combined: the loaded files' rows are all stale, three in four overall.
+fn three_quarters_stale(engine: &Engine, oracle: &mut Oracle) {
+    let inserts = (0..KEYS).map(|k| Op::Insert { table: TableId(0), row: row(0, k, -1) }).collect();
+    apply(engine, oracle, inserts);
+    update_all(engine, oracle, 0..3);
+    engine.flush().unwrap();
+    engine.combine().unwrap();
+}
+
 /// Bytes and paths of the regular files in the lake.
 fn regular_files(store: &Arc<dyn ObjectStore>) -> (u64, Vec<Path>) {
     let lake = fovea_core::lake::Lake::new(Arc::clone(store));
@@ -60,11 +70,7 @@ fn regular_files(store: &Arc<dyn ObjectStore>) -> (u64, Vec<Path>) {
 #[test]
 fn rewritten_files_answer_every_snapshot_and_the_lake_shrinks() {
     let (engine, store, mut oracle) = engine();
-    let inserts = (0..KEYS).map(|k| Op::Insert { table: TableId(0), row: row(0, k, -1) }).collect();
-    apply(&engine, &mut oracle, inserts);
-    update_all(&engine, &mut oracle, 0..3);
-    engine.flush().unwrap();
-    engine.combine().unwrap();
+    three_quarters_stale(&engine, &mut oracle);
     let (bytes_before, old_paths) = regular_files(&store);
     assert!(!old_paths.is_empty(), "combine made regular files");
 
@@ -162,11 +168,7 @@ fn a_file_with_every_row_deleted_is_removed() {
 #[test]
 fn a_pause_holds_storage_gc_off_until_dropped() {
     let (engine, _store, mut oracle) = engine();
-    let inserts = (0..KEYS).map(|k| Op::Insert { table: TableId(0), row: row(0, k, -1) }).collect();
-    apply(&engine, &mut oracle, inserts);
-    update_all(&engine, &mut oracle, 0..3);
-    engine.flush().unwrap();
-    engine.combine().unwrap();
+    three_quarters_stale(&engine, &mut oracle);
     let pause = engine.pause_storage_gc();
     let held = engine.storage_gc(0.5).unwrap();
     assert_eq!((held.files_rewritten, held.rows_dropped), (0, 0), "{held:?}");
