@@ -127,18 +127,10 @@ impl LambdaScan {
     /// A scan worker invoking `target` for splits of the lake at
     /// `lake_url`, whose store is `store`.
     pub fn new(target: LambdaTarget, lake_url: &str, store: Arc<dyn ObjectStore>) -> Result<Self> {
-        let timeout = target.timeout;
-        let config = block_on_io(async move {
-            aws_config::defaults(BehaviorVersion::latest())
-                // One attempt per call: the retry policy is this module's
-                // (once, with a new spill prefix), not the SDK's.
-                .retry_config(RetryConfig::standard().with_max_attempts(1))
-                .timeout_config(TimeoutConfig::builder().operation_attempt_timeout(timeout).build())
-                .load()
-                .await
-        })?;
         Ok(LambdaScan {
-            client: Client::new(&config),
+            // One attempt per call: the retry policy is this module's
+            // (once, with a new spill prefix), not the SDK's.
+            client: lambda_client(target.timeout)?,
             target,
             lake_url: lake_url.to_owned(),
             store,
@@ -157,38 +149,8 @@ impl LambdaScan {
             .map_err(|e| SplitFailure::new(SplitFailureKind::BadRequest, format!("encoding the request: {e}")))?;
         // Relaxed: statistics.
         self.stats.invocations.fetch_add(1, Ordering::Relaxed);
-        let sent = self.client.invoke().function_name(&self.target.function).payload(Blob::new(payload)).send().await;
-        let out = match sent {
-            Ok(out) => out,
-            Err(SdkError::ServiceError(e)) => {
-                // A runtime emulator (cargo lambda watch) answers a
-                // function error with HTTP 500 and Lambda's error body.
-                let raw = e.raw();
-                if let Some(failure) = raw.body().bytes().and_then(function_failure) {
-                    return Err(failure);
-                }
-                return Err(SplitFailure::new(
-                    SplitFailureKind::Unavailable,
-                    format!("Lambda answered HTTP {}: {}", raw.status().as_u16(), e.err()),
-                ));
-            }
-            Err(SdkError::TimeoutError(_)) => {
-                return Err(SplitFailure::new(
-                    SplitFailureKind::Unavailable,
-                    format!("no answer within {} s", self.target.timeout.as_secs()),
-                ));
-            }
-            Err(e) => {
-                return Err(SplitFailure::new(SplitFailureKind::Unavailable, crate::dynamo::describe(&e)));
-            }
-        };
-        let body = out.payload().map(|b| b.as_ref()).unwrap_or_default();
-        if let Some(kind) = out.function_error() {
-            return Err(function_failure(body).unwrap_or_else(|| {
-                SplitFailure::new(SplitFailureKind::Failed, format!("{kind}: {}", String::from_utf8_lossy(body)))
-            }));
-        }
-        serde_json::from_slice(body).map_err(|e| {
+        let body = invoke_function(&self.client, &self.target.function, payload, self.target.timeout).await?;
+        serde_json::from_slice(&body).map_err(|e| {
             SplitFailure::new(SplitFailureKind::Failed, format!("the function's answer is not a split answer: {e}"))
         })
     }
@@ -243,6 +205,62 @@ impl LambdaScan {
             });
         }
     }
+}
+
+/// One synchronous invocation of `function` with `payload`: the answer's
+/// body, or the failure (the function's typed error, a timeout after
+/// `timeout`, or Lambda's own error).
+pub(crate) async fn invoke_function(
+    client: &Client,
+    function: &str,
+    payload: Vec<u8>,
+    timeout: Duration,
+) -> std::result::Result<Vec<u8>, SplitFailure> {
+    let sent = client.invoke().function_name(function).payload(Blob::new(payload)).send().await;
+    let out = match sent {
+        Ok(out) => out,
+        Err(SdkError::ServiceError(e)) => {
+            // A runtime emulator (cargo lambda watch) answers a
+            // function error with HTTP 500 and Lambda's error body.
+            let raw = e.raw();
+            if let Some(failure) = raw.body().bytes().and_then(function_failure) {
+                return Err(failure);
+            }
+            return Err(SplitFailure::new(
+                SplitFailureKind::Unavailable,
+                format!("Lambda answered HTTP {}: {}", raw.status().as_u16(), e.err()),
+            ));
+        }
+        Err(SdkError::TimeoutError(_)) => {
+            return Err(SplitFailure::new(
+                SplitFailureKind::Unavailable,
+                format!("no answer within {} s", timeout.as_secs()),
+            ));
+        }
+        Err(e) => {
+            return Err(SplitFailure::new(SplitFailureKind::Unavailable, crate::dynamo::describe(&e)));
+        }
+    };
+    let body = out.payload().map(|b| b.as_ref()).unwrap_or_default();
+    if let Some(kind) = out.function_error() {
+        return Err(function_failure(body).unwrap_or_else(|| {
+            SplitFailure::new(SplitFailureKind::Failed, format!("{kind}: {}", String::from_utf8_lossy(body)))
+        }));
+    }
+    Ok(body.to_vec())
+}
+
+/// An SDK client for invocations of at most `timeout` each, one attempt
+/// per call (the callers' retry policy is their own).
+pub(crate) fn lambda_client(timeout: Duration) -> Result<Client> {
+    let config = block_on_io(async move {
+        aws_config::defaults(BehaviorVersion::latest())
+            .retry_config(RetryConfig::standard().with_max_attempts(1))
+            .timeout_config(TimeoutConfig::builder().operation_attempt_timeout(timeout).build())
+            .load()
+            .await
+    })?;
+    Ok(Client::new(&config))
 }
 
 /// Lambda's error body (`{"errorType": …, "errorMessage": …}`) as a failure.

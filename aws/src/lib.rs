@@ -7,6 +7,8 @@
 //! | timestamps, watermarks, the writer's lease (`dynamodb://TABLE`) | [`dynamo`] | [`fovea_core::mvcc::TxnStore`] |
 //! | the catalog, in the same table (+ large payloads in the lake) | [`catalog`] | [`fovea_core::catalog::Catalog`] |
 //! | scans fanned out to the Lambda scan function (`lambda://FUNCTION`) | [`lambda`] | [`fovea_core::scan_worker::SplitWorker`] |
+//! | combine and storage GC run by the Lambda functions (`--functions lambda://PREFIX`) | [`functions`] | [`fovea_core::rewrite::RewriteWorker`] |
+//! | what the function binaries share (start-up, lakes, the rewrite handler) | [`function`] | |
 //!
 //! Everything is configured from the standard AWS environment (region,
 //! credential chain, `AWS_ENDPOINT_URL` and the per-service
@@ -18,6 +20,8 @@
 
 pub mod catalog;
 pub mod dynamo;
+pub mod function;
+pub mod functions;
 pub mod kinesis;
 pub mod lambda;
 pub mod lambda_local;

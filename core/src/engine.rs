@@ -28,7 +28,9 @@ use crate::ids::{ShardId, TableId, Ts};
 use crate::lake::{Lake, block_path, encode_parquet, file_path};
 use crate::mvcc::{Clock, MemoryTxnStore, Snapshot, SqliteTxnStore, TxnStore, lock};
 use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
+use crate::rewrite::{LocalRewrites, RewriteAnswer, RewriteJob, RewriteRequest, RewriteStats, RewriteWorker};
 use crate::scan::{Scan, ScanOptions};
+use crate::scan_worker::SplitFailure;
 use crate::schema::{TableDef, TypeChange};
 
 /// File ids of a writer with lease epoch `e` start at `e << 40` (see
@@ -271,6 +273,11 @@ pub struct Engine {
     /// Retained visibility checkpoints holding storage GC off (see
     /// [`Engine::pause_storage_gc`]).
     pub(crate) storage_gc_pauses: Arc<AtomicUsize>,
+    /// Who runs combine's and storage GC's rewrites (this process unless
+    /// [`Engine::set_rewrite_worker`] says otherwise). Cloned out before use:
+    /// never held across a rewrite.
+    rewrite_worker: Mutex<Arc<dyn RewriteWorker>>,
+    rewrite_stats: RewriteStats,
 }
 
 /// See [`Engine::observe_freshness`].
@@ -293,7 +300,6 @@ impl Engine {
         Ok(Arc::new(Engine {
             config,
             clock,
-            lake,
             tables: RwLock::new(Tables::default()),
             shards: (0..config.shards).map(|i| Mutex::new(Shard::new(ShardId(i as u32)))).collect(),
             sequencer: Mutex::new(()),
@@ -308,6 +314,9 @@ impl Engine {
             source_commits: Mutex::new(std::collections::BTreeMap::new()),
             freshness_observer: std::sync::OnceLock::new(),
             storage_gc_pauses: Arc::default(),
+            rewrite_worker: Mutex::new(Arc::new(LocalRewrites::new(lake.clone()))),
+            rewrite_stats: RewriteStats::default(),
+            lake,
         }))
     }
 
@@ -777,12 +786,35 @@ impl Engine {
         self.read_tables().by_id.iter().flat_map(|t| t.parts.iter().cloned()).collect()
     }
 
+    /// Has `worker` run combine's and storage GC's rewrites from now on
+    /// (rewrites under way finish on the one they began on).
+    pub fn set_rewrite_worker(&self, worker: Arc<dyn RewriteWorker>) {
+        *lock(&self.rewrite_worker) = worker;
+    }
+
+    /// Counters of the rewrites this engine asked for.
+    pub fn rewrite_stats(&self) -> &RewriteStats {
+        &self.rewrite_stats
+    }
+
+    /// Runs `requests` on the rewrite worker (up to its concurrency at
+    /// once), outcomes in request order.
+    pub(crate) fn run_rewrites(
+        &self,
+        requests: &[RewriteRequest],
+    ) -> Vec<std::result::Result<RewriteAnswer, SplitFailure>> {
+        let worker = Arc::clone(&*lock(&self.rewrite_worker));
+        crate::rewrite::run_all(worker.as_ref(), requests, &self.rewrite_stats)
+    }
+
     /// Combines every sealed virtual file whose blocks are all flushed into a
-    /// regular file with the same id and row order. Returns how many.
+    /// regular file with the same id and row order. Returns how many. A
+    /// rewrite that fails leaves its file virtual (logged and counted in
+    /// [`Engine::rewrite_stats`]); the next round tries again.
     pub fn combine(&self) -> Result<usize> {
-        let mut combined = 0;
+        let mut candidates = Vec::new();
         for part in self.all_parts() {
-            let candidates: Vec<_> = lock(&part.state)
+            let files: Vec<_> = lock(&part.state)
                 .files
                 .iter()
                 .filter_map(|f| match &f.kind {
@@ -794,29 +826,62 @@ impl Engine {
                     _ => None,
                 })
                 .collect();
-            for (id, blocks) in candidates {
-                let mut batches = Vec::with_capacity(blocks.len());
-                let mut paths = Vec::with_capacity(blocks.len());
-                for b in &blocks {
-                    if let BlockData::Flushed(p) = &b.data {
-                        batches.push(self.lake.read_block(p)?);
-                        paths.push(p.clone());
-                    }
+            candidates.extend(files.into_iter().map(|(id, blocks)| (Arc::clone(&part), id, blocks)));
+        }
+        let requests: Vec<RewriteRequest> = candidates
+            .iter()
+            .map(|(part, id, blocks)| RewriteRequest {
+                lake: None,
+                job: RewriteJob::Combine {
+                    blocks: blocks
+                        .iter()
+                        .filter_map(|b| match &b.data {
+                            BlockData::Flushed(p) => Some(p.to_string()),
+                            BlockData::Memory(_) => None,
+                        })
+                        .collect(),
+                },
+                output: file_path(part.table.id, *id).to_string(),
+                row_group_rows: self.config.block_rows,
+            })
+            .collect();
+        let answers = self.run_rewrites(&requests);
+        let mut combined = 0;
+        for (((part, id, blocks), request), answer) in candidates.iter().zip(&requests).zip(answers) {
+            let output = Path::from(request.output.as_str());
+            let answer = answer.map_err(|f| f.to_string()).and_then(|a| {
+                let groups: Vec<usize> = a.row_groups.iter().map(|g| g.rows).collect();
+                let expected: Vec<usize> = blocks.iter().map(|b| b.rows).collect();
+                if groups == expected {
+                    Ok(a)
+                } else {
+                    Err(format!("row groups of {groups:?} rows for blocks of {expected:?}"))
                 }
-                let regular =
-                    crate::lake::combine(&self.lake, file_path(part.table.id, id), &batches, self.config.block_rows)?;
-                let mut state = lock(&part.state);
-                if let Some(f) = state.files.iter_mut().find(|f| f.id == id) {
-                    f.kind = FileKind::Regular(Arc::new(regular));
+            });
+            let answer = match answer {
+                Ok(a) => a,
+                Err(why) => {
+                    tracing::warn!(table = %part.table.name, file = %id, "combine left the file virtual (the next round retries): {why}");
+                    self.discard_output(&output);
+                    continue;
                 }
-                // Readers registered before this point may still read the blocks.
-                // Pushed while the part's lock is held: a checkpoint that
-                // began before this push reads the part after the swap.
-                let mut retired = lock(&self.retired);
-                let begun_before = retired.checkpoints_begun;
-                retired.entries.push(Retired::new(self.clock.registration_seq(), paths, begun_before));
-                combined += 1;
+            };
+            let regular = answer.file(output);
+            let paths = match &request.job {
+                RewriteJob::Combine { blocks } => blocks.iter().map(|b| Path::from(b.as_str())).collect(),
+                RewriteJob::DropRows { .. } => unreachable!("combine requests are built above"),
+            };
+            let mut state = lock(&part.state);
+            if let Some(f) = state.files.iter_mut().find(|f| f.id == *id) {
+                f.kind = FileKind::Regular(Arc::new(regular));
             }
+            // Readers registered before this point may still read the blocks.
+            // Pushed while the part's lock is held: a checkpoint that
+            // began before this push reads the part after the swap.
+            let mut retired = lock(&self.retired);
+            let begun_before = retired.checkpoints_begun;
+            retired.entries.push(Retired::new(self.clock.registration_seq(), paths, begun_before));
+            combined += 1;
         }
         Ok(combined)
     }

@@ -179,6 +179,12 @@ pub struct Lake {
     store: Arc<dyn ObjectStore>,
 }
 
+impl std::fmt::Debug for Lake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lake({})", self.store)
+    }
+}
+
 impl Lake {
     /// Wraps an object store.
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {

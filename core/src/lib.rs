@@ -28,6 +28,7 @@ pub mod location;
 pub mod metered;
 pub mod reader;
 pub mod replay;
+pub mod rewrite;
 pub mod rpc;
 pub mod scan;
 pub mod scan_worker;

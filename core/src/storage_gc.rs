@@ -31,9 +31,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use arrow::array::BooleanArray;
-use arrow::record_batch::RecordBatch;
-
 use crate::buffer::{FileKind, LakeFile, TablePart};
 use crate::engine::{Engine, Retired};
 use crate::error::{Error, Result};
@@ -41,6 +38,7 @@ use crate::ids::{FileId, RowId, Ts};
 use crate::index::RangeEntry;
 use crate::lake::{RegularFile, file_path};
 use crate::mvcc::lock;
+use crate::rewrite::{RewriteJob, RewriteRequest, encode_rows};
 use crate::visibility::{FileVisibility, RewriteDeletes};
 
 /// What one storage-GC round did.
@@ -60,6 +58,18 @@ pub struct StorageGcReport {
     pub bytes_after: u64,
     /// Rewrites abandoned at the swap: a visibility checkpoint paused GC.
     pub abandoned: usize,
+    /// Rewrites that failed (the rewrite worker's error is logged; the
+    /// file is left as it was and the next round tries again).
+    pub failed: usize,
+}
+
+/// A file storage GC rewrites this round.
+struct Candidate {
+    part: Arc<TablePart>,
+    file: FileId,
+    regular: Arc<RegularFile>,
+    /// Its rows deleted at the round's gts.
+    dropped: Vec<u32>,
 }
 
 /// Holds storage GC off while alive: no swap happens once it is taken (a
@@ -94,10 +104,8 @@ impl Engine {
     pub fn storage_gc(&self, threshold: f64) -> Result<StorageGcReport> {
         let gts = self.clock.lwm();
         let mut report = StorageGcReport { gts, ..StorageGcReport::default() };
+        let mut candidates = Vec::new();
         for part in self.all_parts() {
-            if self.storage_gc_paused() {
-                break;
-            }
             let files: Vec<_> = lock(&part.state)
                 .files
                 .iter()
@@ -112,33 +120,94 @@ impl Engine {
                 if rows == 0 || dropped.is_empty() || (dropped.len() as f64) < threshold * rows as f64 {
                     continue;
                 }
-                self.rewrite(&part, id, &regular, &dropped, gts, &mut report).map_err(|e| {
-                    Error::invariant(format!("storage GC of {id} of table {} (left as it was): {e}", part.table.name))
-                })?;
+                candidates.push(Candidate { part: Arc::clone(&part), file: id, regular, dropped });
+            }
+        }
+        if candidates.is_empty() || self.storage_gc_paused() {
+            return Ok(report);
+        }
+        // The rewrites, outside every lock (on the rewrite worker: here or
+        // in GC functions), then the swaps one by one.
+        let mut requests = Vec::new();
+        let mut outputs = Vec::with_capacity(candidates.len());
+        for c in &candidates {
+            let rows = c.regular.rows();
+            if c.dropped.len() == rows {
+                outputs.push(None); // nothing to write: the file goes
+                continue;
+            }
+            // Relaxed: ids only need to be unique (fenced by epoch).
+            let new_id = FileId(self.file_ids.fetch_add(1, Ordering::Relaxed));
+            let output = file_path(c.part.table.id, new_id);
+            requests.push(RewriteRequest {
+                lake: None,
+                job: RewriteJob::DropRows {
+                    source: c.regular.path.to_string(),
+                    rows,
+                    dropped: encode_rows(&c.dropped, rows)?,
+                },
+                output: output.to_string(),
+                row_group_rows: self.config.block_rows,
+            });
+            outputs.push(Some((new_id, output)));
+        }
+        let mut answers = self.run_rewrites(&requests).into_iter();
+        for (c, output) in candidates.iter().zip(outputs) {
+            let written = match output {
+                None => None,
+                Some((new_id, path)) => match answers.next() {
+                    Some(Ok(answer)) if answer.rows == c.regular.rows() - c.dropped.len() => {
+                        Some((new_id, answer.file(path)))
+                    }
+                    outcome => {
+                        let why = match outcome {
+                            Some(Ok(a)) => {
+                                format!("the rewrite wrote {} rows, not {}", a.rows, c.regular.rows() - c.dropped.len())
+                            }
+                            Some(Err(f)) => f.to_string(),
+                            None => "no outcome".into(),
+                        };
+                        tracing::warn!(table = %c.part.table.name, file = %c.file, "storage GC left the file as it was (the next round retries): {why}");
+                        report.failed += 1;
+                        self.discard_output(&path);
+                        continue;
+                    }
+                },
+            };
+            let output = written.as_ref().map(|(_, f)| f.path.clone());
+            if let Err(e) = self.swap(c, written, gts, &mut report) {
+                if let Some(path) = output {
+                    self.discard_output(&path);
+                }
+                return Err(Error::invariant(format!(
+                    "storage GC of {} of table {} (left as it was): {e}",
+                    c.file, c.part.table.name
+                )));
             }
         }
         Ok(report)
     }
 
-    /// Rewrites `file` of `part` without the rows `dropped` (deleted at `gts`).
-    fn rewrite(
+    /// Deletes the output of a rewrite that is not swapped in (nothing
+    /// names it; a failure leaves it to the next recovery's vacuum).
+    pub(crate) fn discard_output(&self, path: &object_store::path::Path) {
+        if let Err(e) = self.lake.delete(path) {
+            tracing::warn!("the unused rewrite {path} stays until the next recovery's vacuum: {e}");
+        }
+    }
+
+    /// Swaps candidate `c`'s file for `written` (its rows not deleted at
+    /// `gts`; `None`: none are left).
+    fn swap(
         &self,
-        part: &Arc<TablePart>,
-        file: FileId,
-        regular: &RegularFile,
-        dropped: &[u32],
+        c: &Candidate,
+        written: Option<(FileId, RegularFile)>,
         gts: Ts,
         report: &mut StorageGcReport,
     ) -> Result<()> {
+        let Candidate { part, file, regular, dropped } = c;
+        let file = *file;
         let rows = regular.rows();
-        let batch = self.lake.read_block(&regular.path)?;
-        if batch.num_rows() != rows {
-            return Err(Error::invariant(format!(
-                "{} holds {} rows, its row groups {rows}",
-                regular.path,
-                batch.num_rows()
-            )));
-        }
         // new_offset[old offset] (u32::MAX: dropped).
         let mut new_offset = vec![0u32; rows];
         for &d in dropped {
@@ -153,13 +222,8 @@ impl Engine {
         }
         // The offset in the new file of an old one (`None`: dropped).
         let new_of = |old: usize| new_offset.get(old).copied().filter(|&n| n != u32::MAX);
-        let keep: BooleanArray = new_offset.iter().map(|&n| Some(n != u32::MAX)).collect();
-        let kept_batch = arrow::compute::filter_record_batch(&batch, &keep)?;
-        drop(batch);
-        // Relaxed: ids only need to be unique (fenced by epoch).
-        let new_id = FileId(self.file_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let written = if kept == 0 { None } else { Some(self.write_rewritten(part, new_id, &kept_batch)?) };
-        drop(kept_batch);
+        let new_id = written.as_ref().map_or(FileId(0), |(id, _)| *id);
+        let written = written.map(|(_, f)| f);
 
         let mut shard = lock(&self.shards[part.shard.0 as usize]);
         let mut state = lock(&part.state);
@@ -167,10 +231,7 @@ impl Engine {
             drop((state, shard));
             report.abandoned += 1;
             if let Some(w) = written {
-                // Named by nothing: a failure here leaves it to vacuum.
-                if let Err(e) = self.lake.delete(&w.path) {
-                    tracing::warn!("storage GC: the abandoned rewrite {} stays until vacuum: {e}", w.path);
-                }
+                self.discard_output(&w.path);
             }
             return Ok(());
         }
@@ -252,14 +313,5 @@ impl Engine {
     fn storage_gc_paused(&self) -> bool {
         // Relaxed: see `pause_storage_gc`.
         self.storage_gc_pauses.load(Ordering::Relaxed) > 0
-    }
-
-    /// Writes the kept rows as file `id` of `part`, in row groups of the
-    /// engine's block size.
-    fn write_rewritten(&self, part: &TablePart, id: FileId, kept: &RecordBatch) -> Result<RegularFile> {
-        let rows = self.config.block_rows;
-        let groups: Vec<RecordBatch> =
-            (0..kept.num_rows()).step_by(rows).map(|o| kept.slice(o, rows.min(kept.num_rows() - o))).collect();
-        crate::lake::combine(&self.lake, file_path(part.table.id, id), &groups, rows)
     }
 }

@@ -362,6 +362,7 @@ pub(crate) fn replay_into(
     let (backends, dynamo) = lake.backends_metered(Some(Arc::clone(&meter)))?;
     let args = crate::replay::ReplayArgs {
         lake,
+        functions: Default::default(),
         backends: Some(backends),
         input: input.display().to_string(),
         format: fovea_core::cdc::InputFormat::Auto,

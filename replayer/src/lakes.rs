@@ -16,6 +16,37 @@ use object_store::ObjectStore;
 
 use crate::replay::CliResult;
 
+/// `--functions`: who runs combine's and storage GC's rewrites for a
+/// replayer.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct FunctionsArgs {
+    /// Run combine and storage GC's rewrites in the Lambda functions
+    /// PREFIX-combine and PREFIX-gc: lambda://PREFIX[?concurrency=N&timeout_s=S]
+    /// (the lake must be on S3; AWS_ENDPOINT_URL_LAMBDA for a local
+    /// endpoint). Default: in this process.
+    #[arg(long, env = "FOVEA_FUNCTIONS")]
+    pub functions: Option<String>,
+}
+
+impl FunctionsArgs {
+    /// Has `engine` (of the lake `lake`) hand its rewrites to the functions
+    /// named, if any.
+    pub fn attach(&self, lake: &LakeArgs, engine: &fovea_core::Engine) -> CliResult<()> {
+        let Some(url) = &self.functions else { return Ok(()) };
+        if lake.dir().is_some() {
+            return Err(format!(
+                "--functions {url}: Lambda functions read and write the lake on S3, and --lake {} is a local directory",
+                lake.lake
+            )
+            .into());
+        }
+        let target = fovea_aws::functions::FunctionsTarget::parse(url)?;
+        tracing::info!(combine = %target.combine, gc = %target.gc, concurrency = target.concurrency, "rewrites run in Lambda functions");
+        engine.set_rewrite_worker(Arc::new(fovea_aws::functions::LambdaRewrites::new(target, &lake.lake)?));
+        Ok(())
+    }
+}
+
 /// `--lake`, `--state` and `--no-create`, as every lake command takes them.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LakeArgs {

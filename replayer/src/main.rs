@@ -105,6 +105,8 @@ enum Command {
     Replay {
         #[command(flatten)]
         lake: lakes::LakeArgs,
+        #[command(flatten)]
+        functions: lakes::FunctionsArgs,
         /// Input: a JSON-lines file (plain or .gz), - for standard input, or
         /// kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
         /// (read until every shard is at its tip).
@@ -400,10 +402,11 @@ fn main() -> ExitCode {
         Command::Demo { lake, seconds, rate, json } => {
             demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false, json })
         }
-        Command::Replay { lake, input, format, schema_file, checkpoint_txns, shards, lease_secs } => {
+        Command::Replay { lake, functions, input, format, schema_file, checkpoint_txns, shards, lease_secs } => {
             serve::lease_time(lease_secs).and_then(|lease| {
                 let args = replay::ReplayArgs {
                     lake,
+                    functions,
                     backends: None,
                     input,
                     format,

@@ -37,6 +37,8 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 pub struct ReplayArgs {
     /// The lake.
     pub lake: crate::lakes::LakeArgs,
+    /// Who runs combine's and storage GC's rewrites.
+    pub functions: crate::lakes::FunctionsArgs,
     /// Backends already made for `lake` (benchmarks count their traffic).
     pub backends: Option<fovea_core::location::LakeBackends>,
     /// Input: a file (plain or gzip), `-` for standard input, or
@@ -82,6 +84,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         Some(b) => crate::lakes::open_write(b.clone(), config, args.lease)?,
         None => args.lake.open_write(config, args.lease)?,
     };
+    args.functions.attach(&args.lake, &lake.engine)?;
     let mut source = crate::input::open_source(
         &args.input,
         lake.checkpoint.as_ref(),

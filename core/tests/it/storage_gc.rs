@@ -2,7 +2,9 @@
 //! snapshot as before (a scan running across the swap included), deletes
 //! made after the rewrite's snapshot come over to the new file, the lake
 //! shrinks, and a replaced file is deleted only once no reader that could
-//! read it is left.
+//! read it is left. A rewrite worker that dies at any phase (before
+//! writing, mid-write, after writing) changes nothing and leaves no object;
+//! rewrites run in parallel answer as in sequence.
 
 use std::sync::Arc;
 
@@ -11,6 +13,8 @@ use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 
+use fovea_core::rewrite::{KillPhase, LocalRewrites, RewriteAnswer, RewriteRequest, RewriteWorker, run_rewrite};
+use fovea_core::scan_worker::{SplitFailure, SplitFailureKind};
 use fovea_core::schema::rows_from_batch;
 
 use crate::oracle::{ACCOUNTS, Oracle, canonical, create_tables, key, row, scan_rows};
@@ -177,4 +181,160 @@ fn a_pause_holds_storage_gc_off_until_dropped() {
     assert!(report.files_rewritten > 0, "{report:?}");
     let s = engine.snapshot();
     assert_eq!(scan_rows(&engine, &s, ACCOUNTS, ScanOptions::default()), oracle.visible(0, s.qts().get()));
+}
+
+/// A rewrite worker that dies at `phase`: before writing, half-way through
+/// writing its output, or after writing it whole (the answer never comes).
+#[derive(Debug)]
+struct DyingWorker {
+    lake: fovea_core::lake::Lake,
+    phase: KillPhase,
+}
+
+impl RewriteWorker for DyingWorker {
+    fn rewrite(&self, request: &RewriteRequest) -> Result<RewriteAnswer, SplitFailure> {
+        let died = SplitFailure::new(SplitFailureKind::Failed, format!("died at {:?}", self.phase));
+        let output = Path::from(request.output.as_str());
+        match self.phase {
+            KillPhase::BeforeWrite => {}
+            KillPhase::MidWrite => {
+                let whole = run_rewrite(&self.lake, request)?;
+                let bytes = self.lake.get(&output).unwrap();
+                self.lake.put(&output, bytes.slice(..whole.bytes() as usize / 2)).unwrap();
+            }
+            KillPhase::AfterWrite => {
+                run_rewrite(&self.lake, request)?;
+            }
+        }
+        Err(died)
+    }
+
+    fn concurrency(&self) -> usize {
+        2
+    }
+
+    fn kind(&self) -> &'static str {
+        "dying"
+    }
+}
+
+/// Every key inserted, then every even key updated three times: the
+/// loaded files are half stale, so their rewrites keep rows.
+fn half_stale(engine: &Engine, oracle: &mut Oracle) {
+    let inserts = (0..KEYS).map(|k| Op::Insert { table: TableId(0), row: row(0, k, -1) }).collect();
+    apply(engine, oracle, inserts);
+    for round in 0..3 {
+        let ops = (0..KEYS).step_by(2).map(|k| Op::Upsert { table: TableId(0), row: row(0, k, round) }).collect();
+        apply(engine, oracle, ops);
+    }
+}
+
+/// Every object under `tables/` (blocks and files).
+fn table_objects(store: &Arc<dyn ObjectStore>) -> Vec<Path> {
+    let lake = fovea_core::lake::Lake::new(Arc::clone(store));
+    let mut paths: Vec<Path> = lake.list(&Path::from("tables")).unwrap().into_iter().map(|m| m.location).collect();
+    paths.sort();
+    paths
+}
+
+fn assert_exact(engine: &Engine, oracle: &Oracle, when: &str) {
+    let s = engine.snapshot();
+    assert_eq!(scan_rows(engine, &s, ACCOUNTS, ScanOptions::default()), oracle.visible(0, s.qts().get()), "{when}");
+}
+
+#[test]
+fn a_rewrite_that_dies_at_any_phase_changes_nothing_and_leaves_no_object() {
+    for phase in [KillPhase::BeforeWrite, KillPhase::MidWrite, KillPhase::AfterWrite] {
+        let (engine, store, mut oracle) = engine();
+        let dying: Arc<dyn RewriteWorker> =
+            Arc::new(DyingWorker { lake: fovea_core::lake::Lake::new(Arc::clone(&store)), phase });
+        let local: Arc<dyn RewriteWorker> =
+            Arc::new(LocalRewrites::new(fovea_core::lake::Lake::new(Arc::clone(&store))));
+        half_stale(&engine, &mut oracle);
+        engine.flush().unwrap();
+
+        // Combine dies: every file stays virtual, its blocks stay, and
+        // nothing new is left in the lake.
+        let before = table_objects(&store);
+        engine.set_rewrite_worker(Arc::clone(&dying));
+        assert_eq!(engine.combine().unwrap(), 0, "{phase:?}");
+        let failed = engine.rewrite_stats().failed.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(failed > 0, "{phase:?}: no combine failed");
+        assert_eq!(table_objects(&store), before, "{phase:?}: a dead combine left objects");
+        assert_exact(&engine, &oracle, "after a dead combine");
+
+        // Combine works on the next round; then storage GC dies.
+        engine.set_rewrite_worker(Arc::clone(&local));
+        assert!(engine.combine().unwrap() > 0);
+        engine.gc().unwrap();
+        let before = regular_files(&store).1;
+        engine.set_rewrite_worker(Arc::clone(&dying));
+        let report = engine.storage_gc(0.4).unwrap();
+        assert_eq!(report.files_rewritten, 0, "{phase:?}: {report:?}");
+        assert!(report.failed > 0, "{phase:?}: {report:?}");
+        assert_eq!(regular_files(&store).1, before, "{phase:?}: a dead rewrite left objects");
+        assert_exact(&engine, &oracle, "after a dead storage GC");
+
+        // Updates go on to the old files, and the next round succeeds.
+        update_all(&engine, &mut oracle, 3..4);
+        engine.set_rewrite_worker(Arc::clone(&local));
+        let report = engine.storage_gc(0.4).unwrap();
+        assert!(report.files_rewritten > 0 && report.failed == 0, "{phase:?}: {report:?}");
+        assert_exact(&engine, &oracle, "after storage GC");
+    }
+}
+
+#[test]
+fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
+    let (engine, store, mut oracle) = engine();
+    three_quarters_stale(&engine, &mut oracle);
+    // A timed-out invocation that finishes after the replayer gave up:
+    // its output (a file id nothing names) appears after the clean-up.
+    let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
+    let (_, files) = regular_files(&store);
+    let stray = Path::from(files[0].as_ref().replace("/files/", "/files/ffff"));
+    lake.put(&stray, lake.get(&files[0]).unwrap()).unwrap();
+    assert_exact(&engine, &oracle, "beside a stray object");
+    let manifest = engine.write_checkpoint().unwrap();
+    let clock = Arc::clone(engine.clock());
+    drop(engine);
+    let engine = Engine::restore(Arc::clone(&store), clock, &manifest, true).unwrap();
+    assert!(!regular_files(&store).1.contains(&stray), "the stray rewrite survived recovery");
+    assert_exact(&engine, &oracle, "after recovery");
+}
+
+/// A worker running up to four rewrites at once, each in this process.
+#[derive(Debug)]
+struct Parallel(LocalRewrites, std::sync::atomic::AtomicUsize);
+
+impl RewriteWorker for Parallel {
+    fn rewrite(&self, request: &RewriteRequest) -> Result<RewriteAnswer, SplitFailure> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.rewrite(request)
+    }
+
+    fn concurrency(&self) -> usize {
+        4
+    }
+
+    fn kind(&self) -> &'static str {
+        "parallel"
+    }
+}
+
+#[test]
+fn rewrites_run_in_parallel_answer_as_in_sequence() {
+    let (engine, store, mut oracle) = engine();
+    let worker =
+        Arc::new(Parallel(LocalRewrites::new(fovea_core::lake::Lake::new(Arc::clone(&store))), Default::default()));
+    engine.set_rewrite_worker(Arc::clone(&worker) as Arc<dyn RewriteWorker>);
+    half_stale(&engine, &mut oracle);
+    engine.flush().unwrap();
+    let combined = engine.combine().unwrap();
+    assert!(combined >= 2, "{combined}");
+    let report = engine.storage_gc(0.4).unwrap();
+    assert!(report.files_rewritten >= 2 && report.rows_kept > 0, "{report:?}");
+    assert_eq!(report.failed, 0);
+    assert_eq!(worker.1.load(std::sync::atomic::Ordering::Relaxed), report.files_rewritten + combined);
+    assert_exact(&engine, &oracle, "after parallel rewrites");
 }

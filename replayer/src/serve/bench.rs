@@ -164,6 +164,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
     let serve_args = super::ServeArgs {
         lake: crate::lakes::LakeArgs::local(&lake),
+        functions: Default::default(),
         input: format!(
             "postgres://postgres@127.0.0.1:{}/postgres?slot=fovea_bench&publication=fovea_bench&create_slot=true",
             pg.port

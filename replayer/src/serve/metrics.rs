@@ -124,6 +124,7 @@ impl Metrics {
             None => f64::NAN,
         };
         let memory = engine.memory();
+        let rewrites = engine.rewrite_stats();
         let rss = rss_bytes().map_or(f64::NAN, |b| b as f64);
         let mut registry = Registry::with_prefix("fovea");
         // Counters (the encoder appends `_total`).
@@ -145,12 +146,28 @@ impl Metrics {
                 load(&self.visibility_checkpoints),
             ),
             ("queries", "Queries answered.", load(&self.queries)),
+            (
+                "rewrites",
+                "Combine and storage-GC rewrites asked of the rewrite worker (in process or the Lambda functions).",
+                load(&rewrites.started),
+            ),
+            (
+                "rewrites_failed",
+                "Rewrites that failed or timed out (after the worker's retry); their files were left as they were.",
+                load(&rewrites.failed),
+            ),
+            ("rewrite_rows", "Rows written by rewrites.", load(&rewrites.rows_written)),
         ] {
             registry.register(name, help, ConstCounter::new(value));
         }
         for (name, help, value) in [
             ("checkpoint_seconds", "Time spent writing checkpoints.", load(&self.checkpoint_us) as f64 / 1e6),
             ("gc_seconds", "Time spent in memory GC.", load(&self.gc_us) as f64 / 1e6),
+            (
+                "rewrite_worker_seconds",
+                "Time the rewrite worker spent on rewrites (its own clock).",
+                load(&rewrites.worker_micros) as f64 / 1e6,
+            ),
         ] {
             registry.register(name, help, ConstCounter::new(value));
         }

@@ -35,6 +35,8 @@ use crate::replay::CliResult;
 pub struct ServeArgs {
     #[command(flatten)]
     pub lake: crate::lakes::LakeArgs,
+    #[command(flatten)]
+    pub functions: crate::lakes::FunctionsArgs,
     /// file:PATH, postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true],
     /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
     #[arg(long)]
@@ -101,6 +103,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         config = config.with_shards(s);
     }
     let lake = args.lake.open_write(config, lease_time(args.lease_secs)?)?;
+    args.functions.attach(&args.lake, &lake.engine)?;
     let engine = Arc::clone(&lake.engine);
     let metrics = Arc::new(Metrics::default());
     {

@@ -1,0 +1,456 @@
+//! File rewrites any worker can run: the heavy half of combine and of
+//! storage GC, split from the swap that only the replayer can make.
+//!
+//! ```text
+//!  replayer (engine: index, visibility, catalog)           worker (no engine: in process, or a Lambda function)
+//!  RewriteRequest { job, output, row_group_rows } ─ JSON ─▶ run_rewrite(lake, request)
+//!    Combine  { blocks }                 a virtual file's flushed blocks, in order ─▶ one file, one row group per block
+//!    DropRows { source, rows, dropped }  a regular file without the rows set in `dropped`
+//!        ◀─ RewriteAnswer { rows, row_groups, footer } ─┘   (or a SplitFailure the caller acts on)
+//!  swap under the file's locks (combine: same id and offsets; GC: index moved, deletes carried over)
+//! ```
+//!
+//! A rewrite only ever writes its `output` object, which nothing names
+//! until the replayer's swap: a worker that fails or dies at any point
+//! leaves at most an unnamed object, which the caller deletes (or the next
+//! recovery's vacuum does). Rewriting the same request again writes the
+//! same rows, so a retry is safe. The worker is told which rows to drop:
+//! visibility lives in the replayer alone, and deletes that arrive while
+//! the worker runs are carried over to the new file at the swap (the dual
+//! delete), so the worker never needs to hear of them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use arrow::array::BooleanArray;
+use arrow::record_batch::RecordBatch;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use object_store::path::Path;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::ids::Ts;
+use crate::lake::{Lake, RegularFile, RowGroupInfo};
+use crate::metered::{MeteredStore, StoreMeter};
+use crate::scan_worker::{SplitFailure, SplitFailureKind};
+
+/// What to rewrite.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum RewriteJob {
+    /// Combine: the flushed blocks of a virtual file, in order, into one
+    /// file with one row group per block (same rows, same order).
+    Combine {
+        /// Block objects, in block order.
+        blocks: Vec<String>,
+    },
+    /// Storage GC: a regular file without some of its rows (the rest keep
+    /// their order and create_ts), in row groups of `row_group_rows`.
+    DropRows {
+        /// The file.
+        source: String,
+        /// Its rows.
+        rows: usize,
+        /// The rows to leave out: a bitmap of `rows` bits (bit `i` of
+        /// little-endian `u64` word `i / 64`), base64. See [`encode_rows`].
+        dropped: String,
+    },
+}
+
+/// One rewrite for a worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewriteRequest {
+    /// The lake (`s3://BUCKET/PREFIX`); a worker pinned to another refuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lake: Option<String>,
+    /// What to rewrite.
+    pub job: RewriteJob,
+    /// The object to write: a regular file's path (`tables/T/files/…`),
+    /// named by nothing until the caller's swap.
+    pub output: String,
+    /// Rows per row group of a storage-GC output.
+    pub row_group_rows: usize,
+}
+
+impl RewriteRequest {
+    /// Which function runs this job: `combine` or `gc`.
+    pub fn function(&self) -> &'static str {
+        match self.job {
+            RewriteJob::Combine { .. } => "combine",
+            RewriteJob::DropRows { .. } => "gc",
+        }
+    }
+}
+
+/// One row group of a written file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenGroup {
+    /// Rows.
+    pub rows: usize,
+    /// Smallest create_ts.
+    pub min_ts: u64,
+    /// Largest create_ts.
+    pub max_ts: u64,
+}
+
+/// A worker's answer: the file it wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewriteAnswer {
+    /// Rows written.
+    pub rows: usize,
+    /// Its row groups, in order.
+    pub row_groups: Vec<WrittenGroup>,
+    /// Byte range of its footer (length field and magic included); its
+    /// end is the object's size.
+    pub footer: (u64, u64),
+    /// Bytes the worker read from the lake.
+    pub bytes_read: u64,
+    /// Time spent, in microseconds.
+    pub micros: u64,
+}
+
+impl RewriteAnswer {
+    /// The written file at `path`, as the engine holds it (its footer is
+    /// read on first use, with one request for exactly its bytes).
+    pub fn file(&self, path: Path) -> RegularFile {
+        let mut offset = 0;
+        let groups = self
+            .row_groups
+            .iter()
+            .map(|g| {
+                let info = RowGroupInfo { offset, rows: g.rows, min_ts: Ts(g.min_ts), max_ts: Ts(g.max_ts) };
+                offset += g.rows;
+                info
+            })
+            .collect();
+        RegularFile::new(path, groups, Some(self.footer.0..self.footer.1))
+    }
+
+    /// Size of the written object.
+    pub fn bytes(&self) -> u64 {
+        self.footer.1
+    }
+}
+
+/// `rows` as a [`RewriteJob::DropRows`] bitmap of `len` bits (every row
+/// must be below `len`).
+pub fn encode_rows(rows: &[u32], len: usize) -> Result<String> {
+    let mut words = vec![0u64; len.div_ceil(64)];
+    for &r in rows {
+        let r = r as usize;
+        if r >= len {
+            return Err(Error::invariant(format!("row {r} beyond the {len} rows of its file")));
+        }
+        words[r / 64] |= 1 << (r % 64);
+    }
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Ok(BASE64.encode(bytes))
+}
+
+/// The keep mask of `len` rows a [`encode_rows`] bitmap leaves (`true`:
+/// kept).
+pub fn decode_keep(bitmap: &str, len: usize) -> std::result::Result<BooleanArray, String> {
+    let bytes = BASE64.decode(bitmap).map_err(|e| format!("the dropped-rows bitmap is not base64: {e}"))?;
+    if bytes.len() != len.div_ceil(64) * 8 {
+        return Err(format!(
+            "the dropped-rows bitmap has {} bytes, {len} rows need {}",
+            bytes.len(),
+            len.div_ceil(64) * 8
+        ));
+    }
+    Ok((0..len).map(|i| Some(bytes[i / 8] & (1 << (i % 8)) == 0)).collect())
+}
+
+/// `path` as a regular file's path (`tables/T/files/NAME.parquet`).
+fn data_file_path(what: &str, path: &str) -> std::result::Result<Path, SplitFailure> {
+    let parsed = Path::parse(path).ok();
+    let parts: Vec<String> =
+        parsed.as_ref().map(|p| p.parts().map(|s| s.as_ref().to_owned()).collect()).unwrap_or_default();
+    match parts.as_slice() {
+        [tables, _, files, name] if tables == "tables" && files == "files" && name.ends_with(".parquet") => {
+            Ok(parsed.unwrap_or_default())
+        }
+        _ => Err(SplitFailure::new(
+            SplitFailureKind::BadRequest,
+            format!("{what} {path:?}: rewrites write regular files only (tables/T/files/NAME.parquet)"),
+        )),
+    }
+}
+
+/// Where a rewrite can be made to die (tests of what a killed function
+/// leaves: `FOVEA_KILL_AT` in the combine and GC functions; never set in
+/// production).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillPhase {
+    /// After reading, before writing anything.
+    BeforeWrite,
+    /// Half of the output object written (as an upload cut off would).
+    MidWrite,
+    /// The output written whole, before answering.
+    AfterWrite,
+}
+
+impl KillPhase {
+    /// Parses `before_write`, `mid_write` or `after_write`.
+    pub fn parse(text: &str) -> Result<Self> {
+        match text {
+            "before_write" => Ok(KillPhase::BeforeWrite),
+            "mid_write" => Ok(KillPhase::MidWrite),
+            "after_write" => Ok(KillPhase::AfterWrite),
+            other => Err(Error::Source {
+                input: "FOVEA_KILL_AT".into(),
+                message: format!("{other:?}: expected before_write, mid_write or after_write"),
+            }),
+        }
+    }
+}
+
+/// Runs `request` on `lake`: reads what it names, writes its output.
+pub fn run_rewrite(lake: &Lake, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure> {
+    run_rewrite_killed_at(lake, request, None)
+}
+
+/// [`run_rewrite`], aborting the process at `kill` (see [`KillPhase`]).
+pub fn run_rewrite_killed_at(
+    lake: &Lake,
+    request: &RewriteRequest,
+    kill: Option<KillPhase>,
+) -> std::result::Result<RewriteAnswer, SplitFailure> {
+    let started = Instant::now();
+    let output = data_file_path("output", &request.output)?;
+    if request.row_group_rows == 0 {
+        return Err(SplitFailure::new(SplitFailureKind::BadRequest, "row_group_rows must be at least 1"));
+    }
+    let meter = Arc::new(StoreMeter::default());
+    let metered = Lake::new(Arc::new(MeteredStore::new(Arc::clone(lake.store()), Arc::clone(&meter))));
+    let groups = read_groups(&metered, request, &output)?;
+    let rows: usize = groups.iter().map(RecordBatch::num_rows).sum();
+    let die = |phase: KillPhase| {
+        if kill == Some(phase) {
+            tracing::error!(?phase, output = %output, "FOVEA_KILL_AT: aborting");
+            std::process::abort();
+        }
+    };
+    die(KillPhase::BeforeWrite);
+    if rows == 0 {
+        return Ok(RewriteAnswer {
+            micros: micros(started),
+            bytes_read: meter.counts().bytes_read,
+            ..Default::default()
+        });
+    }
+    let fail = |e: Error| SplitFailure::of(&e);
+    if kill == Some(KillPhase::MidWrite) {
+        let bytes = crate::lake::encode_parquet(&groups, request.row_group_rows, parquet::basic::Compression::SNAPPY)
+            .map_err(fail)?;
+        lake.put(&output, bytes.slice(..bytes.len() / 2)).map_err(fail)?;
+        die(KillPhase::MidWrite);
+    }
+    let file = crate::lake::combine(lake, output.clone(), &groups, request.row_group_rows).map_err(fail)?;
+    die(KillPhase::AfterWrite);
+    let footer = file
+        .footer_range
+        .clone()
+        .ok_or_else(|| SplitFailure::new(SplitFailureKind::Failed, "the written file's footer range is unknown"))?;
+    Ok(RewriteAnswer {
+        rows,
+        row_groups: file
+            .row_groups
+            .iter()
+            .map(|g| WrittenGroup { rows: g.rows, min_ts: g.min_ts.0, max_ts: g.max_ts.0 })
+            .collect(),
+        footer: (footer.start, footer.end),
+        bytes_read: meter.counts().bytes_read,
+        micros: micros(started),
+    })
+}
+
+/// The row groups `request` writes, read from `lake`.
+fn read_groups(
+    lake: &Lake,
+    request: &RewriteRequest,
+    output: &Path,
+) -> std::result::Result<Vec<RecordBatch>, SplitFailure> {
+    let fail = |e: Error| SplitFailure::of(&e);
+    let bad = |m: String| SplitFailure::new(SplitFailureKind::BadRequest, m);
+    match &request.job {
+        RewriteJob::Combine { blocks } => {
+            if blocks.is_empty() {
+                return Err(bad("a combine names no block".into()));
+            }
+            let mut batches = Vec::with_capacity(blocks.len());
+            for b in blocks {
+                let path = Path::parse(b).map_err(|e| bad(format!("block {b:?}: {e}")))?;
+                if &path == output {
+                    return Err(bad("a combine's output is one of its blocks".into()));
+                }
+                batches.push(lake.read_block(&path).map_err(fail)?);
+            }
+            Ok(batches)
+        }
+        RewriteJob::DropRows { source, rows, dropped } => {
+            let source_path = data_file_path("source", source)?;
+            if &source_path == output {
+                return Err(bad("a rewrite's output is its source".into()));
+            }
+            let keep = decode_keep(dropped, *rows).map_err(bad)?;
+            let batch = lake.read_block(&source_path).map_err(fail)?;
+            if batch.num_rows() != *rows {
+                return Err(bad(format!("{source} holds {} rows, the request says {rows}", batch.num_rows())));
+            }
+            let kept = arrow::compute::filter_record_batch(&batch, &keep).map_err(|e| fail(e.into()))?;
+            drop(batch);
+            let n = request.row_group_rows;
+            Ok((0..kept.num_rows()).step_by(n).map(|o| kept.slice(o, n.min(kept.num_rows() - o))).collect())
+        }
+    }
+}
+
+fn micros(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Runs rewrites: in this process ([`LocalRewrites`]) or as invocations of
+/// the combine and GC functions (`fovea_aws::functions`).
+///
+/// Contract: `rewrite` blocks until the job is done or failed; on success
+/// the output object holds exactly the rows the job asks for; on failure
+/// the output may hold anything (or nothing) and the caller deletes it. A
+/// worker may retry internally; it must never answer for an attempt other
+/// than one that wrote the output whole.
+pub trait RewriteWorker: Send + Sync + std::fmt::Debug {
+    /// Runs one rewrite.
+    fn rewrite(&self, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure>;
+
+    /// Rewrites the caller may run at once.
+    fn concurrency(&self) -> usize {
+        1
+    }
+
+    /// Where the work runs, for logs and metrics (`in-process`, `lambda`).
+    fn kind(&self) -> &'static str;
+}
+
+/// Rewrites in this process, on the engine's lake.
+#[derive(Clone, Debug)]
+pub struct LocalRewrites {
+    lake: Lake,
+}
+
+impl LocalRewrites {
+    /// Rewrites on `lake`.
+    pub fn new(lake: Lake) -> Self {
+        LocalRewrites { lake }
+    }
+}
+
+impl RewriteWorker for LocalRewrites {
+    fn rewrite(&self, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure> {
+        run_rewrite(&self.lake, request)
+    }
+
+    fn kind(&self) -> &'static str {
+        "in-process"
+    }
+}
+
+/// Counters of the rewrites an engine asked for (monotonic).
+#[derive(Debug, Default)]
+pub struct RewriteStats {
+    /// Rewrites asked for.
+    pub started: AtomicU64,
+    /// Rewrites that failed (the file was left as it was).
+    pub failed: AtomicU64,
+    /// Rows written by rewrites that succeeded.
+    pub rows_written: AtomicU64,
+    /// Bytes read by rewrites that succeeded.
+    pub bytes_read: AtomicU64,
+    /// Microseconds the workers spent on rewrites that succeeded.
+    pub worker_micros: AtomicU64,
+}
+
+/// Runs `requests` on `worker`, up to its concurrency at once, and returns
+/// the outcomes in request order. Every attempt is counted in `stats`.
+pub(crate) fn run_all(
+    worker: &dyn RewriteWorker,
+    requests: &[RewriteRequest],
+    stats: &RewriteStats,
+) -> Vec<std::result::Result<RewriteAnswer, SplitFailure>> {
+    let run = |r: &RewriteRequest| {
+        // Relaxed: statistics.
+        stats.started.fetch_add(1, Ordering::Relaxed);
+        let outcome = worker.rewrite(r);
+        match &outcome {
+            Ok(a) => {
+                stats.rows_written.fetch_add(a.rows as u64, Ordering::Relaxed);
+                stats.bytes_read.fetch_add(a.bytes_read, Ordering::Relaxed);
+                stats.worker_micros.fetch_add(a.micros, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        outcome
+    };
+    let threads = worker.concurrency().clamp(1, requests.len().max(1));
+    if threads == 1 {
+        return requests.iter().map(run).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<_> = (0..requests.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        // Relaxed: only hands out distinct indices.
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(r) = requests.get(i) else { break };
+                        done.push((i, run(r)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        for h in handles {
+            match h.join() {
+                Ok(done) => {
+                    for (i, o) in done {
+                        out[i] = Some(o);
+                    }
+                }
+                Err(_) => {} // a panicking worker thread leaves its slots empty: failures below
+            }
+        }
+    });
+    out.into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(SplitFailure::new(SplitFailureKind::Failed, "the rewrite's thread panicked"))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_rows_round_trip() {
+        let enc = encode_rows(&[0, 3, 64, 129], 130).unwrap();
+        let keep = decode_keep(&enc, 130).unwrap();
+        let dropped: Vec<usize> = (0..130).filter(|&i| !keep.value(i)).collect();
+        assert_eq!(dropped, [0, 3, 64, 129]);
+        assert!(encode_rows(&[130], 130).is_err());
+        assert!(decode_keep(&enc, 200).is_err());
+        assert!(decode_keep("%%", 10).is_err());
+    }
+
+    #[test]
+    fn outputs_are_regular_files_only() {
+        assert!(data_file_path("output", "tables/3/files/00ab.parquet").is_ok());
+        for bad in ["_fovea/catalog", "tables/3/blocks/x.parquet", "tables/3/files/x.json", "../x", ""] {
+            assert_eq!(data_file_path("output", bad).unwrap_err().kind, SplitFailureKind::BadRequest, "{bad}");
+        }
+    }
+}
