@@ -24,13 +24,31 @@ pub fn cargo_lambda() -> String {
 /// on drop.
 pub struct LocalLambda {
     watch: Child,
-    instances: Vec<Child>,
+    /// Instances, with the function each serves.
+    instances: Vec<(String, Child)>,
     port: u16,
-    /// The function's name (its binary's name).
+    /// The first function's name (its binary's name).
     pub function: String,
-    binary: PathBuf,
+    /// Binaries by function name.
+    binaries: Vec<(String, PathBuf)>,
     env: Vec<(String, String)>,
     logs: PathBuf,
+}
+
+/// The function a binary serves: its file name.
+fn function_name(binary: &Path) -> std::io::Result<String> {
+    let function = binary
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| std::io::Error::other(format!("{} names no function", binary.display())))?
+        .to_owned();
+    if !binary.exists() {
+        return Err(std::io::Error::other(format!(
+            "{} is not built (cargo build --workspace builds it)",
+            binary.display()
+        )));
+    }
+    Ok(function)
 }
 
 impl LocalLambda {
@@ -42,17 +60,7 @@ impl LocalLambda {
         instances: usize,
         env: &[(String, String)],
     ) -> std::io::Result<LocalLambda> {
-        let function = binary
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| std::io::Error::other(format!("{} names no function", binary.display())))?
-            .to_owned();
-        if !binary.exists() {
-            return Err(std::io::Error::other(format!(
-                "{} is not built (cargo build --workspace builds it)",
-                binary.display()
-            )));
-        }
+        let function = function_name(binary)?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let logs = std::env::temp_dir().join(format!("fovea-lambda-{port}"));
         std::fs::create_dir_all(&logs)?;
@@ -71,8 +79,8 @@ impl LocalLambda {
             watch,
             instances: Vec::new(),
             port,
+            binaries: vec![(function.clone(), binary.to_owned())],
             function,
-            binary: binary.to_owned(),
             env: env.to_vec(),
             logs,
         };
@@ -92,29 +100,64 @@ impl LocalLambda {
         Ok(local)
     }
 
-    /// Starts one more instance of the function.
+    /// Starts one more instance of the (first) function.
     pub fn add_instance(&mut self) -> std::io::Result<()> {
+        let function = self.function.clone();
+        self.spawn(&function, &[])
+    }
+
+    /// Serves another function (`binary`, named after it) on the same
+    /// endpoint, with `instances` processes that also get `env`.
+    pub fn add_function(&mut self, binary: &Path, instances: usize, env: &[(String, String)]) -> std::io::Result<()> {
+        let function = function_name(binary)?;
+        self.binaries.push((function.clone(), binary.to_owned()));
+        for _ in 0..instances {
+            self.spawn(&function, env)?;
+        }
+        Ok(())
+    }
+
+    /// Starts one more instance of `function` (served already), with `env`
+    /// added to the endpoint's.
+    pub fn spawn(&mut self, function: &str, env: &[(String, String)]) -> std::io::Result<()> {
+        let binary = self
+            .binaries
+            .iter()
+            .find(|(f, _)| f == function)
+            .map(|(_, b)| b.clone())
+            .ok_or_else(|| std::io::Error::other(format!("no function {function}")))?;
         let n = self.instances.len();
         let log = std::fs::File::create(self.logs.join(format!("instance-{n}.log")))?;
-        let child = Command::new(&self.binary)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{}/.rt/{}", self.port, self.function))
-            .env("AWS_LAMBDA_FUNCTION_NAME", &self.function)
+        let child = Command::new(&binary)
+            .envs(self.env.iter().chain(env).map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{}/.rt/{function}", self.port))
+            .env("AWS_LAMBDA_FUNCTION_NAME", function)
             .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
             // A function logs to stdout (CloudWatch on Lambda).
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
-        self.instances.push(child);
+        self.instances.push((function.to_owned(), child));
         Ok(())
+    }
+
+    /// Instances of `function` still running.
+    pub fn running(&mut self, function: &str) -> usize {
+        let mut n = 0;
+        for (f, child) in &mut self.instances {
+            if f == function && matches!(child.try_wait(), Ok(None)) {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Pauses (`pause = true`, SIGSTOP) or resumes (SIGCONT) instance `n`:
     /// a paused instance holding an invocation never answers it, as a hung
     /// function does.
     pub fn pause_instance(&self, n: usize, pause: bool) -> std::io::Result<()> {
-        let child = self.instances.get(n).ok_or_else(|| std::io::Error::other(format!("no instance {n}")))?;
+        let (_, child) = self.instances.get(n).ok_or_else(|| std::io::Error::other(format!("no instance {n}")))?;
         let signal = if pause { "-STOP" } else { "-CONT" };
         let status = Command::new("kill").args([signal, &child.id().to_string()]).status()?;
         if status.success() { Ok(()) } else { Err(std::io::Error::other(format!("kill {signal} failed"))) }
@@ -138,7 +181,7 @@ impl LocalLambda {
 
 impl Drop for LocalLambda {
     fn drop(&mut self) {
-        for child in self.instances.iter_mut().chain(std::iter::once(&mut self.watch)) {
+        for child in self.instances.iter_mut().map(|(_, c)| c).chain(std::iter::once(&mut self.watch)) {
             // Stopping test processes: one already gone is fine.
             let _ = child.kill();
             let _ = child.wait();

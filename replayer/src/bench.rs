@@ -369,6 +369,7 @@ pub(crate) fn replay_into(
         schema_file: None,
         checkpoint_txns: 50_000,
         shards: None,
+        blocks: None,
         lease: fovea_core::lease::DEFAULT_LEASE_TTL,
         progress,
     };

@@ -124,6 +124,12 @@ enum Command {
         /// Shards (default: the number of cores).
         #[arg(long)]
         shards: Option<usize>,
+        /// Rows per write-buffer block and row group.
+        #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCK_ROWS)]
+        block_rows: usize,
+        /// Blocks per file (a full file is combined; storage GC rewrites combined files).
+        #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE)]
+        blocks_per_file: usize,
         /// Seconds the lake's lease lasts without renewal (see `fovea serve --help`).
         #[arg(long, default_value_t = 15.0)]
         lease_secs: f64,
@@ -402,7 +408,18 @@ fn main() -> ExitCode {
         Command::Demo { lake, seconds, rate, json } => {
             demo::run(&demo::DemoOptions { lake, seconds, rate, quiet: false, json })
         }
-        Command::Replay { lake, functions, input, format, schema_file, checkpoint_txns, shards, lease_secs } => {
+        Command::Replay {
+            lake,
+            functions,
+            input,
+            format,
+            schema_file,
+            checkpoint_txns,
+            shards,
+            block_rows,
+            blocks_per_file,
+            lease_secs,
+        } => {
             serve::lease_time(lease_secs).and_then(|lease| {
                 let args = replay::ReplayArgs {
                     lake,
@@ -413,6 +430,7 @@ fn main() -> ExitCode {
                     schema_file,
                     checkpoint_txns,
                     shards,
+                    blocks: Some((block_rows, blocks_per_file)),
                     lease,
                     progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 };

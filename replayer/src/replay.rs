@@ -52,6 +52,8 @@ pub struct ReplayArgs {
     pub checkpoint_txns: u64,
     /// Shards (threads of the engine).
     pub shards: Option<usize>,
+    /// Rows per block and blocks per file (`None`: the defaults).
+    pub blocks: Option<(usize, usize)>,
     /// How long the lake's lease lasts without renewal.
     pub lease: Duration,
     /// Print progress.
@@ -79,6 +81,9 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     let mut config = EngineConfig::default();
     if let Some(s) = args.shards {
         config = config.with_shards(s);
+    }
+    if let Some((rows, per_file)) = args.blocks {
+        config = config.with_blocks(rows, per_file);
     }
     let lake = match &args.backends {
         Some(b) => crate::lakes::open_write(b.clone(), config, args.lease)?,

@@ -165,6 +165,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let serve_args = super::ServeArgs {
         lake: crate::lakes::LakeArgs::local(&lake),
         functions: Default::default(),
+        block_rows: fovea_core::buffer::DEFAULT_BLOCK_ROWS,
+        blocks_per_file: fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE,
         input: format!(
             "postgres://postgres@127.0.0.1:{}/postgres?slot=fovea_bench&publication=fovea_bench&create_slot=true",
             pg.port

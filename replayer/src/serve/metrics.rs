@@ -52,6 +52,10 @@ pub struct Metrics {
     pub files_rewritten: AtomicU64,
     /// Stale rows storage GC left out of the files it rewrote.
     pub stale_rows_dropped: AtomicU64,
+    /// Bytes of the files storage GC rewrote.
+    pub rewritten_bytes_before: AtomicU64,
+    /// Bytes of the files storage GC wrote in their place.
+    pub rewritten_bytes_after: AtomicU64,
     /// Visibility checkpoints written for long-running queries.
     pub visibility_checkpoints: AtomicU64,
     /// Queries answered over Flight SQL.
@@ -87,6 +91,8 @@ impl Default for Metrics {
             storage_gc_queued: AtomicU64::default(),
             files_rewritten: AtomicU64::default(),
             stale_rows_dropped: AtomicU64::default(),
+            rewritten_bytes_before: AtomicU64::default(),
+            rewritten_bytes_after: AtomicU64::default(),
             visibility_checkpoints: AtomicU64::default(),
             queries: AtomicU64::default(),
             errors: Mutex::default(),
@@ -139,6 +145,12 @@ impl Metrics {
                 "stale_rows_dropped",
                 "Stale rows storage GC left out of the files it rewrote.",
                 load(&self.stale_rows_dropped),
+            ),
+            ("storage_gc_bytes_before", "Bytes of the files storage GC rewrote.", load(&self.rewritten_bytes_before)),
+            (
+                "storage_gc_bytes_after",
+                "Bytes of the files storage GC wrote in their place.",
+                load(&self.rewritten_bytes_after),
             ),
             (
                 "visibility_checkpoints",

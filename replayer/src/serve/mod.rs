@@ -76,6 +76,13 @@ pub struct ServeArgs {
     /// Shards (default: the number of cores).
     #[arg(long)]
     pub shards: Option<usize>,
+    /// Rows per write-buffer block and row group.
+    #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCK_ROWS)]
+    pub block_rows: usize,
+    /// Blocks per file: a file is combined (and can be rewritten by
+    /// storage GC) once it holds this many.
+    #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE)]
+    pub blocks_per_file: usize,
     /// Seconds the lake's lease lasts without renewal: a second replayer
     /// started on the same lake waits this long after this one stops
     /// renewing (paused, partitioned, killed on another host) before it
@@ -98,7 +105,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
         _ => None,
     };
-    let mut config = EngineConfig::default();
+    let mut config = EngineConfig::default().with_blocks(args.block_rows, args.blocks_per_file);
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }
@@ -258,6 +265,8 @@ fn maintenance_loop(
             Ok(report) => {
                 metrics.files_rewritten.fetch_add(report.files_rewritten as u64, Ordering::Relaxed);
                 metrics.stale_rows_dropped.fetch_add(report.rows_dropped as u64, Ordering::Relaxed);
+                metrics.rewritten_bytes_before.fetch_add(report.bytes_before, Ordering::Relaxed);
+                metrics.rewritten_bytes_after.fetch_add(report.bytes_after, Ordering::Relaxed);
                 if report.files_rewritten > 0 {
                     tracing::info!(?report, "storage GC rewrote stale files");
                 }

@@ -1,0 +1,195 @@
+//! Combine and storage GC run by the Lambda functions (`functions/combine`,
+//! `functions/gc`), with `cargo lambda watch` as the local Lambda endpoint
+//! and moto as S3 and DynamoDB, as a user runs them:
+//! `fovea serve --lake s3://… --functions lambda://fovea`.
+//! * an update-heavy stream replayed while the replayer hands every combine
+//!   and rewrite to the functions ends with every table equal to an
+//!   in-process replay of the same stream, nothing left past the GC
+//!   threshold, the rewritten files smaller by the stale rows they held,
+//!   and no failed invocation;
+//! * with the GC function dying mid-write (both instances), the rewrite
+//!   fails (retried once, then abandoned and counted) and the tables stay
+//!   exact; healthy instances started then do the rewrites, and a reopened
+//!   lake (whose recovery vacuums what the dead attempts left) reads the
+//!   same.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Server, eventually, free_port, ok};
+use fovea_aws::lambda_local::LocalLambda;
+use fovea_aws::moto::Moto;
+
+const TABLES: [&str; 2] = ["hybench.account", "hybench.transfer"];
+
+fn fovea(moto: &Moto) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
+    c.envs(moto.env());
+    c
+}
+
+/// A function binary, built beside `fovea` by `cargo build --workspace`.
+fn function(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_fovea")).with_file_name(name)
+}
+
+/// The local endpoint with both rewrite functions; `gc_env` goes to the
+/// GC function's instances only.
+fn functions(moto: &Moto, gc_env: &[(String, String)]) -> LocalLambda {
+    let env: Vec<(String, String)> = moto.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut lambda = LocalLambda::start(&workspace, &function("fovea-combine"), 2, &env).unwrap();
+    lambda.add_function(&function("fovea-gc"), 2, gc_env).unwrap();
+    lambda
+}
+
+/// An update-heavy hybench stream (every account updated many times).
+fn stream(dir: &Path) -> PathBuf {
+    let path = dir.join("hybench.jsonl");
+    ok(Command::new(env!("CARGO_BIN_EXE_fovea"))
+        .args(["gen", "hybench", "--txns", "30000", "--seed", "7", "--output"])
+        .arg(&path)
+        .output()
+        .unwrap());
+    path
+}
+
+/// Small blocks and files, so combine and storage GC have work in a short
+/// stream.
+const BLOCKS: [&str; 4] = ["--block-rows", "1024", "--blocks-per-file", "4"];
+
+/// `fovea serve` of `input` into the S3 lake `prefix`, rewrites by the
+/// functions behind `lambda`.
+fn serve(moto: &Moto, lambda: &LocalLambda, prefix: &str, input: &Path, functions: &str) -> Server {
+    let port = free_port();
+    let mport = free_port();
+    let stderr = input.with_extension(format!("serve-{port}.log"));
+    let mut cmd = fovea(moto);
+    cmd.args(["serve", "--lake", &format!("s3://lake/{prefix}"), "--state", &format!("dynamodb://fovea-{prefix}")])
+        .arg("--input")
+        .arg(format!("file:{}", input.display()))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics", &format!("127.0.0.1:{mport}")])
+        .args(["--gc-secs", "1", "--checkpoint-secs", "2", "--storage-gc-threshold", "0.3", "--shards", "2"])
+        .args(BLOCKS)
+        .args(["--functions", functions])
+        .env("AWS_ENDPOINT_URL_LAMBDA", lambda.endpoint())
+        .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    Server::spawn(cmd, stderr, Some(format!("127.0.0.1:{mport}")))
+}
+
+fn export(moto: &Moto, lake: &[&str], table: &str) -> String {
+    ok(fovea(moto).args(["export", "--table", table]).args(lake).output().unwrap())
+}
+
+/// The same stream replayed in process into a local lake: the reference.
+fn reference(moto: &Moto, dir: &Path, input: &Path) -> Vec<String> {
+    let lake = dir.join("reference");
+    let args = ["--lake", lake.to_str().unwrap()];
+    ok(fovea(moto).arg("replay").args(args).args(BLOCKS).arg("--input").arg(input).output().unwrap());
+    TABLES.iter().map(|t| export(moto, &args, t)).collect()
+}
+
+fn s3_lake(prefix: &str) -> [String; 4] {
+    ["--lake".into(), format!("s3://lake/{prefix}"), "--state".into(), format!("dynamodb://fovea-{prefix}")]
+}
+
+#[test]
+fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lake_smaller() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = stream(dir.path());
+    let lambda = functions(&moto, &[]);
+    let server = serve(&moto, &lambda, "fn", &input, "lambda://fovea?concurrency=3&timeout_s=60");
+
+    // Caught up, with rewrites done and nothing left past the threshold.
+    let metrics = eventually(Duration::from_secs(240), "replayed, combined and garbage-collected", || {
+        let lag = server.metric("fovea_input_lag_bytes");
+        let rewritten = server.metric("fovea_files_rewritten_total");
+        let queued = server.metric("fovea_storage_gc_queued");
+        (lag == 0.0 && rewritten > 0.0 && queued == 0.0).then(|| server.metrics())
+    });
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(value("fovea_files_combined_total") > 0.0, "{metrics}");
+    assert_eq!(value("fovea_rewrites_failed_total"), 0.0, "{metrics}\n{}", lambda.instance_logs());
+    assert!(
+        value("fovea_rewrites_total") >= value("fovea_files_combined_total") + value("fovea_files_rewritten_total")
+    );
+    let (before, after) = (value("fovea_storage_gc_bytes_before_total"), value("fovea_storage_gc_bytes_after_total"));
+    assert!(before > 0.0 && after < 0.8 * before, "rewritten files: {before} bytes before, {after} after");
+    assert!(value("fovea_stale_rows_dropped_total") > 0.0, "{metrics}");
+    // The work ran in the functions, not in the replayer.
+    let logs = lambda.instance_logs();
+    assert!(logs.contains("rewritten"), "{logs}");
+    let log = server.stop();
+    assert!(log.contains("rewrites run in Lambda functions"), "{log}");
+
+    let lake = s3_lake("fn");
+    let lake: Vec<&str> = lake.iter().map(String::as_str).collect();
+    let expected = reference(&moto, dir.path(), &input);
+    for (t, expected) in TABLES.iter().zip(&expected) {
+        assert_eq!(&export(&moto, &lake, t), expected, "{t}");
+    }
+}
+
+#[test]
+fn a_gc_function_dying_mid_write_changes_no_table() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = stream(dir.path());
+    let kill = [("FOVEA_KILL_AT".to_owned(), "mid_write".to_owned())];
+    let mut lambda = functions(&moto, &kill);
+    let server = serve(&moto, &lambda, "dying", &input, "lambda://fovea?timeout_s=20");
+
+    let failed = eventually(Duration::from_secs(240), "a failed rewrite after catching up", || {
+        let lag = server.metric("fovea_input_lag_bytes");
+        let failed = server.metric("fovea_rewrites_failed_total");
+        (lag == 0.0 && failed > 0.0).then_some(failed)
+    });
+    assert!(failed >= 1.0);
+    assert_eq!(server.metric("fovea_files_rewritten_total"), 0.0);
+    assert!(server.metric("fovea_files_combined_total") > 0.0, "combine is unaffected");
+    assert_eq!(lambda.running("fovea-gc"), 0, "the GC instances died:\n{}", lambda.instance_logs());
+    for t in TABLES {
+        let lake = s3_lake("dying");
+        let lake: Vec<&str> = lake.iter().map(String::as_str).collect();
+        assert!(!export(&moto, &lake, t).is_empty(), "{t} reads while the rewrites fail");
+    }
+    // Healthy instances take over; the next rounds rewrite.
+    lambda.spawn("fovea-gc", &[]).unwrap();
+    lambda.spawn("fovea-gc", &[]).unwrap();
+    eventually(Duration::from_secs(240), "rewrites by the new instances", || {
+        (server.metric("fovea_files_rewritten_total") > 0.0 && server.metric("fovea_storage_gc_queued") == 0.0)
+            .then_some(())
+    });
+    let log = server.stop();
+    assert!(log.contains("storage GC left the file as it was"), "{log}");
+
+    let lake = s3_lake("dying");
+    let lake: Vec<&str> = lake.iter().map(String::as_str).collect();
+    let expected = reference(&moto, dir.path(), &input);
+    for (t, expected) in TABLES.iter().zip(&expected) {
+        assert_eq!(&export(&moto, &lake, t), expected, "{t}");
+    }
+    // No half-written object is left under the table's files but those the
+    // lake names: a reopened lake (its recovery vacuums) reads the same.
+    let again = ok(fovea(&moto).arg("replay").args(&lake).args(BLOCKS).arg("--input").arg(&input).output().unwrap());
+    assert!(again.contains("replayed 0 transactions"), "{again}");
+    for (t, expected) in TABLES.iter().zip(&expected) {
+        assert_eq!(&export(&moto, &lake, t), expected, "{t} after recovery");
+    }
+}
