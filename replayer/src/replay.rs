@@ -70,14 +70,7 @@ pub struct ReplaySummary {
 
 /// Replays `input` into the lake to its end and makes everything durable.
 pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
-    let ddl = match &args.schema_file {
-        Some(p) => {
-            let sql =
-                std::fs::read_to_string(p).map_err(|e| format!("cannot read schema file {}: {e}", p.display()))?;
-            parse_ddl(&sql).map_err(|e| format!("schema file {}: {e}", p.display()))?
-        }
-        None => Vec::new(),
-    };
+    let ddl = read_schema_file(args.schema_file.as_deref())?;
     let mut config = EngineConfig::default();
     if let Some(s) = args.shards {
         config = config.with_shards(s);
@@ -133,6 +126,13 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     })?;
     lake.engine.flush()?;
     Ok(ReplaySummary { stats: sink.stats(), elapsed: began.elapsed() })
+}
+
+/// The CREATE TABLE statements of `--schema-file` (none without one).
+pub fn read_schema_file(path: Option<&std::path::Path>) -> CliResult<Vec<fovea_core::cdc::ddl::TableDdl>> {
+    let Some(p) = path else { return Ok(Vec::new()) };
+    let sql = std::fs::read_to_string(p).map_err(|e| format!("cannot read schema file {}: {e}", p.display()))?;
+    Ok(parse_ddl(&sql).map_err(|e| format!("schema file {}: {e}", p.display()))?)
 }
 
 /// Seconds between maintenance rounds of `fovea replay`.

@@ -24,8 +24,9 @@
 //!
 //! The crate is plain `no_std`-friendly Rust without dependencies: it builds
 //! natively (core and the Lambda functions use it) and for `wasm32` with
-//! SIMD128. The loops are written in fixed-width chunks that LLVM turns into
-//! SIMD on both targets.
+//! SIMD128, where [`js`] exports it to JavaScript through wasm-bindgen
+//! (`scripts/wasm.sh` builds the package in `scan-wasm/js/`). The loops are
+//! written in fixed-width chunks that LLVM turns into SIMD on both targets.
 //!
 //! ```
 //! use fovea_scan_wasm::*;
@@ -39,6 +40,9 @@
 #![no_std]
 
 extern crate alloc;
+
+#[cfg(target_arch = "wasm32")]
+pub mod js;
 
 use alloc::vec::Vec;
 

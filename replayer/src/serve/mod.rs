@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// storage GC rewrites a file without its stale rows.
     #[arg(long, default_value_t = 0.3)]
     pub storage_gc_threshold: f64,
+    /// CREATE TABLE statements overriding inferred types and keys (AWS DMS
+    /// records carry no primary key: name it here).
+    #[arg(long)]
+    pub schema_file: Option<std::path::PathBuf>,
     /// Milliseconds between polls of an idle file input.
     #[arg(long, default_value_t = 10)]
     pub poll_ms: u64,
@@ -135,6 +139,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         checkpoint_interval: Duration::MAX,
         // The maintenance thread runs GC and combine.
         maintain_on_checkpoint: false,
+        ddl: crate::replay::read_schema_file(args.schema_file.as_deref())?,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
