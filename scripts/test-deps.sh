@@ -8,7 +8,8 @@
 # kinesalite, the local Kinesis (npm, in /var/tmp/fovea-npm unless
 # FOVEA_NODE_MODULES names other node_modules); boto3 and matplotlib for the
 # Python client and its example; prometheus_client (its OpenMetrics parser
-# reads /metrics in a test); cargo-lambda (local Lambda endpoint).
+# reads /metrics in a test); cargo-lambda (local Lambda endpoint); the JS
+# example's npm packages and the wasm32 kernel package (below).
 set -euo pipefail
 if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   echo "== installing PostgreSQL 15"
@@ -37,3 +38,24 @@ if [ -z "${FOVEA_NODE_MODULES:-}" ] && [ ! -f "$NPM/node_modules/kinesalite/pack
   mkdir -p "$NPM"
   (cd "$NPM" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund kinesalite@3.3.3)
 fi
+# The JavaScript example (examples/js): its npm packages in /var/tmp/fovea-npm-js
+# (or FOVEA_NODE_MODULES_JS) at the versions its package.json pins, the
+# kernel package linked from this checkout, and the kernel built for wasm32
+# (scripts/wasm.sh build: Debian's rustc-web and a pinned wasm-bindgen).
+NPM_JS=/var/tmp/fovea-npm-js
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ -z "${FOVEA_NODE_MODULES_JS:-}" ]; then
+  want=$(node -e 'const d = require(process.argv[1]).dependencies;
+    console.log(Object.entries(d).filter(([, v]) => !v.startsWith("file:")).map(([k, v]) => k + "@" + v).join(" "))' "$ROOT/examples/js/package.json")
+  have=$(cat "$NPM_JS/.installed" 2>/dev/null || true)
+  if [ "$want" != "$have" ]; then
+    echo "== installing the JS example's packages in $NPM_JS"
+    mkdir -p "$NPM_JS"
+    # shellcheck disable=SC2086 # one word per package
+    (cd "$NPM_JS" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund $want)
+    echo "$want" > "$NPM_JS/.installed"
+  fi
+  mkdir -p "$NPM_JS/node_modules/@fovea"
+  ln -sfn "$ROOT/scan-wasm/js" "$NPM_JS/node_modules/@fovea/scan-kernel"
+fi
+bash "$ROOT/scripts/wasm.sh" build

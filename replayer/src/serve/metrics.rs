@@ -186,7 +186,11 @@ impl Metrics {
         for (name, help, value) in [
             ("rows_per_second", "Average rows applied per second since start.", load(&self.rows) as f64 / secs),
             ("input_lag_bytes", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes) as f64),
-            ("hwm", "High watermark: newest mirror ts visible to new queries.", clock.hwm().get() as f64),
+            (
+                "hwm",
+                "High watermark: every mirror ts below it is replayed (new queries read at HWM - 1).",
+                clock.hwm().get() as f64,
+            ),
             ("lwm", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
             ("freshness_seconds", "Now minus the source commit time of the newest visible transaction.", freshness),
             ("visibility_bits_per_tuple", "Tile visibility bits per stored tuple.", memory.visibility_bits_per_tuple()),
