@@ -49,6 +49,7 @@ fn the_js_example_counts_what_sql_counts() {
             .unwrap();
         let line = ok(out);
         let answer: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line}"));
+        eprintln!("{table}: {answer}");
         let count = server.sql(&format!("SELECT count(*) FROM {table}")).unwrap();
         assert_eq!(answer["visible"].as_u64().unwrap().to_string(), count.trim(), "{table}: {answer}");
         let (read, visible, memory) = (
