@@ -416,13 +416,11 @@ pub(crate) fn run_all(
             })
             .collect();
         for h in handles {
-            match h.join() {
-                Ok(done) => {
-                    for (i, o) in done {
-                        out[i] = Some(o);
-                    }
+            // A panicking worker thread leaves its slots empty: failures below.
+            if let Ok(done) = h.join() {
+                for (i, o) in done {
+                    out[i] = Some(o);
                 }
-                Err(_) => {} // a panicking worker thread leaves its slots empty: failures below
             }
         }
     });
