@@ -94,6 +94,14 @@ impl RegularFile {
         RegularFile { path, row_groups, footer_range, metadata: OnceLock::new() }
     }
 
+    /// The file with its footer already parsed (`metadata` must be this
+    /// file's): readers need no request for it.
+    pub fn with_metadata(self, metadata: ArrowReaderMetadata) -> Self {
+        // Already set (read before): the same footer, kept.
+        let _ = self.metadata.set(metadata);
+        self
+    }
+
     /// Total rows.
     pub fn rows(&self) -> usize {
         self.row_groups.iter().map(|r| r.rows).sum()

@@ -14,7 +14,9 @@
 //! until the replayer's swap: a worker that fails or dies at any point
 //! leaves at most an unnamed object, which the caller deletes (or the next
 //! recovery's vacuum does). Rewriting the same request again writes the
-//! same rows, so a retry is safe. The worker is told which rows to drop:
+//! same bytes (the Parquet encoding of the same rows is deterministic), so a
+//! retry is safe, and so is a timed-out attempt that writes the same path
+//! after its retry succeeded. The worker is told which rows to drop:
 //! visibility lives in the replayer alone, and deletes that arrive while
 //! the worker runs are carried over to the new file at the swap (the dual
 //! delete), so the worker never needs to hear of them.
@@ -96,7 +98,7 @@ pub struct WrittenGroup {
 }
 
 /// A worker's answer: the file it wrote.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RewriteAnswer {
     /// Rows written.
     pub rows: usize,
@@ -109,6 +111,10 @@ pub struct RewriteAnswer {
     pub bytes_read: u64,
     /// Time spent, in microseconds.
     pub micros: u64,
+    /// The written file's parsed footer, when the rewrite ran in this
+    /// process: readers then need no request for it (never sent).
+    #[serde(skip)]
+    pub footer_metadata: Option<parquet::arrow::arrow_reader::ArrowReaderMetadata>,
 }
 
 impl RewriteAnswer {
@@ -125,7 +131,11 @@ impl RewriteAnswer {
                 info
             })
             .collect();
-        RegularFile::new(path, groups, Some(self.footer.0..self.footer.1))
+        let file = RegularFile::new(path, groups, Some(self.footer.0..self.footer.1));
+        match &self.footer_metadata {
+            Some(m) => file.with_metadata(m.clone()),
+            None => file,
+        }
     }
 
     /// Size of the written object.
@@ -264,6 +274,7 @@ pub fn run_rewrite_killed_at(
         footer: (footer.start, footer.end),
         bytes_read: meter.counts().bytes_read,
         micros: micros(started),
+        footer_metadata: file.metadata(lake).ok().cloned(),
     })
 }
 
