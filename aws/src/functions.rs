@@ -18,12 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_sdk_lambda::Client;
+use fovea_core::Result;
 use fovea_core::lake::block_on_io;
 use fovea_core::rewrite::{RewriteAnswer, RewriteRequest, RewriteWorker};
 use fovea_core::scan_worker::{SplitFailure, SplitFailureKind};
-use fovea_core::{Error, Result};
 
-use crate::lambda::{invoke_function, lambda_client};
+use crate::lambda::{LambdaUrl, invoke_function, lambda_client};
 
 /// Rewrites one replayer runs at once unless `concurrency=` says.
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -48,35 +48,21 @@ pub struct FunctionsTarget {
 impl FunctionsTarget {
     /// Parses `lambda://PREFIX[?concurrency=N&timeout_s=S]`.
     pub fn parse(url: &str) -> Result<Self> {
-        let bad = |why: String| Error::Source {
-            input: url.into(),
-            message: format!(
-                "{why} (expected lambda://PREFIX[?concurrency=N&timeout_s=S], functions PREFIX-combine and PREFIX-gc)"
-            ),
-        };
-        let rest = url.strip_prefix("lambda://").ok_or_else(|| bad("not a lambda:// URL".into()))?;
-        let (prefix, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if prefix.is_empty() || prefix.contains('/') {
-            return Err(bad("no function-name prefix".into()));
+        let expected = "lambda://PREFIX[?concurrency=N&timeout_s=S], functions PREFIX-combine and PREFIX-gc";
+        let parsed = LambdaUrl::parse(url, expected, &[("concurrency", 1000), ("timeout_s", 900)])?;
+        if parsed.name.contains('/') {
+            return Err(LambdaUrl::bad(url, expected, "a function-name prefix has no '/'"));
         }
         let mut target = FunctionsTarget {
-            combine: format!("{prefix}-combine"),
-            gc: format!("{prefix}-gc"),
+            combine: format!("{}-combine", parsed.name),
+            gc: format!("{}-gc", parsed.name),
             concurrency: DEFAULT_CONCURRENCY,
             timeout: DEFAULT_TIMEOUT,
         };
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            let number = |max: u64| {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| (1..=max).contains(n))
-                    .ok_or_else(|| bad(format!("{key}={value}: expected 1..={max}")))
-            };
-            match key.as_ref() {
-                "concurrency" => target.concurrency = number(1000)? as usize,
-                "timeout_s" => target.timeout = Duration::from_secs(number(900)?),
-                _ => return Err(bad(format!("unknown parameter {key}"))),
+        for (key, n) in parsed.params {
+            match key.as_str() {
+                "concurrency" => target.concurrency = n as usize,
+                _ => target.timeout = Duration::from_secs(n),
             }
         }
         Ok(target)

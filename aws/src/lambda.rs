@@ -55,37 +55,62 @@ pub struct LambdaTarget {
 impl LambdaTarget {
     /// Parses `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
     pub fn parse(url: &str) -> Result<Self> {
-        let bad = |why: String| Error::Source {
-            input: url.into(),
-            message: format!("{why} (expected lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K])"),
-        };
-        let rest = url.strip_prefix("lambda://").ok_or_else(|| bad("not a lambda:// URL".into()))?;
-        let (function, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if function.is_empty() {
-            return Err(bad("no function".into()));
-        }
+        let expected = "lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]";
+        let parsed =
+            LambdaUrl::parse(url, expected, &[("concurrency", 1000), ("timeout_s", 900), ("inline_kb", 6 * 1024)])?;
         let mut target = LambdaTarget {
-            function: function.to_owned(),
+            function: parsed.name,
             concurrency: DEFAULT_CONCURRENCY,
             timeout: DEFAULT_TIMEOUT,
             inline_limit: None,
         };
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            let number = |max: u64| {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| (1..=max).contains(n))
-                    .ok_or_else(|| bad(format!("{key}={value}: expected 1..={max}")))
-            };
-            match key.as_ref() {
-                "concurrency" => target.concurrency = number(1000)? as usize,
-                "timeout_s" => target.timeout = Duration::from_secs(number(900)?),
-                "inline_kb" => target.inline_limit = Some(number(6 * 1024)? as usize * 1024),
-                _ => return Err(bad(format!("unknown parameter {key}"))),
+        for (key, n) in parsed.params {
+            match key.as_str() {
+                "concurrency" => target.concurrency = n as usize,
+                "timeout_s" => target.timeout = Duration::from_secs(n),
+                _ => target.inline_limit = Some(n as usize * 1024),
             }
         }
         Ok(target)
+    }
+}
+
+/// A `lambda://NAME[?KEY=N&…]` URL, its parameters checked.
+pub(crate) struct LambdaUrl {
+    /// What follows `lambda://` up to the query.
+    pub name: String,
+    /// The parameters, each a known key with a value in `1..=` its bound.
+    pub params: Vec<(String, u64)>,
+}
+
+impl LambdaUrl {
+    /// Parses `url`, whose parameters are the keys of `bounds`; errors
+    /// name the URL and the `expected` form.
+    pub fn parse(url: &str, expected: &str, bounds: &[(&str, u64)]) -> Result<Self> {
+        let rest = url.strip_prefix("lambda://").ok_or_else(|| Self::bad(url, expected, "not a lambda:// URL"))?;
+        let (name, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if name.is_empty() {
+            return Err(Self::bad(url, expected, "no function name"));
+        }
+        let mut params = Vec::new();
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            let &(_, max) = bounds
+                .iter()
+                .find(|(k, _)| *k == key)
+                .ok_or_else(|| Self::bad(url, expected, &format!("unknown parameter {key}")))?;
+            let n = value
+                .parse::<u64>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| Self::bad(url, expected, &format!("{key}={value}: expected 1..={max}")))?;
+            params.push((key.into_owned(), n));
+        }
+        Ok(LambdaUrl { name: name.to_owned(), params })
+    }
+
+    /// The error of a bad `url`.
+    pub fn bad(url: &str, expected: &str, why: &str) -> Error {
+        Error::Source { input: url.into(), message: format!("{why} (expected {expected})") }
     }
 }
 

@@ -20,6 +20,32 @@ pub fn cargo_lambda() -> String {
         .unwrap_or_else(|_| if Path::new(venv).exists() { venv.into() } else { "cargo-lambda".into() })
 }
 
+/// Runs a function binary with no Lambda runtime API, as a test of what it
+/// does outside Lambda: its exit status and everything it printed, or an
+/// error if it is still running after 30 s (it must stop, not wait for
+/// invocations that never come).
+pub fn run_without_runtime_api(binary: &Path) -> std::io::Result<(std::process::ExitStatus, String)> {
+    let mut child = Command::new(binary)
+        .env_remove("AWS_LAMBDA_RUNTIME_API")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            // A test process that hangs: stopping it, whatever its state.
+            let _ = child.kill();
+            return Err(std::io::Error::other(format!("{} waited without a runtime API", binary.display())));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output()?;
+    Ok((status, format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
+}
+
 /// A running local Lambda endpoint with function instances; all stopped
 /// on drop.
 pub struct LocalLambda {

@@ -818,44 +818,41 @@ impl Engine {
                 .files
                 .iter()
                 .filter_map(|f| match &f.kind {
-                    FileKind::Virtual { blocks, sealed: true }
-                        if !blocks.is_empty() && blocks.iter().all(|b| matches!(b.data, BlockData::Flushed(_))) =>
-                    {
-                        Some((f.id, blocks.clone()))
+                    FileKind::Virtual { blocks, sealed: true } if !blocks.is_empty() => {
+                        // The block objects, in order; `None` while one is still in memory.
+                        let paths: Option<Vec<Path>> = blocks
+                            .iter()
+                            .map(|b| match &b.data {
+                                BlockData::Flushed(p) => Some(p.clone()),
+                                BlockData::Memory(_) => None,
+                            })
+                            .collect();
+                        Some((f.id, blocks.iter().map(|b| b.rows).collect::<Vec<usize>>(), paths?))
                     }
                     _ => None,
                 })
                 .collect();
-            candidates.extend(files.into_iter().map(|(id, blocks)| (Arc::clone(&part), id, blocks)));
+            candidates.extend(files.into_iter().map(|(id, rows, paths)| (Arc::clone(&part), id, rows, paths)));
         }
         let requests: Vec<RewriteRequest> = candidates
             .iter()
-            .map(|(part, id, blocks)| RewriteRequest {
+            .map(|(part, id, _, paths)| RewriteRequest {
                 lake: None,
-                job: RewriteJob::Combine {
-                    blocks: blocks
-                        .iter()
-                        .filter_map(|b| match &b.data {
-                            BlockData::Flushed(p) => Some(p.to_string()),
-                            BlockData::Memory(_) => None,
-                        })
-                        .collect(),
-                },
+                job: RewriteJob::Combine { blocks: paths.iter().map(Path::to_string).collect() },
                 output: file_path(part.table.id, *id).to_string(),
                 row_group_rows: self.config.block_rows,
             })
             .collect();
         let answers = self.run_rewrites(&requests);
         let mut combined = 0;
-        for (((part, id, blocks), request), answer) in candidates.iter().zip(&requests).zip(answers) {
-            let output = Path::from(request.output.as_str());
+        for ((part, id, block_rows, paths), answer) in candidates.into_iter().zip(answers) {
+            let output = file_path(part.table.id, id);
             let answer = answer.map_err(|f| f.to_string()).and_then(|a| {
                 let groups: Vec<usize> = a.row_groups.iter().map(|g| g.rows).collect();
-                let expected: Vec<usize> = blocks.iter().map(|b| b.rows).collect();
-                if groups == expected {
+                if groups == block_rows {
                     Ok(a)
                 } else {
-                    Err(format!("row groups of {groups:?} rows for blocks of {expected:?}"))
+                    Err(format!("row groups of {groups:?} rows for blocks of {block_rows:?}"))
                 }
             });
             let answer = match answer {
@@ -867,12 +864,8 @@ impl Engine {
                 }
             };
             let regular = answer.file(output);
-            let paths = match &request.job {
-                RewriteJob::Combine { blocks } => blocks.iter().map(|b| Path::from(b.as_str())).collect(),
-                RewriteJob::DropRows { .. } => unreachable!("combine requests are built above"),
-            };
             let mut state = lock(&part.state);
-            if let Some(f) = state.files.iter_mut().find(|f| f.id == *id) {
+            if let Some(f) = state.files.iter_mut().find(|f| f.id == id) {
                 f.kind = FileKind::Regular(Arc::new(regular));
             }
             // Readers registered before this point may still read the blocks.

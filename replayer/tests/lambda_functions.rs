@@ -82,7 +82,7 @@ fn serve(moto: &Moto, lambda: &LocalLambda, prefix: &str, input: &Path, function
     Server::spawn(cmd, stderr, Some(format!("127.0.0.1:{mport}")))
 }
 
-fn export(moto: &Moto, lake: &[&str], table: &str) -> String {
+fn export<S: AsRef<std::ffi::OsStr>>(moto: &Moto, lake: &[S], table: &str) -> String {
     ok(fovea(moto).args(["export", "--table", table]).args(lake).output().unwrap())
 }
 
@@ -96,6 +96,13 @@ fn reference(moto: &Moto, dir: &Path, input: &Path) -> Vec<String> {
 
 fn s3_lake(prefix: &str) -> [String; 4] {
     ["--lake".into(), format!("s3://lake/{prefix}"), "--state".into(), format!("dynamodb://fovea-{prefix}")]
+}
+
+/// Every table of the S3 lake `prefix` equals `expected` (in [`TABLES`] order).
+fn assert_tables(moto: &Moto, prefix: &str, expected: &[String], when: &str) {
+    for (t, expected) in TABLES.iter().zip(expected) {
+        assert_eq!(&export(moto, &s3_lake(prefix), t), expected, "{t} {when}");
+    }
 }
 
 #[test]
@@ -137,12 +144,8 @@ fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lak
     let log = server.stop();
     assert!(log.contains("rewrites run in Lambda functions"), "{log}");
 
-    let lake = s3_lake("fn");
-    let lake: Vec<&str> = lake.iter().map(String::as_str).collect();
     let expected = reference(&moto, dir.path(), &input);
-    for (t, expected) in TABLES.iter().zip(&expected) {
-        assert_eq!(&export(&moto, &lake, t), expected, "{t}");
-    }
+    assert_tables(&moto, "fn", &expected, "after the run");
 }
 
 #[test]
@@ -165,9 +168,7 @@ fn a_gc_function_dying_mid_write_changes_no_table() {
     assert!(server.metric("fovea_files_combined_total") > 0.0, "combine is unaffected");
     assert_eq!(lambda.running("fovea-gc"), 0, "the GC instances died:\n{}", lambda.instance_logs());
     for t in TABLES {
-        let lake = s3_lake("dying");
-        let lake: Vec<&str> = lake.iter().map(String::as_str).collect();
-        assert!(!export(&moto, &lake, t).is_empty(), "{t} reads while the rewrites fail");
+        assert!(!export(&moto, &s3_lake("dying"), t).is_empty(), "{t} reads while the rewrites fail");
     }
     // Healthy instances take over; the next rounds rewrite.
     lambda.spawn("fovea-gc", &[]).unwrap();
@@ -179,17 +180,12 @@ fn a_gc_function_dying_mid_write_changes_no_table() {
     let log = server.stop();
     assert!(log.contains("storage GC left the file as it was"), "{log}");
 
-    let lake = s3_lake("dying");
-    let lake: Vec<&str> = lake.iter().map(String::as_str).collect();
     let expected = reference(&moto, dir.path(), &input);
-    for (t, expected) in TABLES.iter().zip(&expected) {
-        assert_eq!(&export(&moto, &lake, t), expected, "{t}");
-    }
+    assert_tables(&moto, "dying", &expected, "after the run");
     // No half-written object is left under the table's files but those the
     // lake names: a reopened lake (its recovery vacuums) reads the same.
-    let again = ok(fovea(&moto).arg("replay").args(&lake).args(BLOCKS).arg("--input").arg(&input).output().unwrap());
+    let again =
+        ok(fovea(&moto).arg("replay").args(s3_lake("dying")).args(BLOCKS).arg("--input").arg(&input).output().unwrap());
     assert!(again.contains("replayed 0 transactions"), "{again}");
-    for (t, expected) in TABLES.iter().zip(&expected) {
-        assert_eq!(&export(&moto, &lake, t), expected, "{t} after recovery");
-    }
+    assert_tables(&moto, "dying", &expected, "after recovery");
 }
