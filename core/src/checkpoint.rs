@@ -34,7 +34,7 @@ use crate::buffer::{Block, BlockData, FileKind, LakeFile};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
-use crate::index::PrimaryIndex;
+use crate::index::{ChangedKeys, PrimaryIndex, write_image};
 use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
@@ -46,8 +46,9 @@ const TABLES_PREFIX: &str = "tables";
 /// Where checkpoint objects live.
 const CHECKPOINTS_PREFIX: &str = "_fovea/checkpoints";
 
-/// Version of the manifest format.
-pub const MANIFEST_FORMAT: u32 = 1;
+/// Version of the manifest format this fovea writes: 2 has chains of
+/// index deltas and counts of deleted rows. It reads 1 as well.
+pub const MANIFEST_FORMAT: u32 = 2;
 
 /// The engine image of one checkpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -130,8 +131,17 @@ pub struct ColumnManifest {
 pub struct ShardManifest {
     /// Next row id.
     pub next_row_id: u64,
-    /// Object holding the index (live at the checkpoint).
+    /// Object holding the base image of the index (format 2: in key
+    /// order, one version per key).
     pub index: String,
+    /// Deltas to apply to the base, oldest first: the keys changed since
+    /// the checkpoint before, each with its version at this one or removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub index_deltas: Vec<String>,
+    /// Bytes of the base and of each delta (empty in format 1: there is
+    /// no chain to extend).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub index_sizes: Vec<u64>,
     /// MI ranges: start, len, file, slot, offset.
     pub ranges: Vec<[u64; 5]>,
     /// Visibility writers by slot.
@@ -149,6 +159,10 @@ pub struct SlotManifest {
     pub capacity: usize,
     /// Object with the deleted offsets (u32 LE), if any row is deleted.
     pub deleted: Option<String>,
+    /// Rows deleted (unknown in format 1). A file's deleted rows only grow,
+    /// so a later checkpoint with the same count names the same object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_rows: Option<usize>,
 }
 
 /// A table part.
@@ -285,199 +299,428 @@ fn prefix_at(batch: &RecordBatch, c: Ts) -> Result<RecordBatch> {
     Ok(batch.slice(0, n))
 }
 
-impl Engine {
-    /// Writes the objects of a checkpoint at `HWM − 1` and returns its
-    /// manifest. The checkpoint takes effect when the caller commits the
-    /// manifest (with the input position) to the catalog.
-    pub fn write_checkpoint(&self) -> Result<Manifest> {
-        let _order = lock(&self.sequencer_apply);
-        let c = self.clock.latest();
-        let number = lock(&self.retired).begin_checkpoint();
-        // Release: pairs with the Acquire in `gc`.
-        self.checkpointing.store(true, Ordering::Release);
-        let lake = &self.lake;
-        let dir = format!("{CHECKPOINTS_PREFIX}/{}", c.get());
-        let tables = self.tables_at(c);
-        let included: HashSet<TableId> = tables.iter().map(|t| t.id).collect();
-        if tables.iter().enumerate().any(|(i, t)| t.id.0 as usize != i) {
-            return Err(Error::invariant("tables left out of a checkpoint must be the newest ones"));
+/// A base index image is rewritten (base and deltas merged into one) once
+/// this many deltas follow it, or once they hold half its bytes and at
+/// least [`MERGE_BYTES`].
+const MAX_INDEX_DELTAS: usize = 8;
+
+/// Deltas smaller than this are not worth a merge before
+/// [`MAX_INDEX_DELTAS`] of them.
+const MERGE_BYTES: u64 = 1 << 20;
+
+/// Changed keys looked up per hold of a shard's lock.
+const LOOKUPS_PER_LOCK: usize = 4096;
+
+/// What a checkpoint keeps of one shard at its timestamp.
+struct ShardCapture {
+    next_row_id: u64,
+    ranges: Vec<[u64; 5]>,
+    /// Visibility by slot.
+    slots: Vec<Arc<FileVisibility>>,
+    parts: Vec<PartCapture>,
+}
+
+/// What a checkpoint keeps of one table part.
+struct PartCapture {
+    table: TableId,
+    files: Vec<LakeFile>,
+    /// The active block's file and rows.
+    active: Option<(FileId, RecordBatch)>,
+    /// Index of the open block.
+    open_index: Option<u32>,
+}
+
+/// A checkpoint captured at one timestamp and not yet written.
+///
+/// [`Engine::capture_checkpoint`] takes, under each shard's lock and
+/// briefly, what changes in place (the keys the index changed, the MI
+/// ranges, the visibility of each slot, each part's files and active rows);
+/// [`PendingCheckpoint::write`] then writes the objects with applies going
+/// on beside it, holding a shard's lock only to look up changed keys, a
+/// few thousand at a time, and never across IO. What it reads stays as it
+/// was at `c`: its snapshot keeps LWM (so memory GC) at or below `c`, and
+/// storage GC swaps wait until it is written. Dropped before the manifest
+/// is committed (an error, a failed commit), it gives the changed keys
+/// back, so the next checkpoint writes them.
+pub struct PendingCheckpoint {
+    engine: Arc<Engine>,
+    c: Ts,
+    number: u64,
+    _pin: crate::mvcc::Snapshot,
+    tables: Vec<Arc<TableDef>>,
+    next_file_id: u64,
+    shards: Vec<ShardCapture>,
+    /// Keys each shard's index changed since the committed checkpoint.
+    changed: Vec<ChangedKeys>,
+    /// Whether this checkpoint holds storage GC's swaps off.
+    holds_image: bool,
+}
+
+impl PendingCheckpoint {
+    /// The timestamp the checkpoint is an image at.
+    pub fn ts(&self) -> Ts {
+        self.c
+    }
+
+    /// Writes the checkpoint's objects and returns its manifest, which
+    /// takes effect when the caller commits it (with the input position)
+    /// to the catalog and tells [`Engine::checkpoint_committed`]. Index
+    /// and deleted rows are written incrementally: a delta of the keys
+    /// changed since the committed checkpoint (merged into a new base image
+    /// now and then), and the deleted rows only of files with new deletes.
+    pub fn write(&mut self) -> Result<Manifest> {
+        let out = self.write_objects();
+        self.release_image();
+        out
+    }
+
+    fn release_image(&mut self) {
+        if std::mem::take(&mut self.holds_image) {
+            *lock(&self.engine.image) = false;
+            self.engine.image_written.notify_all();
         }
+    }
+
+    fn write_objects(&self) -> Result<Manifest> {
+        let engine = &*self.engine;
+        let lake = &engine.lake;
+        let c = self.c;
+        let dir = format!("{CHECKPOINTS_PREFIX}/{}", c.get());
+        // The chain of the committed checkpoint, which `changed` is relative to.
+        let committed = lock(&engine.last_checkpoint).clone();
         let mut shards = Vec::with_capacity(self.shards.len());
-        for (s, shard) in self.shards.iter().enumerate() {
-            let shard = lock(shard);
+        for (s, (capture, changed)) in self.shards.iter().zip(&self.changed).enumerate() {
+            let previous = committed.as_ref().and_then(|m| m.shards.get(s));
             let began = std::time::Instant::now();
-            let mut index = Vec::new();
-            shard.index.write_live_at(c, &mut index);
-            let index_path = format!("{dir}/index-{s}.bin");
-            let bytes = index.len();
-            lake.put(&Path::from(index_path.as_str()), Bytes::from(index))?;
-            tracing::debug!(shard = s, bytes, ms = began.elapsed().as_secs_f64() * 1e3, "checkpoint index image");
-            let mut slots = Vec::with_capacity(shard.writers.len());
-            let mut slot_of = HashMap::new();
-            for (i, w) in shard.writers.iter().enumerate() {
-                let vis = w.visibility();
-                slot_of.insert(vis.file(), i as u32);
-                let deleted = vis.deleted_rows(c)?;
-                let deleted_path = if deleted.is_empty() {
-                    None
-                } else {
-                    let p = format!("{dir}/deleted-{}.bin", vis.file().0);
-                    let bytes: Vec<u8> = deleted.iter().flat_map(|d| d.to_le_bytes()).collect();
-                    lake.put(&Path::from(p.as_str()), Bytes::from(bytes))?;
-                    Some(p)
-                };
-                slots.push(SlotManifest { file: vis.file().0, capacity: vis.capacity(), deleted: deleted_path });
+            let keys = changed.sorted();
+            let mut versions = Vec::with_capacity(keys.len());
+            for chunk in keys.chunks(LOOKUPS_PER_LOCK) {
+                let mut shard = lock(&engine.shards[s]);
+                versions.extend(chunk.iter().map(|k| shard.index.checkpoint_version(k, c)));
             }
-            let mut parts = Vec::new();
-            let mut tables: Vec<_> = shard.parts.iter().collect();
-            tables.sort_by_key(|(t, _)| **t);
-            for (table, pw) in tables.into_iter().filter(|(t, _)| included.contains(t)) {
-                let mut state = lock(&pw.part.state);
-                let active = match &mut state.active {
-                    Some(a) => Some((a.file, a.builder.snapshot()?)),
-                    None => None,
-                };
-                let mut files = Vec::with_capacity(state.files.len());
-                let mut open = None;
-                for f in &state.files {
-                    let slot = *slot_of
-                        .get(&f.id)
-                        .ok_or_else(|| Error::invariant(format!("{} has no visibility slot", f.id)))?;
-                    match &f.kind {
-                        FileKind::Regular(r) => {
-                            if r.row_groups.iter().any(|g| g.max_ts > c) {
-                                return Err(Error::invariant(format!(
-                                    "regular {} holds rows newer than the checkpoint",
-                                    f.id
-                                )));
-                            }
-                            files.push(FileManifest {
-                                id: f.id.0,
-                                sealed: true,
-                                blocks: Vec::new(),
-                                regular: Some(RegularManifest {
-                                    path: r.path.to_string(),
-                                    row_groups: r
-                                        .row_groups
-                                        .iter()
-                                        .map(|g| [g.offset as u64, g.rows as u64, g.min_ts.get(), g.max_ts.get()])
-                                        .collect(),
-                                    footer: r.footer_range.as_ref().map(|f| [f.start, f.end]),
-                                }),
-                            });
+            let entries = || keys.iter().copied().zip(versions.iter().copied());
+            let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
+            let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
+            let (index, index_deltas, index_sizes) = match chain {
+                // The committed checkpoint is an image at `c` already (no
+                // commit since): its objects serve, none is overwritten.
+                Some(p) if since == c.get() => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
+                // No chain to extend: every key is in `changed`.
+                None => {
+                    let image = write_image(entries(), false);
+                    let path = format!("{dir}/index-{s}.bin");
+                    let size = image.len() as u64;
+                    lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
+                    (path, Vec::new(), vec![size])
+                }
+                Some(p) => {
+                    let delta = write_image(entries(), true);
+                    let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + delta.len() as u64;
+                    if p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
+                        || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)
+                    {
+                        let mut runs = vec![lake.get(&Path::from(p.index.as_str()))?];
+                        for d in &p.index_deltas {
+                            runs.push(lake.get(&Path::from(d.as_str()))?);
                         }
-                        FileKind::Virtual { blocks, sealed } => {
-                            let mut out = Vec::new();
-                            let mut offset = 0;
-                            let mut batches: Vec<(u32, Option<Arc<Block>>, Option<RecordBatch>)> =
-                                blocks.iter().map(|b| (b.index, Some(Arc::clone(b)), None)).collect();
-                            if let Some((file, batch)) = &active
-                                && *file == f.id
-                            {
-                                let index = pw.open.as_ref().map_or(blocks.len() as u32, |o| o.index);
-                                batches.push((index, None, Some(batch.clone())));
-                            }
-                            for (index, block, batch) in batches {
-                                let (path, rows, min_ts, max_ts) = match (&block, batch) {
-                                    (Some(b), _) if b.max_ts <= c => {
-                                        let path = match &b.data {
-                                            BlockData::Flushed(p) => p.clone(),
-                                            BlockData::Memory(batch) => {
-                                                let p = block_path(pw.part.table.id, f.id, b.index);
-                                                lake.put(
-                                                    &p,
-                                                    encode_parquet(
-                                                        std::slice::from_ref(batch),
-                                                        b.rows,
-                                                        Compression::UNCOMPRESSED,
-                                                    )?,
-                                                )?;
-                                                p
-                                            }
-                                        };
-                                        (path, b.rows, b.min_ts, b.max_ts)
-                                    }
-                                    (block, batch) => {
-                                        let full = match (block, batch) {
-                                            (_, Some(batch)) => batch,
-                                            (Some(b), None) => match &b.data {
-                                                BlockData::Memory(batch) => batch.clone(),
-                                                BlockData::Flushed(p) => lake.read_block(p)?,
-                                            },
-                                            (None, None) => {
-                                                unreachable!("one of block or batch is set")
-                                            }
-                                        };
-                                        let cut = prefix_at(&full, c)?;
-                                        if cut.num_rows() == 0 {
-                                            break;
-                                        }
-                                        let (min_ts, max_ts) = crate::lake::ts_range(create_ts_column(&cut)?);
-                                        let p = Path::from(format!(
-                                            "tables/{}/blocks/{:016x}-{index:05}-c{}.parquet",
-                                            table.0,
-                                            f.id.0,
-                                            c.get()
-                                        ));
-                                        lake.put(
-                                            &p,
-                                            encode_parquet(
-                                                std::slice::from_ref(&cut),
-                                                cut.num_rows(),
-                                                Compression::UNCOMPRESSED,
-                                            )?,
-                                        )?;
-                                        (p, cut.num_rows(), min_ts, max_ts)
-                                    }
-                                };
-                                open = Some(OpenManifest { file: f.id.0, slot, index, offset, rows });
-                                offset += rows;
-                                out.push(BlockManifest {
-                                    index,
-                                    path: path.to_string(),
-                                    rows,
-                                    min_ts: min_ts.get(),
-                                    max_ts: max_ts.get(),
-                                });
-                                if max_ts > c {
-                                    break;
-                                }
-                            }
-                            files.push(FileManifest { id: f.id.0, sealed: *sealed, blocks: out, regular: None });
-                        }
+                        let mut slices: Vec<&[u8]> = runs.iter().map(|b| b.as_ref()).collect();
+                        slices.push(&delta);
+                        let image = crate::index::merge_images(&slices)?;
+                        let path = format!("{dir}/index-{s}.bin");
+                        let size = image.len() as u64;
+                        lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
+                        (path, Vec::new(), vec![size])
+                    } else {
+                        // Named by both ends: whoever writes it writes
+                        // the changes between the same two images.
+                        let path = format!("{dir}/index-{s}-since-{since}.delta");
+                        let size = delta.len() as u64;
+                        lake.put(&Path::from(path.as_str()), Bytes::from(delta))?;
+                        let mut deltas = p.index_deltas.clone();
+                        deltas.push(path);
+                        let mut sizes = p.index_sizes.clone();
+                        sizes.push(size);
+                        (p.index.clone(), deltas, sizes)
                     }
                 }
-                // Only the last, unsealed virtual file continues.
-                let open =
-                    open.filter(|o| files.last().is_some_and(|f| f.id == o.file && !f.sealed && f.regular.is_none()));
-                parts.push(PartManifest { table: table.0, files, open });
+            };
+            tracing::debug!(
+                shard = s,
+                keys = keys.len(),
+                deltas = index_deltas.len(),
+                ms = began.elapsed().as_secs_f64() * 1e3,
+                "checkpoint index"
+            );
+            // Deleted rows only grow while a file keeps its id: the same
+            // count means the same set, and the object written then serves.
+            let written: HashMap<u64, &SlotManifest> =
+                previous.map(|p| p.slots.iter().map(|x| (x.file, x)).collect()).unwrap_or_default();
+            let mut slots = Vec::with_capacity(capture.slots.len());
+            let mut slot_of = HashMap::new();
+            for (i, vis) in capture.slots.iter().enumerate() {
+                slot_of.insert(vis.file(), i as u32);
+                let deleted = vis.deleted_rows(c)?;
+                let same = written
+                    .get(&vis.file().0)
+                    .filter(|p| p.deleted_rows == Some(deleted.len()) && p.capacity == vis.capacity());
+                let deleted_path = match same {
+                    _ if deleted.is_empty() => None,
+                    Some(p) => p.deleted.clone(),
+                    None => {
+                        let p = format!("{dir}/deleted-{}.bin", vis.file().0);
+                        let bytes: Vec<u8> = deleted.iter().flat_map(|d| d.to_le_bytes()).collect();
+                        lake.put(&Path::from(p.as_str()), Bytes::from(bytes))?;
+                        Some(p)
+                    }
+                };
+                slots.push(SlotManifest {
+                    file: vis.file().0,
+                    capacity: vis.capacity(),
+                    deleted: deleted_path,
+                    deleted_rows: Some(deleted.len()),
+                });
+            }
+            let mut parts = Vec::with_capacity(capture.parts.len());
+            for part in &capture.parts {
+                parts.push(write_part(lake, part, &slot_of, c)?);
             }
             shards.push(ShardManifest {
-                next_row_id: shard.next_row_id,
-                index: index_path,
-                ranges: shard
-                    .main
-                    .ranges()
-                    .iter()
-                    .map(|r| [r.start, u64::from(r.len), r.file.0, u64::from(r.file_slot), u64::from(r.offset)])
-                    .collect(),
+                next_row_id: capture.next_row_id,
+                index,
+                index_deltas,
+                index_sizes,
+                ranges: capture.ranges.clone(),
                 slots,
                 parts,
             });
         }
         // Objects retired before this checkpoint began are left out of it:
         // once it is committed, nothing durable names them.
-        lock(&self.retired).left_out_of(number, c.get());
+        lock(&engine.retired).left_out_of(self.number, c.get());
         Ok(Manifest {
             format: MANIFEST_FORMAT,
             checkpoint_ts: c.get(),
-            // Relaxed: applies are excluded by the sequencer held above.
-            next_file_id: self.file_ids.load(Ordering::Relaxed),
-            block_rows: self.config.block_rows,
-            blocks_per_file: self.config.blocks_per_file,
-            tables: tables.iter().map(|t| TableManifest::of(t)).collect(),
+            next_file_id: self.next_file_id,
+            block_rows: engine.config.block_rows,
+            blocks_per_file: engine.config.blocks_per_file,
+            tables: self.tables.iter().map(|t| TableManifest::of(t)).collect(),
             shards,
         })
+    }
+}
+
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        // Acquire: pairs with the Release in `checkpoint_committed`.
+        let committed = self.engine.committed_checkpoint.load(Ordering::Acquire) == self.c.get() + 1;
+        if !committed {
+            for (shard, keys) in self.engine.shards.iter().zip(&self.changed) {
+                if !keys.is_empty() {
+                    lock(shard).index.restore_changed(keys);
+                }
+            }
+        }
+        self.release_image();
+    }
+}
+
+/// Writes what a part needs beyond the objects it names already: blocks
+/// still in memory, and blocks straddling `c` cut to their prefix `≤ c`.
+fn write_part(
+    lake: &crate::lake::Lake,
+    part: &PartCapture,
+    slot_of: &HashMap<FileId, u32>,
+    c: Ts,
+) -> Result<PartManifest> {
+    let mut files = Vec::with_capacity(part.files.len());
+    let mut open = None;
+    for f in &part.files {
+        let slot = *slot_of.get(&f.id).ok_or_else(|| Error::invariant(format!("{} has no visibility slot", f.id)))?;
+        match &f.kind {
+            FileKind::Regular(r) => {
+                if r.row_groups.iter().any(|g| g.max_ts > c) {
+                    return Err(Error::invariant(format!("regular {} holds rows newer than the checkpoint", f.id)));
+                }
+                files.push(FileManifest {
+                    id: f.id.0,
+                    sealed: true,
+                    blocks: Vec::new(),
+                    regular: Some(RegularManifest {
+                        path: r.path.to_string(),
+                        row_groups: r
+                            .row_groups
+                            .iter()
+                            .map(|g| [g.offset as u64, g.rows as u64, g.min_ts.get(), g.max_ts.get()])
+                            .collect(),
+                        footer: r.footer_range.as_ref().map(|f| [f.start, f.end]),
+                    }),
+                });
+            }
+            FileKind::Virtual { blocks, sealed } => {
+                let mut out = Vec::new();
+                let mut offset = 0;
+                let mut batches: Vec<(u32, Option<Arc<Block>>, Option<RecordBatch>)> =
+                    blocks.iter().map(|b| (b.index, Some(Arc::clone(b)), None)).collect();
+                if let Some((file, batch)) = &part.active
+                    && *file == f.id
+                {
+                    let index = part.open_index.unwrap_or(blocks.len() as u32);
+                    batches.push((index, None, Some(batch.clone())));
+                }
+                for (index, block, batch) in batches {
+                    let (path, rows, min_ts, max_ts) = match (&block, batch) {
+                        (Some(b), _) if b.max_ts <= c => {
+                            let path = match &b.data {
+                                BlockData::Flushed(p) => p.clone(),
+                                BlockData::Memory(batch) => {
+                                    let p = block_path(part.table, f.id, b.index);
+                                    lake.put(
+                                        &p,
+                                        encode_parquet(std::slice::from_ref(batch), b.rows, Compression::UNCOMPRESSED)?,
+                                    )?;
+                                    p
+                                }
+                            };
+                            (path, b.rows, b.min_ts, b.max_ts)
+                        }
+                        (block, batch) => {
+                            let full = match (block, batch) {
+                                (_, Some(batch)) => batch,
+                                (Some(b), None) => match &b.data {
+                                    BlockData::Memory(batch) => batch.clone(),
+                                    BlockData::Flushed(p) => lake.read_block(p)?,
+                                },
+                                (None, None) => unreachable!("one of block or batch is set"),
+                            };
+                            let cut = prefix_at(&full, c)?;
+                            if cut.num_rows() == 0 {
+                                break;
+                            }
+                            let (min_ts, max_ts) = crate::lake::ts_range(create_ts_column(&cut)?);
+                            let p = Path::from(format!(
+                                "tables/{}/blocks/{:016x}-{index:05}-c{}.parquet",
+                                part.table.0,
+                                f.id.0,
+                                c.get()
+                            ));
+                            lake.put(
+                                &p,
+                                encode_parquet(std::slice::from_ref(&cut), cut.num_rows(), Compression::UNCOMPRESSED)?,
+                            )?;
+                            (p, cut.num_rows(), min_ts, max_ts)
+                        }
+                    };
+                    open = Some(OpenManifest { file: f.id.0, slot, index, offset, rows });
+                    offset += rows;
+                    out.push(BlockManifest {
+                        index,
+                        path: path.to_string(),
+                        rows,
+                        min_ts: min_ts.get(),
+                        max_ts: max_ts.get(),
+                    });
+                    if max_ts > c {
+                        break;
+                    }
+                }
+                files.push(FileManifest { id: f.id.0, sealed: *sealed, blocks: out, regular: None });
+            }
+        }
+    }
+    // Only the last, unsealed virtual file continues.
+    let open = open.filter(|o| files.last().is_some_and(|f| f.id == o.file && !f.sealed && f.regular.is_none()));
+    Ok(PartManifest { table: part.table.0, files, open })
+}
+
+impl Engine {
+    /// Writes the objects of a checkpoint at `HWM − 1` and returns its
+    /// manifest ([`Engine::capture_checkpoint`] then
+    /// [`PendingCheckpoint::write`]). The checkpoint takes effect when the
+    /// caller commits the manifest (with the input position) to the
+    /// catalog.
+    pub fn write_checkpoint(self: &Arc<Self>) -> Result<Manifest> {
+        self.capture_checkpoint()?.write()
+    }
+
+    /// Captures a checkpoint at `c = HWM − 1`, to be written by
+    /// [`PendingCheckpoint::write`] (on any thread, applies going on).
+    /// One checkpoint is captured or written at a time: this fails while
+    /// another is being written.
+    pub fn capture_checkpoint(self: &Arc<Self>) -> Result<PendingCheckpoint> {
+        let mut image = lock(&self.image);
+        if *image {
+            return Err(Error::invariant("a checkpoint is being written already: one at a time"));
+        }
+        let pin = self.clock.snapshot();
+        let c = pin.qts();
+        let number = lock(&self.retired).begin_checkpoint();
+        // Release: pairs with the Acquire in `gc`.
+        self.checkpointing.store(true, Ordering::Release);
+        let tables = self.tables_at(c);
+        if tables.iter().enumerate().any(|(i, t)| t.id.0 as usize != i) {
+            return Err(Error::invariant("tables left out of a checkpoint must be the newest ones"));
+        }
+        let included: HashSet<TableId> = tables.iter().map(|t| t.id).collect();
+        // Built first, so that an error below gives the keys taken back.
+        let mut pending = PendingCheckpoint {
+            engine: Arc::clone(self),
+            c,
+            number,
+            _pin: pin,
+            tables,
+            next_file_id: 0,
+            shards: Vec::with_capacity(self.shards.len()),
+            changed: Vec::with_capacity(self.shards.len()),
+            holds_image: false,
+        };
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            pending.changed.push(shard.index.take_changed(c));
+            let mut parts = Vec::new();
+            let mut tables: Vec<_> = shard.parts.iter().filter(|(t, _)| included.contains(t)).collect();
+            tables.sort_by_key(|(t, _)| **t);
+            for (table, pw) in tables {
+                let mut state = lock(&pw.part.state);
+                let active = match &mut state.active {
+                    Some(a) => Some((a.file, a.builder.snapshot()?)),
+                    None => None,
+                };
+                parts.push(PartCapture {
+                    table: *table,
+                    files: state.files.clone(),
+                    active,
+                    open_index: pw.open.as_ref().map(|o| o.index),
+                });
+            }
+            pending.shards.push(ShardCapture {
+                next_row_id: shard.next_row_id,
+                ranges: shard
+                    .main
+                    .ranges()
+                    .iter()
+                    .map(|r| [r.start, u64::from(r.len), r.file.0, u64::from(r.file_slot), u64::from(r.offset)])
+                    .collect(),
+                slots: shard.writers.iter().map(|w| Arc::clone(w.visibility())).collect(),
+                parts,
+            });
+        }
+        // Relaxed: read after every shard lock above; ids allocated later
+        // belong to nothing this checkpoint names.
+        pending.next_file_id = self.file_ids.load(Ordering::Relaxed);
+        *image = true;
+        pending.holds_image = true;
+        Ok(pending)
+    }
+
+    /// Waits until no checkpoint is being written and returns the guard
+    /// that keeps a new one from being captured: storage GC swaps hold it
+    /// (a swap moves rows a checkpoint being written reads).
+    pub(crate) fn no_image_in_progress(&self) -> std::sync::MutexGuard<'_, bool> {
+        let mut image = lock(&self.image);
+        while *image {
+            image = self.image_written.wait(image).unwrap_or_else(|p| p.into_inner());
+        }
+        image
     }
 
     /// Rebuilds an engine from a checkpoint manifest, then (when `vacuum`)
@@ -490,8 +733,8 @@ impl Engine {
         m: &Manifest,
         vacuum: bool,
     ) -> Result<Arc<Engine>> {
-        if m.format != MANIFEST_FORMAT {
-            return Err(corrupt(format!("format {} (this fovea reads {MANIFEST_FORMAT})", m.format)));
+        if m.format != 1 && m.format != MANIFEST_FORMAT {
+            return Err(corrupt(format!("format {} (this fovea reads 1 to {MANIFEST_FORMAT})", m.format)));
         }
         if clock.latest() < Ts(m.checkpoint_ts) {
             return Err(corrupt(format!(
@@ -514,6 +757,15 @@ impl Engine {
             let mut shard = lock(&engine.shards[s]);
             named.insert(sm.index.clone());
             shard.index = PrimaryIndex::read_from(&lake.get(&Path::from(sm.index.as_str()))?)?;
+            for d in &sm.index_deltas {
+                named.insert(d.clone());
+                shard.index.apply_delta(&lake.get(&Path::from(d.as_str()))?)?;
+            }
+            if sm.index_sizes.is_empty() {
+                // No chain to extend (format 1): the next checkpoint writes
+                // a base image of every key.
+                shard.index.mark_all_changed();
+            }
             shard.next_row_id = sm.next_row_id;
             shard.last_ts = c;
             for r in &sm.ranges {
@@ -583,6 +835,9 @@ impl Engine {
             }
         }
         drop(lake);
+        // The next checkpoint extends this one's chains: the keys changed
+        // since are what it writes.
+        *lock(&engine.last_checkpoint) = Some(Arc::new(m.clone()));
         if vacuum {
             engine.vacuum(&named)?;
         }
@@ -605,6 +860,7 @@ impl Engine {
         let mut named = HashSet::new();
         for s in &current.shards {
             named.insert(s.index.clone());
+            named.extend(s.index_deltas.iter().cloned());
             named.extend(s.slots.iter().filter_map(|x| x.deleted.clone()));
         }
         self.delete_unnamed(CHECKPOINTS_PREFIX, &named)

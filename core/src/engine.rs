@@ -260,7 +260,15 @@ pub struct Engine {
     pub(crate) retired: Mutex<RetiredObjects>,
     /// One past the ts of the newest checkpoint committed to the catalog
     /// (0: none yet).
-    committed_checkpoint: AtomicU64,
+    pub(crate) committed_checkpoint: AtomicU64,
+    /// The newest checkpoint committed: the next one writes what changed
+    /// since (its index deltas extend this one's chain).
+    pub(crate) last_checkpoint: Mutex<Option<Arc<crate::checkpoint::Manifest>>>,
+    /// True while a captured checkpoint is being written (see
+    /// [`crate::checkpoint::PendingCheckpoint`]); storage GC swaps wait.
+    pub(crate) image: Mutex<bool>,
+    /// Told when `image` turns false.
+    pub(crate) image_written: Condvar,
     /// Set once the engine writes checkpoints: retired objects then wait
     /// for the next checkpoint as well as for old snapshots.
     pub(crate) checkpointing: std::sync::atomic::AtomicBool,
@@ -310,6 +318,9 @@ impl Engine {
             flush_thread: Mutex::new(Some(thread)),
             retired: Mutex::new(RetiredObjects::default()),
             committed_checkpoint: AtomicU64::new(0),
+            last_checkpoint: Mutex::new(None),
+            image: Mutex::new(false),
+            image_written: Condvar::new(),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             source_commits: Mutex::new(std::collections::BTreeMap::new()),
             freshness_observer: std::sync::OnceLock::new(),
@@ -973,7 +984,14 @@ impl Engine {
     /// [`Engine::write_checkpoint`]) is now the lake's committed checkpoint:
     /// objects it no longer names may be deleted once no reader needs them.
     pub fn checkpoint_committed(&self, manifest: &crate::checkpoint::Manifest) {
-        // Release: pairs with the Acquire in `gc`.
+        {
+            let mut last = lock(&self.last_checkpoint);
+            if last.as_ref().is_none_or(|m| m.checkpoint_ts < manifest.checkpoint_ts) {
+                *last = Some(Arc::new(manifest.clone()));
+            }
+        }
+        // Release: pairs with the Acquire in `gc` and in the drop of a
+        // `PendingCheckpoint`.
         self.committed_checkpoint.fetch_max(manifest.checkpoint_ts + 1, std::sync::atomic::Ordering::Release);
     }
 

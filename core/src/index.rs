@@ -82,7 +82,65 @@ type Versions = SmallVec<[Version; 2]>;
 /// One shard's partition of the single-point index.
 pub struct PrimaryIndex {
     map: HashMap<KeyBytes, Versions, foldhash::fast::FixedState>,
+    /// Keys changed since the last [`PrimaryIndex::take_changed`] (what an
+    /// incremental checkpoint writes).
+    changed: ChangedKeys,
+    /// A key whose newest version is above this ts is in `changed` (or,
+    /// until the checkpoint that took them has looked them up with
+    /// [`PrimaryIndex::checkpoint_version`], in the keys it took): the ts
+    /// `changed` was last taken at.
+    changed_floor: u64,
+    /// The newest version ts pushed.
+    newest_ts: u64,
 }
+
+/// Keys an index changed (a version pushed, a row moved) since some
+/// point, each stored as `len: u32 LE` then the key bytes; a key may
+/// appear more than once.
+#[derive(Default)]
+pub struct ChangedKeys {
+    bytes: Vec<u8>,
+}
+
+impl ChangedKeys {
+    fn push(&mut self, key: &[u8]) {
+        self.bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        self.bytes.extend_from_slice(key);
+    }
+
+    /// Appends every key of `other`.
+    pub fn append(&mut self, other: &ChangedKeys) {
+        self.bytes.extend_from_slice(&other.bytes);
+    }
+
+    /// True when no key changed.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    /// The distinct keys, in byte order.
+    pub fn sorted(&self) -> Vec<&[u8]> {
+        let mut keys = Vec::new();
+        let mut rest = self.bytes.as_slice();
+        while rest.len() >= 4 {
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            keys.push(&rest[4..4 + len]);
+            rest = &rest[4 + len..];
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
+/// The version of a key a snapshot sees: `(ts, Some(row))` when live,
+/// `(ts, None)` for a tombstone.
+pub type VersionAt = (Ts, Option<RowId>);
 
 impl Default for PrimaryIndex {
     fn default() -> Self {
@@ -93,7 +151,12 @@ impl Default for PrimaryIndex {
 impl PrimaryIndex {
     /// An empty index.
     pub fn new() -> Self {
-        Self { map: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_f0ea)) }
+        Self {
+            map: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_f0ea)),
+            changed: ChangedKeys::default(),
+            changed_floor: 0,
+            newest_ts: 0,
+        }
     }
 
     /// Number of keys with at least one version.
@@ -119,6 +182,46 @@ impl PrimaryIndex {
         (v.row != TOMBSTONE).then_some(RowId(v.row))
     }
 
+    /// Hands over the keys changed since the last call (or since the
+    /// index was created or restored), for a checkpoint at `c`, and starts
+    /// a new set. Keys with versions above `c` already (transactions in
+    /// flight) join the new set when the checkpoint looks them up
+    /// ([`Self::checkpoint_version`]); until then the handed-over set
+    /// stands for them, and must be given back ([`Self::restore_changed`])
+    /// if the checkpoint does not take effect.
+    pub fn take_changed(&mut self, c: Ts) -> ChangedKeys {
+        self.changed_floor = c.get();
+        std::mem::take(&mut self.changed)
+    }
+
+    /// The version of a key [`Self::take_changed`] handed over, as the
+    /// checkpoint at `c` writes it (`None` row: removed); a key with
+    /// versions above `c` joins the keys changed since.
+    pub fn checkpoint_version(&mut self, key: &[u8], c: Ts) -> VersionAt {
+        let Some(versions) = self.map.get(key) else { return (c, None) };
+        if versions.last().is_some_and(|v| v.ts > c.get()) {
+            self.changed.push(key);
+        }
+        versions
+            .iter()
+            .rev()
+            .find(|v| v.ts <= c.get())
+            .map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
+    }
+
+    /// Gives back keys [`Self::take_changed`] handed over, when what they
+    /// were taken for (a checkpoint) did not take effect.
+    pub fn restore_changed(&mut self, keys: &ChangedKeys) {
+        self.changed.append(keys);
+    }
+
+    /// Counts every key as changed (the next checkpoint writes them all).
+    pub fn mark_all_changed(&mut self) {
+        for k in self.map.keys() {
+            self.changed.push(k);
+        }
+    }
+
     /// The row id of the newest version, if live (the writer's view).
     #[inline]
     pub fn latest(&self, key: &[u8]) -> Option<RowId> {
@@ -141,6 +244,12 @@ impl PrimaryIndex {
     #[inline]
     fn push(&mut self, key: &[u8], v: Version) -> Result<()> {
         let versions = self.map.entry_ref(key).or_default();
+        // A key whose newest version is above the floor was pushed since
+        // `changed` was taken, so it is in it already.
+        if versions.last().is_none_or(|l| l.ts <= self.changed_floor) {
+            self.changed.push(key);
+        }
+        self.newest_ts = self.newest_ts.max(v.ts);
         if let Some(last) = versions.last_mut() {
             if last.ts > v.ts {
                 return Err(Error::invariant(format!(
@@ -208,11 +317,18 @@ impl PrimaryIndex {
     /// Moves every version pointing at a row id `moved` maps to the row id
     /// it returns (storage GC moved the row to a new file); the others stay.
     pub fn remap_rows(&mut self, moved: impl Fn(RowId) -> Option<RowId>) {
-        for v in self.map.values_mut().flatten() {
-            if v.row != TOMBSTONE
-                && let Some(to) = moved(RowId(v.row))
-            {
-                v.row = to.0;
+        for (k, versions) in self.map.iter_mut() {
+            let mut any = false;
+            for v in versions.iter_mut() {
+                if v.row != TOMBSTONE
+                    && let Some(to) = moved(RowId(v.row))
+                {
+                    v.row = to.0;
+                    any = true;
+                }
+            }
+            if any && versions.last().is_none_or(|l| l.ts <= self.changed_floor) {
+                self.changed.push(k);
             }
         }
     }
@@ -228,37 +344,11 @@ impl PrimaryIndex {
                     + if v.spilled() { v.capacity() * std::mem::size_of::<Version>() } else { 0 }
             })
             .sum();
-        self.map.capacity() * slot + spilled
+        self.map.capacity() * slot + spilled + self.changed.memory_bytes()
     }
 
-    /// Serialises the index as [`Self::live_at`]`(ts)` would be
-    /// serialised by [`Self::write_to`], in one pass without building it.
-    pub fn write_live_at(&self, ts: Ts, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.reserve(self.map.len() * 40);
-        out.extend_from_slice(INDEX_MAGIC);
-        out.extend_from_slice(&INDEX_FORMAT.to_le_bytes());
-        let count_at = out.len();
-        out.extend_from_slice(&0u64.to_le_bytes());
-        let mut count = 0u64;
-        for (k, versions) in &self.map {
-            if let Some(v) = versions.iter().rev().find(|v| v.ts <= ts.get())
-                && v.row != TOMBSTONE
-            {
-                out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-                out.extend_from_slice(k);
-                out.extend_from_slice(&1u32.to_le_bytes());
-                out.extend_from_slice(&v.ts.to_le_bytes());
-                out.extend_from_slice(&v.row.to_le_bytes());
-                count += 1;
-            }
-        }
-        out[count_at..count_at + 8].copy_from_slice(&count.to_le_bytes());
-        let crc = crc32fast::hash(&out[start..]);
-        out.extend_from_slice(&crc.to_le_bytes());
-    }
-
-    /// Serialises the index (for checkpoints): magic, version, entries, CRC32.
+    /// Serialises every version of every key (format 1, which older
+    /// checkpoints hold): magic, version, entries, CRC32.
     pub fn write_to(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(INDEX_MAGIC);
@@ -277,44 +367,204 @@ impl PrimaryIndex {
         out.extend_from_slice(&crc.to_le_bytes());
     }
 
-    /// Restores an index written by [`PrimaryIndex::write_to`].
+    /// Restores an index written by [`PrimaryIndex::write_to`] (format 1)
+    /// or by [`write_image`] (format 2; removals in it are skipped).
     pub fn read_from(bytes: &[u8]) -> Result<Self> {
-        let corrupt = |reason: &str| Error::Corrupt { what: "index snapshot".into(), reason: reason.into() };
-        if bytes.len() < INDEX_MAGIC.len() + 4 + 8 + 4 {
-            return Err(corrupt("too short"));
-        }
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        if crc32fast::hash(body).to_le_bytes() != crc {
-            return Err(corrupt("checksum mismatch"));
-        }
-        let mut r = Reader { bytes: body, pos: 0 };
-        if r.take(INDEX_MAGIC.len()).ok_or_else(|| corrupt("truncated"))? != INDEX_MAGIC {
-            return Err(corrupt("bad magic"));
-        }
-        let format = r.u32().ok_or_else(|| corrupt("truncated"))?;
-        if format != INDEX_FORMAT {
-            return Err(corrupt(&format!("format {format} is not supported (expected {INDEX_FORMAT})")));
-        }
-        let n = r.u64().ok_or_else(|| corrupt("truncated"))? as usize;
+        let (format, n, mut r) = open_image(bytes)?;
         let mut index = PrimaryIndex::new();
-        index.map.reserve(n.min(body.len() / 8));
-        for _ in 0..n {
-            let klen = r.u32().ok_or_else(|| corrupt("truncated key"))? as usize;
-            let key = KeyBytes::from_slice(r.take(klen).ok_or_else(|| corrupt("truncated key"))?);
-            let vlen = r.u32().ok_or_else(|| corrupt("truncated versions"))? as usize;
-            let mut versions = Versions::with_capacity(vlen.min(1024));
-            for _ in 0..vlen {
-                let ts = r.u64().ok_or_else(|| corrupt("truncated version"))?;
-                let row = r.u64().ok_or_else(|| corrupt("truncated version"))?;
-                versions.push(Version { ts, row });
+        index.map.reserve(n.min(r.bytes.len() / 8));
+        if format == IMAGE_FORMAT {
+            for _ in 0..n {
+                let (key, ts, row) = r.entry()?;
+                if row != TOMBSTONE {
+                    index.insert_restored(key, Version { ts, row });
+                }
             }
-            index.map.insert(key, versions);
+        } else {
+            for _ in 0..n {
+                let klen = r.u32().ok_or_else(|| image_corrupt("truncated key"))? as usize;
+                let key = KeyBytes::from_slice(r.take(klen).ok_or_else(|| image_corrupt("truncated key"))?);
+                let vlen = r.u32().ok_or_else(|| image_corrupt("truncated versions"))? as usize;
+                let mut versions = Versions::with_capacity(vlen.min(1024));
+                for _ in 0..vlen {
+                    let ts = r.u64().ok_or_else(|| image_corrupt("truncated version"))?;
+                    let row = r.u64().ok_or_else(|| image_corrupt("truncated version"))?;
+                    index.newest_ts = index.newest_ts.max(ts);
+                    versions.push(Version { ts, row });
+                }
+                index.map.insert(key, versions);
+            }
         }
-        if r.pos != body.len() {
-            return Err(corrupt("trailing bytes"));
+        if r.pos != r.bytes.len() {
+            return Err(image_corrupt("trailing bytes"));
         }
+        index.changed_floor = index.newest_ts;
         Ok(index)
     }
+
+    fn insert_restored(&mut self, key: &[u8], v: Version) {
+        self.newest_ts = self.newest_ts.max(v.ts);
+        self.changed_floor = self.newest_ts;
+        self.map.insert(KeyBytes::from_slice(key), std::iter::once(v).collect());
+    }
+
+    /// Applies a delta [`write_image`] wrote (with removals): each key
+    /// takes the version the delta has for it, a removal drops it.
+    pub fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+        let (format, n, mut r) = open_image(bytes)?;
+        if format != IMAGE_FORMAT {
+            return Err(image_corrupt(&format!("a delta must be of format {IMAGE_FORMAT}, not {format}")));
+        }
+        for _ in 0..n {
+            let (key, ts, row) = r.entry()?;
+            if row == TOMBSTONE {
+                self.map.remove(key);
+            } else {
+                self.insert_restored(key, Version { ts, row });
+            }
+        }
+        if r.pos != r.bytes.len() {
+            return Err(image_corrupt("trailing bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// Format of the index images checkpoints write ([`write_image`]).
+const IMAGE_FORMAT: u32 = 2;
+
+/// Writes an index image of format 2: for each key, in strictly
+/// ascending byte order, the version a snapshot sees (`None` row: the key
+/// is removed; a base image leaves those out with `keep_removed` false,
+/// a delta keeps them). Magic, format, count, entries (key length u32,
+/// key, ts u64, row u64 with `u64::MAX` for removed), CRC32; all LE.
+pub fn write_image<'a>(entries: impl IntoIterator<Item = (&'a [u8], VersionAt)>, keep_removed: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(INDEX_MAGIC);
+    out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    let mut count = 0u64;
+    for (key, (ts, row)) in entries {
+        if row.is_none() && !keep_removed {
+            continue;
+        }
+        push_entry(&mut out, key, ts.get(), row.map_or(TOMBSTONE, |r| r.0));
+        count += 1;
+    }
+    finish_image(out, count)
+}
+
+fn push_entry(out: &mut Vec<u8>, key: &[u8], ts: u64, row: u64) {
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(&ts.to_le_bytes());
+    out.extend_from_slice(&row.to_le_bytes());
+}
+
+fn finish_image(mut out: Vec<u8>, count: u64) -> Vec<u8> {
+    let at = INDEX_MAGIC.len() + 4;
+    out[at..at + 8].copy_from_slice(&count.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Folds a base image and the deltas after it (oldest first; all of
+/// format 2, so in key order) into one base image, in one streaming pass:
+/// for a key in several, the newest wins; removed keys are left out.
+pub fn merge_images(runs: &[&[u8]]) -> Result<Vec<u8>> {
+    struct Run<'a> {
+        reader: Reader<'a>,
+        left: usize,
+        head: Option<(&'a [u8], u64, u64)>,
+    }
+    impl<'a> Run<'a> {
+        fn advance(&mut self) -> Result<()> {
+            let previous = self.head.map(|h| h.0);
+            self.head = if self.left == 0 {
+                if self.reader.pos != self.reader.bytes.len() {
+                    return Err(image_corrupt("trailing bytes"));
+                }
+                None
+            } else {
+                self.left -= 1;
+                let e = self.reader.entry()?;
+                if previous.is_some_and(|p| p >= e.0) {
+                    return Err(image_corrupt("keys out of order"));
+                }
+                Some(e)
+            };
+            Ok(())
+        }
+    }
+    let mut heads = Vec::with_capacity(runs.len());
+    let mut size = 0;
+    for bytes in runs {
+        let (format, n, reader) = open_image(bytes)?;
+        if format != IMAGE_FORMAT {
+            return Err(image_corrupt(&format!("only images of format {IMAGE_FORMAT} merge, not {format}")));
+        }
+        size += bytes.len();
+        let mut run = Run { reader, left: n, head: None };
+        run.advance()?;
+        heads.push(run);
+    }
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(INDEX_MAGIC);
+    out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    let mut count = 0u64;
+    loop {
+        // The smallest key at a head; the newest run holding it wins.
+        let mut best: Option<(usize, &[u8])> = None;
+        for (i, run) in heads.iter().enumerate() {
+            if let Some((key, ..)) = run.head
+                && best.is_none_or(|(_, b)| key <= b)
+            {
+                best = Some((i, key));
+            }
+        }
+        let Some((winner, key)) = best else { break };
+        let (_, ts, row) = heads[winner].head.ok_or_else(|| Error::invariant("merge head vanished"))?;
+        if row != TOMBSTONE {
+            push_entry(&mut out, key, ts, row);
+            count += 1;
+        }
+        for run in &mut heads {
+            if run.head.is_some_and(|h| h.0 == key) {
+                run.advance()?;
+            }
+        }
+    }
+    Ok(finish_image(out, count))
+}
+
+fn image_corrupt(reason: &str) -> Error {
+    Error::Corrupt { what: "index snapshot".into(), reason: reason.into() }
+}
+
+/// Checks magic, CRC and format; returns the format, the entry count and a
+/// reader at the first entry (over the bytes before the CRC).
+fn open_image(bytes: &[u8]) -> Result<(u32, usize, Reader<'_>)> {
+    if bytes.len() < INDEX_MAGIC.len() + 4 + 8 + 4 {
+        return Err(image_corrupt("too short"));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return Err(image_corrupt("checksum mismatch"));
+    }
+    let mut r = Reader { bytes: body, pos: 0 };
+    if r.take(INDEX_MAGIC.len()).ok_or_else(|| image_corrupt("truncated"))? != INDEX_MAGIC {
+        return Err(image_corrupt("bad magic"));
+    }
+    let format = r.u32().ok_or_else(|| image_corrupt("truncated"))?;
+    if format != INDEX_FORMAT && format != IMAGE_FORMAT {
+        return Err(image_corrupt(&format!(
+            "format {format} is not supported (expected {INDEX_FORMAT} or {IMAGE_FORMAT})"
+        )));
+    }
+    let n = r.u64().ok_or_else(|| image_corrupt("truncated"))? as usize;
+    Ok((format, n, r))
 }
 
 const INDEX_MAGIC: &[u8; 8] = b"FOVEAIDX";
@@ -336,6 +586,15 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    /// One format-2 entry: key, ts, row.
+    fn entry(&mut self) -> Result<(&'a [u8], u64, u64)> {
+        let truncated = || image_corrupt("truncated entry");
+        let klen = self.u32().ok_or_else(truncated)? as usize;
+        let key = self.take(klen).ok_or_else(truncated)?;
+        let ts = self.u64().ok_or_else(truncated)?;
+        let row = self.u64().ok_or_else(truncated)?;
+        Ok((key, ts, row))
     }
 }
 
@@ -502,29 +761,71 @@ mod tests {
         }
     }
 
+    /// Images of changed keys, in chains of deltas and merged, restore what
+    /// the index holds at each checkpoint (a model of the checkpoint chain).
     #[test]
-    fn live_image_in_one_pass_restores_what_live_at_holds() {
+    fn chains_of_deltas_restore_the_index_at_each_checkpoint() {
         let mut index = PrimaryIndex::new();
-        for k in 0..200i64 {
-            let key = encode_key(TableId(1), &[Value::Int(k)]);
-            index.put(&key, Ts(1), RowId(k as u64)).unwrap();
-            if k % 3 == 0 {
-                index.tombstone(&key, Ts(2 + (k as u64 % 5))).unwrap();
-            } else if k % 3 == 1 {
-                index.put(&key, Ts(4), RowId(1000 + k as u64)).unwrap();
+        let mut runs: Vec<Vec<u8>> = Vec::new();
+        let mut ts = 0u64;
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        for checkpoint in 0..12 {
+            for _ in 0..300 {
+                ts += 1;
+                let key = encode_key(TableId(1), &[Value::Int((next() % 150) as i64)]);
+                if next() % 4 == 0 {
+                    if index.latest(&key).is_some() {
+                        index.tombstone(&key, Ts(ts)).unwrap();
+                    }
+                } else {
+                    index.put(&key, Ts(ts), RowId(ts)).unwrap();
+                }
+                if next() % 50 == 0 {
+                    index.purge(Ts(ts.saturating_sub(20)));
+                }
             }
-        }
-        for ts in [0, 1, 3, 4, 9] {
-            let mut bytes = Vec::new();
-            index.write_live_at(Ts(ts), &mut bytes);
-            let restored = PrimaryIndex::read_from(&bytes).unwrap();
-            let expected = index.live_at(Ts(ts));
-            assert_eq!(restored.len(), expected.len(), "ts {ts}");
-            for k in 0..200i64 {
+            // Versions after the image (a transaction in flight) are left out.
+            let c = Ts(ts - 5);
+            let changed = index.take_changed(c);
+            let keys = changed.sorted();
+            let versions: Vec<VersionAt> = keys.iter().map(|k| index.checkpoint_version(k, c)).collect();
+            let image = write_image(keys.iter().copied().zip(versions), checkpoint > 0);
+            runs.push(image);
+            if runs.len() == 4 {
+                let slices: Vec<&[u8]> = runs.iter().map(Vec::as_slice).collect();
+                runs = vec![merge_images(&slices).unwrap()];
+            }
+            let mut restored = PrimaryIndex::read_from(&runs[0]).unwrap();
+            for d in &runs[1..] {
+                restored.apply_delta(d).unwrap();
+            }
+            let live = index.live_at(c);
+            assert_eq!(restored.len(), live.len(), "checkpoint {checkpoint}");
+            for k in 0..150i64 {
                 let key = encode_key(TableId(1), &[Value::Int(k)]);
-                assert_eq!(restored.latest(&key), expected.latest(&key), "key {k} at ts {ts}");
+                assert_eq!(restored.latest(&key), live.latest(&key), "key {k} at checkpoint {checkpoint}");
+            }
+            // The changes after `c` are in the next set of changed keys.
+            for (k, v) in &index.map {
+                if v.last().is_some_and(|v| v.ts > c.get()) {
+                    assert!(index.changed.sorted().contains(&k.as_slice()), "{k:?} changed after {c:?}");
+                }
             }
         }
+    }
+
+    #[test]
+    fn merge_refuses_runs_out_of_order() {
+        let a = encode_key(TableId(1), &[Value::Int(1)]);
+        let b = encode_key(TableId(1), &[Value::Int(2)]);
+        let v = (Ts(1), Some(RowId(1)));
+        let unordered = write_image([(b.as_slice(), v), (a.as_slice(), v)], false);
+        let err = merge_images(&[&unordered]).err().unwrap().to_string();
+        assert!(err.contains("out of order"), "{err}");
     }
 
     #[test]

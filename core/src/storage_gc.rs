@@ -225,6 +225,9 @@ impl Engine {
         let new_id = written.as_ref().map_or(FileId(0), |(id, _)| *id);
         let written = written.map(|(_, f)| f);
 
+        // A checkpoint being written reads rows this moves: wait for it
+        // (and keep the next from being captured until the swap is whole).
+        let _no_image = self.no_image_in_progress();
         let mut shard = lock(&self.shards[part.shard.0 as usize]);
         let mut state = lock(&part.state);
         if self.storage_gc_paused() {
@@ -301,7 +304,7 @@ impl Engine {
             let begun_before = retired.checkpoints_begun;
             retired.entries.push(Retired::new(self.clock.registration_seq(), vec![regular.path.clone()], begun_before));
         }
-        drop((state, shard));
+        drop((state, shard, _no_image));
         report.files_rewritten += 1;
         report.rows_dropped += rows - kept as usize;
         report.rows_kept += kept as usize;

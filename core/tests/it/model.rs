@@ -29,7 +29,7 @@ use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
-use rand::{SeedableRng, rngs::SmallRng};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 use crate::oracle::{
     ACCOUNTS, ITEMS, Oracle, canonical, create_tables, extra_table, key, row, scan_rows, scan_rows_on,
@@ -72,6 +72,10 @@ enum Step {
     /// which may have created a table), drop the engine as a crash would,
     /// restore from the checkpoint.
     Restart(Option<Vec<RawOp>>, bool),
+    /// An incremental checkpoint, committed, with a transaction applied
+    /// but not committed while it is written (committed after): the engine
+    /// goes on, and a later `Restart` recovers through the chain.
+    Checkpoint(Vec<RawOp>),
 }
 
 fn raw_op() -> impl Strategy<Value = RawOp> {
@@ -98,6 +102,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop_oneof![Just(0.0), Just(0.3), Just(0.6)].prop_map(Step::StorageGc),
         1 => (proptest::option::of(proptest::collection::vec(raw_op(), 1..4)), any::<bool>())
             .prop_map(|(ops, create)| Step::Restart(ops, create)),
+        2 => proptest::collection::vec(raw_op(), 1..4).prop_map(Step::Checkpoint),
         1 => proptest::collection::vec(proptest::collection::vec((0usize..4, 0i64..12, 0i64..1000), 1..4), 2..4)
             .prop_map(Step::Chunked),
         1 => (proptest::collection::vec(proptest::collection::vec(raw_op(), 1..6), 1..12), 1usize..6)
@@ -476,6 +481,9 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
                 )
                 .unwrap();
             }
+            Step::Checkpoint(in_flight) => {
+                checkpoint_in_flight(&engine, &store, &mut oracle, &in_flight)?;
+            }
             Step::Combine => {
                 engine.flush().unwrap();
                 engine.combine().unwrap();
@@ -520,6 +528,100 @@ fn run(shards: usize, block_rows: usize, blocks_per_file: usize, steps: Vec<Step
     )
     .unwrap();
     check(&engine, &oracle, &engine.snapshot())
+}
+
+/// Captures a checkpoint while `in_flight` is applied and not committed,
+/// writes it with the transaction still open, checks a reader of it alone
+/// against the oracle, commits it to the engine, then commits the
+/// transaction. Returns the manifest.
+fn checkpoint_in_flight(
+    engine: &Arc<Engine>,
+    store: &Arc<dyn ObjectStore>,
+    oracle: &mut Oracle,
+    in_flight: &[RawOp],
+) -> Result<fovea_core::checkpoint::Manifest, TestCaseError> {
+    let ts = engine.begin().unwrap();
+    let ops: Vec<Op> = in_flight.iter().map(|op| to_op(op, oracle.tables.len())).collect();
+    let valid = oracle.apply(ts.get(), &ops);
+    let applied = engine.apply_at(ts, ops).is_ok();
+    prop_assert_eq!(applied, valid, "engine and oracle disagree on {:?}", in_flight);
+    let mut pending = engine.capture_checkpoint().unwrap();
+    prop_assert_eq!(pending.ts().get() + 1, ts.get());
+    let manifest = pending.write().unwrap();
+    let reader = CheckpointReader::open(Arc::clone(store), &manifest, Arc::new(())).unwrap();
+    check_on(&reader, oracle)?;
+    engine.checkpoint_committed(&manifest);
+    drop(pending);
+    if valid {
+        engine.commit(ts).unwrap();
+    } else {
+        engine.abort(ts).unwrap();
+    }
+    Ok(manifest)
+}
+
+/// Recovery through a chain of incremental checkpoints: seven checkpoints,
+/// each with a transaction in flight (committed after it), build a base
+/// and six deltas; a restore from the last one, and from one that follows
+/// a merge, equals the oracle.
+#[test]
+fn recovers_through_a_chain_of_incremental_checkpoints() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+    let open = || Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap();
+    let config = EngineConfig::default().with_shards(2).with_blocks(3, 2);
+    let mut engine = Engine::open(Arc::clone(&store), open(), config).unwrap();
+    let mut oracle = create_tables(&engine);
+    let mut rng = SmallRng::seed_from_u64(15);
+    let mut random_ops = |n: usize| -> Vec<RawOp> {
+        (0..n)
+            .map(|_| {
+                let (t, k, p) = (rng.random_range(0..4), rng.random_range(0..12), rng.random_range(0..1000));
+                match rng.random_range(0..3) {
+                    0 => RawOp::Insert { t, k, p },
+                    1 => RawOp::Update { t, k, new_k: None, p },
+                    _ => RawOp::Delete { t, k },
+                }
+            })
+            .collect()
+    };
+    for round in 0..2 {
+        for i in 0..7 {
+            for _ in 0..6 {
+                let ts = engine.begin().unwrap();
+                let ops: Vec<Op> = random_ops(3).iter().map(|op| to_op(op, oracle.tables.len())).collect();
+                if oracle.apply(ts.get(), &ops) {
+                    engine.apply_at(ts, ops).unwrap();
+                    engine.commit(ts).unwrap();
+                } else {
+                    engine.abort(ts).unwrap();
+                }
+            }
+            // An in-flight transaction of inserts only is always valid.
+            let mut in_flight = random_ops(3);
+            for op in &mut in_flight {
+                if let RawOp::Update { t, k, .. } | RawOp::Delete { t, k } = *op {
+                    *op = RawOp::Insert { t, k: k + 100, p: 1 };
+                }
+            }
+            let manifest = checkpoint_in_flight(&engine, &store, &mut oracle, &in_flight).unwrap();
+            let deltas: Vec<usize> = manifest.shards.iter().map(|s| s.index_deltas.len()).collect();
+            if round == 0 {
+                assert!(deltas.iter().all(|&d| d == i), "checkpoint {i}: deltas {deltas:?}");
+            }
+            engine.gc().unwrap();
+            if i % 3 == 2 {
+                engine.flush().unwrap();
+                engine.combine().unwrap();
+                engine.storage_gc(0.0).unwrap();
+            }
+        }
+        // A crash: the newest checkpoint is the one restored.
+        let manifest = engine.write_checkpoint().unwrap();
+        drop(engine);
+        engine = Engine::restore(Arc::clone(&store), open(), &manifest, true).unwrap();
+        check(&engine, &oracle, &engine.snapshot()).unwrap();
+    }
 }
 
 proptest! {
