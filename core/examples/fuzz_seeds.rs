@@ -47,11 +47,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     engine.apply((40..45).map(|k| Op::Insert { table: t.id, row: row(k) }).collect())?;
     let snapshot = engine.snapshot();
 
+    let first = engine.write_checkpoint()?;
+    engine.checkpoint_committed(&first);
+    // A second checkpoint extends the first's chain with a delta.
+    engine.apply((41..43).map(|k| Op::Delete { table: t.id, key: vec![Value::Int(k)] }).collect())?;
+    engine.apply((50..53).map(|k| Op::Insert { table: t.id, row: row(k) }).collect())?;
     let manifest = engine.write_checkpoint()?;
     write(&out, "checkpoint_manifest", "manifest.json", &serde_json::to_vec(&manifest)?)?;
     for entry in walk(lake_dir.path())? {
         let name = entry.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-        if name.starts_with("index-") && name.ends_with(".bin") {
+        if name.starts_with("index-") && (name.ends_with(".bin") || name.ends_with(".delta")) {
             // The fuzz target appends the checksum itself.
             let bytes = std::fs::read(&entry)?;
             write(&out, "index_image", &name, &bytes[..bytes.len().saturating_sub(4)])?;

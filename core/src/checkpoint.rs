@@ -362,6 +362,11 @@ impl PendingCheckpoint {
         self.c
     }
 
+    /// The engine it is a checkpoint of.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// Writes the checkpoint's objects and returns its manifest, which
     /// takes effect when the caller commits it (with the input position)
     /// to the catalog and tells [`Engine::checkpoint_committed`]. Index

@@ -51,6 +51,7 @@ use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::types::{convert_exact, infer_type, to_value};
 use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
+use crate::checkpoint::PendingCheckpoint;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::Ts;
@@ -318,6 +319,116 @@ pub struct Sink {
     source_state: Option<String>,
     /// Where the newest checkpoint of this sink resumes.
     checkpointed_at: Option<SourcePosition>,
+    /// The checkpoint being written in the background, if any.
+    writing: Option<CheckpointInFlight>,
+    /// How long the newest committed checkpoint took, until
+    /// [`Sink::poll_checkpoint`] reports it (one may be committed while
+    /// records are pushed).
+    unreported: Option<Duration>,
+}
+
+/// A checkpoint captured by [`Sink::start_checkpoint`], being written.
+struct CheckpointInFlight {
+    /// Writes and commits it.
+    thread: std::thread::JoinHandle<CheckpointOutcome>,
+    resume: SourcePosition,
+    began: Instant,
+    /// How long the capture held the sink.
+    captured: Duration,
+}
+
+/// What the writer thread of a checkpoint does: write its objects, commit
+/// it to the catalog with the history and operations it owes, tell the
+/// engine, publish the watermarks, delete what older checkpoints left.
+/// Nothing of it holds the sink.
+struct CheckpointJob {
+    pending: PendingCheckpoint,
+    catalog: Arc<dyn Catalog>,
+    commit: CatalogCommit,
+    input: String,
+    resume: SourcePosition,
+    source_state: Option<String>,
+}
+
+/// What became of a [`CheckpointJob`].
+struct CheckpointOutcome {
+    result: Result<crate::checkpoint::Manifest>,
+    /// On failure, the history and operations to give back.
+    commit: CatalogCommit,
+    written: Duration,
+    committed: Duration,
+    cleanup_failures: u64,
+    /// Publishing the watermarks failed after the commit (a fenced
+    /// replayer's store refuses it): the sink stops with it.
+    late: Option<Error>,
+}
+
+impl CheckpointJob {
+    fn run(mut self) -> CheckpointOutcome {
+        let began = Instant::now();
+        let mut outcome = CheckpointOutcome {
+            result: Err(Error::invariant("not written")),
+            commit: CatalogCommit::default(),
+            written: Duration::ZERO,
+            committed: Duration::ZERO,
+            cleanup_failures: 0,
+            late: None,
+        };
+        let pending = &mut self.pending;
+        let manifest = match crate::error::catch_panic(|| "writing a checkpoint".into(), || pending.write()) {
+            Ok(m) => m,
+            Err(e) => {
+                outcome.result = Err(e);
+                outcome.commit = self.commit;
+                return outcome;
+            }
+        };
+        outcome.written = began.elapsed();
+        let engine = Arc::clone(self.pending.engine());
+        // The sink is the only committer of checkpoints: it reads the newest
+        // version.
+        self.commit.checkpoint = Some(CheckpointRecord {
+            manifest,
+            input: self.input,
+            position: self.resume,
+            source_state: self.source_state,
+        });
+        let epoch = engine.clock().epoch();
+        if let Err(e) = self.catalog.version().and_then(|v| self.catalog.commit(epoch, v, &self.commit)) {
+            outcome.result = Err(e);
+            self.commit.checkpoint = None;
+            outcome.commit = self.commit;
+            return outcome;
+        }
+        let Some(CheckpointRecord { manifest, .. }) = self.commit.checkpoint else { unreachable!("set above") };
+        engine.checkpoint_committed(&manifest);
+        // Committed: the keys it wrote are not owed to the next one.
+        drop(self.pending);
+        outcome.committed = began.elapsed() - outcome.written;
+        // Published for readers on other hosts (monotonic, fenced).
+        if let Err(e) = engine.clock().persist_watermarks() {
+            outcome.late = Some(e);
+        }
+        // The checkpoint is committed: clean-up that fails now is retried by
+        // a later checkpoint or GC round (and a restore deletes whatever the
+        // manifest does not name), so it does not stop the replay.
+        if let Err(e) = engine.drop_old_checkpoints(&manifest) {
+            outcome.cleanup_failures += 1;
+            tracing::warn!("objects of older checkpoints stay until the next checkpoint: {e}");
+        }
+        outcome.result = Ok(manifest);
+        outcome
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        // A writer left running would outlive its sink; its checkpoint is
+        // never committed, so the changes it took go back to the engine.
+        if let Some(w) = self.writing.take() {
+            let _ = w.thread.join();
+        }
+    }
 }
 
 impl Sink {
@@ -353,6 +464,8 @@ impl Sink {
             last_checkpoint: Instant::now(),
             source_state: None,
             checkpointed_at: None,
+            writing: None,
+            unreported: None,
         };
         sink.create_declared_tables()?;
         Ok(sink)
@@ -893,18 +1006,24 @@ impl Sink {
         self.since_checkpoint
     }
 
-    /// Writes a checkpoint when one is due (or `force`), resuming at `next`
-    /// or at the first record still pending, whichever is earlier.
+    /// Writes a checkpoint when one is due, in the background (see
+    /// [`Self::start_checkpoint`]), and commits one written meanwhile;
+    /// with `force`, writes one now and waits until it is committed.
     pub fn maybe_checkpoint(&mut self, next: SourcePosition, force: bool) -> Result<()> {
+        if force {
+            return self.checkpoint_with(next, &mut |_| Ok(None));
+        }
+        self.finish_checkpoint(false)?;
         let due = self.since_checkpoint >= self.config.checkpoint_txns
             || (self.since_checkpoint > 0 && self.last_checkpoint.elapsed() >= self.config.checkpoint_interval);
-        if !force && !due {
-            return Ok(());
+        if due && self.writing.is_none() {
+            self.start_checkpoint(next, &mut |_| Ok(None))?;
         }
-        self.checkpoint_with(next, &mut |_| Ok(None))
+        Ok(())
     }
 
-    /// Writes a checkpoint now, resuming at `next` or at the first record
+    /// Writes a checkpoint now and waits until it is committed (after the
+    /// one being written, if any), resuming at `next` or at the first record
     /// still pending, whichever is earlier; `state` gives the input's state
     /// for the position the checkpoint resumes at (`None`: the state set
     /// with [`Self::set_source_state`]). A source that hands whole
@@ -915,6 +1034,31 @@ impl Sink {
         next: SourcePosition,
         state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
     ) -> Result<()> {
+        self.finish_checkpoint(true)?;
+        self.start_checkpoint(next, state)?;
+        self.finish_checkpoint(true).map(|_| ())
+    }
+
+    /// True while a checkpoint is being written in the background.
+    pub fn checkpoint_in_flight(&self) -> bool {
+        self.writing.is_some()
+    }
+
+    /// Captures a checkpoint of everything handed to the shards (after
+    /// waiting until they applied it) and writes it on a background
+    /// thread while replay goes on; [`Self::poll_checkpoint`] commits it
+    /// once written. Resumes at `next` or at the first record still
+    /// pending, whichever is earlier (`state` as in
+    /// [`Self::checkpoint_with`]). Returns false, doing nothing, while
+    /// another is being written.
+    pub fn start_checkpoint(
+        &mut self,
+        next: SourcePosition,
+        state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
+    ) -> Result<bool> {
+        if self.writing.is_some() {
+            return Ok(false);
+        }
         // Everything handed to the shards is applied and committed first;
         // after a failure the image stops before the failing transaction.
         let drained = self.drain();
@@ -930,46 +1074,71 @@ impl Sink {
                 resume = resume.min(*p);
             }
         }
+        if self.failed_at.is_none() {
+            drained?;
+        }
         if let Some(at) = state(resume)? {
             self.source_state = Some(at);
         }
         let began = Instant::now();
-        let manifest = self.engine.write_checkpoint()?;
-        let written = began.elapsed();
-        if self.failed_at.is_none() {
-            drained?;
-        }
-        // The sink is the only committer of checkpoints: it reads the newest
-        // version. History and operations move into the commit and back if
-        // it fails (a later checkpoint still owes them).
-        let commit = CatalogCommit {
-            operations: std::mem::take(&mut self.operations),
-            history: std::mem::take(&mut self.history),
-            checkpoint: Some(CheckpointRecord {
-                manifest,
-                input: self.input.clone(),
-                position: resume,
-                source_state: self.source_state.clone(),
-            }),
+        let pending = self.engine.capture_checkpoint()?;
+        let captured = began.elapsed();
+        // History and operations up to here belong to this checkpoint; they
+        // come back if it fails (a later checkpoint still owes them).
+        let job = CheckpointJob {
+            pending,
+            catalog: Arc::clone(&self.catalog),
+            commit: CatalogCommit {
+                operations: std::mem::take(&mut self.operations),
+                history: std::mem::take(&mut self.history),
+                checkpoint: None,
+            },
+            input: self.input.clone(),
+            resume,
+            source_state: self.source_state.clone(),
         };
-        let epoch = self.engine.clock().epoch();
-        if let Err(e) = self.catalog.version().and_then(|v| self.catalog.commit(epoch, v, &commit)) {
-            self.operations = commit.operations;
-            self.history = commit.history;
-            return Err(e);
+        let thread = std::thread::Builder::new().name("fovea-checkpoint".into()).spawn(move || job.run())?;
+        self.writing = Some(CheckpointInFlight { thread, resume, began, captured });
+        self.since_checkpoint = 0;
+        self.last_checkpoint = Instant::now();
+        Ok(true)
+    }
+
+    /// Finishes the checkpoint being written if it is written (without
+    /// waiting); returns how long it took from capture to commit when one
+    /// was committed since the last call (now, or while records were
+    /// pushed). An error (writing or committing failed) leaves the previous
+    /// checkpoint in force and everything it owed to the next.
+    pub fn poll_checkpoint(&mut self) -> Result<Option<Duration>> {
+        self.finish_checkpoint(false)?;
+        Ok(self.unreported.take())
+    }
+
+    fn finish_checkpoint(&mut self, wait: bool) -> Result<Option<Duration>> {
+        match &self.writing {
+            None => return Ok(None),
+            Some(w) if !wait && !w.thread.is_finished() => return Ok(None),
+            Some(_) => {}
         }
-        let Some(CheckpointRecord { manifest, .. }) = commit.checkpoint else { unreachable!("set above") };
-        self.engine.checkpoint_committed(&manifest);
-        // Published for readers on other hosts (monotonic, fenced).
-        self.engine.clock().persist_watermarks()?;
+        let CheckpointInFlight { thread, resume, began, captured } =
+            self.writing.take().unwrap_or_else(|| unreachable!("matched Some"));
+        let outcome = thread.join().map_err(|_| Error::invariant("the checkpoint writer panicked"))?;
+        let manifest = match outcome.result {
+            Ok(m) => m,
+            Err(e) => {
+                // Owed to the next checkpoint, before what came since.
+                let CatalogCommit { mut operations, mut history, .. } = outcome.commit;
+                operations.append(&mut self.operations);
+                self.operations = operations;
+                history.append(&mut self.history);
+                self.history = history;
+                return Err(e);
+            }
+        };
         self.checkpointed_at = Some(resume);
-        let committed = began.elapsed();
-        // The checkpoint is committed: clean-up that fails now is retried by
-        // a later checkpoint or GC round (and a restore deletes whatever the
-        // manifest does not name), so it does not stop the replay.
-        if let Err(e) = self.engine.drop_old_checkpoints(&manifest) {
-            self.stats.cleanup_failures += 1;
-            tracing::warn!("objects of older checkpoints stay until the next checkpoint: {e}");
+        self.stats.cleanup_failures += outcome.cleanup_failures;
+        if let Some(e) = outcome.late {
+            return Err(e);
         }
         if self.config.maintain_on_checkpoint {
             if let Err(e) = self.engine.gc() {
@@ -980,15 +1149,16 @@ impl Sink {
         }
         tracing::debug!(
             ts = manifest.checkpoint_ts,
-            write_ms = written.as_secs_f64() * 1e3,
-            commit_ms = (committed - written).as_secs_f64() * 1e3,
+            capture_ms = captured.as_secs_f64() * 1e3,
+            write_ms = outcome.written.as_secs_f64() * 1e3,
+            commit_ms = outcome.committed.as_secs_f64() * 1e3,
             total_ms = began.elapsed().as_secs_f64() * 1e3,
             "checkpoint"
         );
-        self.since_checkpoint = 0;
-        self.last_checkpoint = Instant::now();
+        let took = began.elapsed();
         self.stats.checkpoints += 1;
-        Ok(())
+        self.unreported = Some(took);
+        Ok(Some(took))
     }
 
     /// The table of a record, created on first sight from the DDL, the

@@ -148,11 +148,18 @@ fn run_until_stopped(
             last_report = Instant::now();
             report(source, sink, options, bar, began);
         }
+        // Checkpoints are written in the background while replay goes on
+        // (one at a time), committed and confirmed once written.
+        if let Some(took) = sink.poll_checkpoint().inspect_err(|_| count("checkpoint"))? {
+            checkpointed(source, sink, options.metrics, took)?;
+        }
         if dirty
+            && !sink.checkpoint_in_flight()
             && (last_checkpoint.elapsed() >= options.checkpoint_every
                 || sink.since_checkpoint() >= options.checkpoint_txns)
         {
-            checkpoint(source, sink, options.metrics).inspect_err(|_| count("checkpoint"))?;
+            let next = source.position();
+            sink.start_checkpoint(next, &mut |at| source.state_at(at)).inspect_err(|_| count("checkpoint"))?;
             last_checkpoint = Instant::now();
             dirty = false;
         }
@@ -198,13 +205,27 @@ fn report(
 }
 
 /// Writes a checkpoint of everything applied, with the source's state for
-/// where it resumes, and confirms it to the source.
+/// where it resumes, and confirms it to the source (after committing the
+/// checkpoint being written, if any).
 pub fn checkpoint(source: &mut dyn ChangeSource, sink: &mut Sink, metrics: Option<&Metrics>) -> CliResult<()> {
     let began = Instant::now();
     let next = source.position();
     sink.checkpoint_with(next, &mut |at| source.state_at(at))?;
+    // Reported here, with its whole time (and one committed before it, if any).
+    sink.poll_checkpoint()?;
+    checkpointed(source, sink, metrics, began.elapsed())
+}
+
+/// Counts a committed checkpoint (`took`: from its capture to its commit)
+/// and confirms where it resumes to the source.
+fn checkpointed(
+    source: &mut dyn ChangeSource,
+    sink: &Sink,
+    metrics: Option<&Metrics>,
+    took: Duration,
+) -> CliResult<()> {
     if let Some(m) = metrics {
-        let us = began.elapsed().as_micros() as u64;
+        let us = took.as_micros() as u64;
         // Relaxed: statistics (see `Metrics`).
         m.checkpoints.fetch_add(1, Ordering::Relaxed);
         m.checkpoint_us.fetch_add(us, Ordering::Relaxed);

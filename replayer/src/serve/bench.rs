@@ -215,6 +215,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let mut load = load.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn()?;
     let load_began = Instant::now();
     let mut freshness = Vec::new();
+    // The stalest sample and when (s into the load) it was taken.
+    let mut worst = (0.0f64, 0.0f64);
     // The peak RSS and what the engine's components held at that sample.
     let mut rss_peak: f64 = 0.0;
     let mut at_peak = [0.0f64; 3];
@@ -229,15 +231,28 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     };
     // Freshness (now − newest visible commit) means staleness only while
     // the source commits: sampled from 0.5 s into the load to 0.5 s before
-    // its end (before, it is the age of the initial copy; after, idle time).
+    // its end (before, it is the age of the initial copy; after, idle
+    // time), and from the first sample under a second: until then fovea is
+    // still applying the initial copy, which `caught_up_after_copy_s`
+    // reports instead.
     let window =
         Duration::from_millis(500)..Duration::from_secs(args.seconds).saturating_sub(Duration::from_millis(500));
+    let mut caught_up_at: Option<f64> = None;
     while load.try_wait()?.is_none() {
         if let Some(t) = scrape(&metrics_addr) {
-            if let Some(f) = metric(&t, "fovea_freshness_seconds").filter(|f| f.is_finite())
-                && window.contains(&load_began.elapsed())
+            let at = load_began.elapsed();
+            let f = metric(&t, "fovea_freshness_seconds").filter(|f| f.is_finite());
+            if caught_up_at.is_none() && f.is_some_and(|f| f < 1.0) {
+                caught_up_at = Some(at.as_secs_f64());
+            }
+            if let Some(f) = f
+                && caught_up_at.is_some()
+                && window.contains(&at)
             {
                 freshness.push(f * 1e3);
+                if f * 1e3 > worst.0 {
+                    worst = (f * 1e3, load_began.elapsed().as_secs_f64());
+                }
             }
             sample_memory(&t);
         }
@@ -298,6 +313,9 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         "freshness_p50_ms": latencies.quantile_ms(0.5),
         "freshness_p99_ms": latencies.quantile_ms(0.99),
         "freshness_samples": freshness.len(),
+        "caught_up_after_copy_s": caught_up_at,
+        "freshness_worst_ms": worst.0,
+        "freshness_worst_at_s": worst.1,
         "catch_up_after_load_ms": catch_up_ms,
         "rss_peak_mb": rss_peak / 1048576.0,
         "memory_at_rss_peak_mb": memory_mb,
