@@ -403,7 +403,16 @@ impl PendingCheckpoint {
                 let mut shard = lock(&engine.shards[s]);
                 versions.extend(chunk.iter().map(|k| shard.index.checkpoint_version(k, c)));
             }
+            // (The lookups above also carry keys changed above `c` into the
+            // next set: they are owed even when nothing is written here.)
             let entries = || keys.iter().copied().zip(versions.iter().copied());
+            // A base image starts a new chain.
+            let put_base = |image: Vec<u8>| -> Result<(String, Vec<String>, Vec<u64>)> {
+                let path = format!("{dir}/index-{s}.bin");
+                let size = image.len() as u64;
+                lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
+                Ok((path, Vec::new(), vec![size]))
+            };
             let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
             let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
             let (index, index_deltas, index_sizes) = match chain {
@@ -411,13 +420,7 @@ impl PendingCheckpoint {
                 // commit since): its objects serve, none is overwritten.
                 Some(p) if since == c.get() => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
                 // No chain to extend: every key is in `changed`.
-                None => {
-                    let image = write_image(entries(), false);
-                    let path = format!("{dir}/index-{s}.bin");
-                    let size = image.len() as u64;
-                    lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
-                    (path, Vec::new(), vec![size])
-                }
+                None => put_base(write_image(entries(), false))?,
                 Some(p) => {
                     let delta = write_image(entries(), true);
                     let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + delta.len() as u64;
@@ -430,11 +433,7 @@ impl PendingCheckpoint {
                         }
                         let mut slices: Vec<&[u8]> = runs.iter().map(|b| b.as_ref()).collect();
                         slices.push(&delta);
-                        let image = crate::index::merge_images(&slices)?;
-                        let path = format!("{dir}/index-{s}.bin");
-                        let size = image.len() as u64;
-                        lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
-                        (path, Vec::new(), vec![size])
+                        put_base(crate::index::merge_images(&slices)?)?
                     } else {
                         // Named by both ends: whoever writes it writes
                         // the changes between the same two images.

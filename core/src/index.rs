@@ -79,6 +79,11 @@ struct Version {
 
 type Versions = SmallVec<[Version; 2]>;
 
+/// The newest of `versions` at or below `ts`.
+fn version_at(versions: &Versions, ts: Ts) -> Option<&Version> {
+    versions.iter().rev().find(|v| v.ts <= ts.get())
+}
+
 /// One shard's partition of the single-point index.
 pub struct PrimaryIndex {
     map: HashMap<KeyBytes, Versions, foldhash::fast::FixedState>,
@@ -90,8 +95,6 @@ pub struct PrimaryIndex {
     /// [`PrimaryIndex::checkpoint_version`], in the keys it took): the ts
     /// `changed` was last taken at.
     changed_floor: u64,
-    /// The newest version ts pushed.
-    newest_ts: u64,
 }
 
 /// Keys an index changed (a version pushed, a row moved) since some
@@ -155,7 +158,6 @@ impl PrimaryIndex {
             map: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_f0ea)),
             changed: ChangedKeys::default(),
             changed_floor: 0,
-            newest_ts: 0,
         }
     }
 
@@ -177,8 +179,7 @@ impl PrimaryIndex {
     /// The row id of the newest version `≤ ts`, or `None` when there is none
     /// or it is a tombstone.
     pub fn lookup(&self, key: &[u8], ts: Ts) -> Option<RowId> {
-        let versions = self.map.get(key)?;
-        let v = versions.iter().rev().find(|v| v.ts <= ts.get())?;
+        let v = version_at(self.map.get(key)?, ts)?;
         (v.row != TOMBSTONE).then_some(RowId(v.row))
     }
 
@@ -202,11 +203,7 @@ impl PrimaryIndex {
         if versions.last().is_some_and(|v| v.ts > c.get()) {
             self.changed.push(key);
         }
-        versions
-            .iter()
-            .rev()
-            .find(|v| v.ts <= c.get())
-            .map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
+        version_at(versions, c).map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
     }
 
     /// Gives back keys [`Self::take_changed`] handed over, when what they
@@ -249,7 +246,6 @@ impl PrimaryIndex {
         if versions.last().is_none_or(|l| l.ts <= self.changed_floor) {
             self.changed.push(key);
         }
-        self.newest_ts = self.newest_ts.max(v.ts);
         if let Some(last) = versions.last_mut() {
             if last.ts > v.ts {
                 return Err(Error::invariant(format!(
@@ -299,7 +295,7 @@ impl PrimaryIndex {
         let mut out = PrimaryIndex::new();
         out.map.reserve(self.map.len());
         for (k, versions) in &self.map {
-            if let Some(v) = versions.iter().rev().find(|v| v.ts <= ts.get())
+            if let Some(v) = version_at(versions, ts)
                 && v.row != TOMBSTONE
             {
                 out.map.insert(k.clone(), std::iter::once(*v).collect());
@@ -389,7 +385,8 @@ impl PrimaryIndex {
                 for _ in 0..vlen {
                     let ts = r.u64().ok_or_else(|| image_corrupt("truncated version"))?;
                     let row = r.u64().ok_or_else(|| image_corrupt("truncated version"))?;
-                    index.newest_ts = index.newest_ts.max(ts);
+                    // Restored versions are none of the changes since.
+                    index.changed_floor = index.changed_floor.max(ts);
                     versions.push(Version { ts, row });
                 }
                 index.map.insert(key, versions);
@@ -398,13 +395,12 @@ impl PrimaryIndex {
         if r.pos != r.bytes.len() {
             return Err(image_corrupt("trailing bytes"));
         }
-        index.changed_floor = index.newest_ts;
         Ok(index)
     }
 
     fn insert_restored(&mut self, key: &[u8], v: Version) {
-        self.newest_ts = self.newest_ts.max(v.ts);
-        self.changed_floor = self.newest_ts;
+        // Restored versions are none of the changes since.
+        self.changed_floor = self.changed_floor.max(v.ts);
         self.map.insert(KeyBytes::from_slice(key), std::iter::once(v).collect());
     }
 

@@ -366,24 +366,23 @@ struct CheckpointOutcome {
 impl CheckpointJob {
     fn run(mut self) -> CheckpointOutcome {
         let began = Instant::now();
-        let mut outcome = CheckpointOutcome {
-            result: Err(Error::invariant("not written")),
-            commit: CatalogCommit::default(),
-            written: Duration::ZERO,
-            committed: Duration::ZERO,
-            cleanup_failures: 0,
-            late: None,
+        let failed = |e: Error, mut commit: CatalogCommit| {
+            commit.checkpoint = None;
+            CheckpointOutcome {
+                result: Err(e),
+                commit,
+                written: Duration::ZERO,
+                committed: Duration::ZERO,
+                cleanup_failures: 0,
+                late: None,
+            }
         };
         let pending = &mut self.pending;
         let manifest = match crate::error::catch_panic(|| "writing a checkpoint".into(), || pending.write()) {
             Ok(m) => m,
-            Err(e) => {
-                outcome.result = Err(e);
-                outcome.commit = self.commit;
-                return outcome;
-            }
+            Err(e) => return failed(e, self.commit),
         };
-        outcome.written = began.elapsed();
+        let written = began.elapsed();
         let engine = Arc::clone(self.pending.engine());
         // The sink is the only committer of checkpoints: it reads the newest
         // version.
@@ -395,36 +394,38 @@ impl CheckpointJob {
         });
         let epoch = engine.clock().epoch();
         if let Err(e) = self.catalog.version().and_then(|v| self.catalog.commit(epoch, v, &self.commit)) {
-            outcome.result = Err(e);
-            self.commit.checkpoint = None;
-            outcome.commit = self.commit;
-            return outcome;
+            return failed(e, self.commit);
         }
         let Some(CheckpointRecord { manifest, .. }) = self.commit.checkpoint else { unreachable!("set above") };
         engine.checkpoint_committed(&manifest);
         // Committed: the keys it wrote are not owed to the next one.
         drop(self.pending);
-        outcome.committed = began.elapsed() - outcome.written;
+        let committed = began.elapsed() - written;
         // Published for readers on other hosts (monotonic, fenced).
-        if let Err(e) = engine.clock().persist_watermarks() {
-            outcome.late = Some(e);
-        }
+        let late = engine.clock().persist_watermarks().err();
         // The checkpoint is committed: clean-up that fails now is retried by
         // a later checkpoint or GC round (and a restore deletes whatever the
         // manifest does not name), so it does not stop the replay.
+        let mut cleanup_failures = 0;
         if let Err(e) = engine.drop_old_checkpoints(&manifest) {
-            outcome.cleanup_failures += 1;
+            cleanup_failures += 1;
             tracing::warn!("objects of older checkpoints stay until the next checkpoint: {e}");
         }
-        outcome.result = Ok(manifest);
-        outcome
+        CheckpointOutcome {
+            result: Ok(manifest),
+            commit: CatalogCommit::default(),
+            written,
+            committed,
+            cleanup_failures,
+            late,
+        }
     }
 }
 
 impl Drop for Sink {
     fn drop(&mut self) {
-        // A writer left running would outlive its sink; its checkpoint is
-        // never committed, so the changes it took go back to the engine.
+        // A writer left running would outlive its sink: it is let finish
+        // (committed, or its changes given back to the engine).
         if let Some(w) = self.writing.take() {
             let _ = w.thread.join();
         }
@@ -1016,7 +1017,7 @@ impl Sink {
         self.finish_checkpoint(false)?;
         let due = self.since_checkpoint >= self.config.checkpoint_txns
             || (self.since_checkpoint > 0 && self.last_checkpoint.elapsed() >= self.config.checkpoint_interval);
-        if due && self.writing.is_none() {
+        if due {
             self.start_checkpoint(next, &mut |_| Ok(None))?;
         }
         Ok(())
@@ -1036,7 +1037,7 @@ impl Sink {
     ) -> Result<()> {
         self.finish_checkpoint(true)?;
         self.start_checkpoint(next, state)?;
-        self.finish_checkpoint(true).map(|_| ())
+        self.finish_checkpoint(true)
     }
 
     /// True while a checkpoint is being written in the background.
@@ -1114,10 +1115,12 @@ impl Sink {
         Ok(self.unreported.take())
     }
 
-    fn finish_checkpoint(&mut self, wait: bool) -> Result<Option<Duration>> {
+    /// Commits the checkpoint being written, once written (`wait`: waiting
+    /// for that); its time goes to `unreported`.
+    fn finish_checkpoint(&mut self, wait: bool) -> Result<()> {
         match &self.writing {
-            None => return Ok(None),
-            Some(w) if !wait && !w.thread.is_finished() => return Ok(None),
+            None => return Ok(()),
+            Some(w) if !wait && !w.thread.is_finished() => return Ok(()),
             Some(_) => {}
         }
         let CheckpointInFlight { thread, resume, began, captured } =
@@ -1155,10 +1158,9 @@ impl Sink {
             total_ms = began.elapsed().as_secs_f64() * 1e3,
             "checkpoint"
         );
-        let took = began.elapsed();
         self.stats.checkpoints += 1;
-        self.unreported = Some(took);
-        Ok(Some(took))
+        self.unreported = Some(began.elapsed());
+        Ok(())
     }
 
     /// The table of a record, created on first sight from the DDL, the
