@@ -4,7 +4,7 @@
 //! (retries) or stop with a clear error, and that after a restart the tables
 //! are exact.
 //!
-//! A [`FaultPlan`] is written `seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P`
+//! A [`FaultPlan`] is written `seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P,checkpoints=P`
 //! (every part optional; `FOVEA_FAULTS` in the `fovea` command line):
 //!
 //! | fault | what it imitates | effect |
@@ -13,6 +13,8 @@
 //! | `after=P` | a timeout after the service applied a write | with probability P a write (put, delete, conditional update, catalog commit) is applied, then reported failed |
 //! | `latency_ms=N` | a slow network | every request waits up to N ms (uniform) |
 //! | `multipart=P` | an upload cut off part-way | with probability P a multipart upload fails at completion: its parts were sent, the object never appears |
+//! | `deletes=P` | clean-up denied | with probability P deleting an object fails |
+//! | `checkpoints=P` | a checkpoint that cannot be written | with probability P writing a checkpoint object (under `_fovea/checkpoints/`) fails before it is applied |
 //!
 //! Faults are drawn from one seeded generator per plan, so a run is
 //! reproducible up to thread interleaving. Never for production lakes.
@@ -57,14 +59,19 @@ pub struct FaultPlan {
     /// Probability that deleting an object fails (clean-up of old
     /// checkpoints and retired blocks), besides `errors`.
     pub deletes: f64,
+    /// Probability that writing a checkpoint object fails, besides `errors`
+    /// (checkpoints fail while everything else works).
+    pub checkpoints: f64,
 }
 
 impl FaultPlan {
-    /// Parses `seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P`.
+    /// Parses `seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P,checkpoints=P`.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = |why: String| Error::Source {
             input: "FOVEA_FAULTS".into(),
-            message: format!("{why} (expected seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P)"),
+            message: format!(
+                "{why} (expected seed=N,errors=P,after=P,latency_ms=N,multipart=P,deletes=P,checkpoints=P)"
+            ),
         };
         let mut plan = FaultPlan::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -82,6 +89,7 @@ impl FaultPlan {
                 "after" => plan.after = probability()?,
                 "multipart" => plan.multipart = probability()?,
                 "deletes" => plan.deletes = probability()?,
+                "checkpoints" => plan.checkpoints = probability()?,
                 "latency_ms" => {
                     plan.latency = Duration::from_millis(value.parse().map_err(|_| bad(format!("latency_ms={value}")))?)
                 }
@@ -159,6 +167,14 @@ impl Dice {
         Ok(out)
     }
 
+    /// Before writing `location`: maybe fail it, if it is a checkpoint's.
+    fn checkpoint_write(&self, location: &Path) -> object_store::Result<()> {
+        if location.as_ref().starts_with("_fovea/checkpoints/") && self.roll(self.plan.checkpoints) {
+            return Err(store_fault(format!("injected fault: writing checkpoint object {location} failed")));
+        }
+        Ok(())
+    }
+
     async fn before_async(&self, op: &str) -> object_store::Result<()> {
         tokio::time::sleep(self.delay()).await;
         if self.roll(self.plan.errors) {
@@ -225,6 +241,7 @@ impl ObjectStore for FaultyStore {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         self.dice.before_async(&format!("put {location}")).await?;
+        self.dice.checkpoint_write(location)?;
         let put = self.inner.put_opts(location, payload, opts).await?;
         self.dice.after(&format!("put {location}")).map_err(store_fault)?;
         Ok(put)
@@ -236,6 +253,7 @@ impl ObjectStore for FaultyStore {
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.dice.before_async(&format!("multipart upload {location}")).await?;
+        self.dice.checkpoint_write(location)?;
         let inner = self.inner.put_multipart_opts(location, opts).await?;
         Ok(Box::new(FaultyUpload { inner, dice: self.dice.clone() }))
     }
@@ -378,9 +396,9 @@ mod tests {
 
     #[test]
     fn plans_parse_and_refuse_nonsense() {
-        let p = FaultPlan::parse("seed=7,errors=0.1,after=0.05,latency_ms=3,multipart=0.5").unwrap();
+        let p = FaultPlan::parse("seed=7,errors=0.1,after=0.05,latency_ms=3,multipart=0.5,checkpoints=1").unwrap();
         assert_eq!(p.seed, 7);
-        assert_eq!((p.errors, p.after, p.multipart), (0.1, 0.05, 0.5));
+        assert_eq!((p.errors, p.after, p.multipart, p.checkpoints), (0.1, 0.05, 0.5, 1.0));
         assert_eq!(p.latency, Duration::from_millis(3));
         assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan::default());
         for bad in ["errors=2", "x=1", "seed", "latency_ms=-1"] {

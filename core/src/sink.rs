@@ -325,6 +325,11 @@ pub struct Sink {
     /// [`Sink::poll_checkpoint`] reports it (one may be committed while
     /// records are pushed).
     unreported: Option<Duration>,
+    /// An error of the checkpoint step [`Sink::push`] takes after applying
+    /// its record, held for the next call: an error from `push` always
+    /// means its record was not applied, so the caller's position stays
+    /// exact (a resume point past a committed END, never at it).
+    deferred: Option<Error>,
 }
 
 /// A checkpoint captured by [`Sink::start_checkpoint`], being written.
@@ -467,6 +472,7 @@ impl Sink {
             checkpointed_at: None,
             writing: None,
             unreported: None,
+            deferred: None,
         };
         sink.create_declared_tables()?;
         Ok(sink)
@@ -504,8 +510,14 @@ impl Sink {
     }
 
     /// Feeds one record read at `position`; `next` is the position of the
-    /// line after it (where a checkpoint taken now would resume).
+    /// line after it (where a checkpoint taken now would resume). An error
+    /// means this record was not applied (and the sink takes no more); a
+    /// checkpoint failing after the record was applied is returned by the
+    /// next call instead.
     pub fn push(&mut self, record: ChangeRecord, position: SourcePosition, next: SourcePosition) -> Result<()> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         match record {
             ChangeRecord::Skip => {}
             ChangeRecord::Table(r) => {
@@ -587,7 +599,10 @@ impl Sink {
                 }
             }
         }
-        self.maybe_checkpoint(next, false)
+        if let Err(e) = self.maybe_checkpoint(next, false) {
+            self.deferred = Some(e);
+        }
+        Ok(())
     }
 
     /// No BEGIN came for the records held so far: the stream has no
@@ -703,6 +718,9 @@ impl Sink {
 
     /// End of input: finish what can be finished, fail on what cannot.
     pub fn finish_input(&mut self, end: SourcePosition) -> Result<()> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         let finished = self.finish_input_inner(end);
         finished.and_then(|()| self.drain()).and_then(|()| self.maybe_checkpoint(end, true))
     }
@@ -1035,6 +1053,9 @@ impl Sink {
         next: SourcePosition,
         state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
     ) -> Result<()> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         self.finish_checkpoint(true)?;
         self.start_checkpoint(next, state)?;
         self.finish_checkpoint(true)
@@ -1111,6 +1132,9 @@ impl Sink {
     /// pushed). An error (writing or committing failed) leaves the previous
     /// checkpoint in force and everything it owed to the next.
     pub fn poll_checkpoint(&mut self) -> Result<Option<Duration>> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         self.finish_checkpoint(false)?;
         Ok(self.unreported.take())
     }

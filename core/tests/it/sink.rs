@@ -350,3 +350,50 @@ fn schema_changes_evolve_the_table_and_old_rows_read_null() {
     assert_eq!(visible(&lake.engine)["public.t"].len(), 4);
     assert_eq!(visible(&lake.engine)["public.t"][1], vec![Value::Int(2), Value::Null]);
 }
+
+/// A checkpoint failing in the background is reported by the next call,
+/// before that call applies anything: an error from `push` always means
+/// its record was not applied. A caller keeps the position of the record
+/// that failed and a final checkpoint resumes there, so it never resumes
+/// at the END of a transaction that was committed (which the next run
+/// would refuse as an END without BEGIN).
+#[test]
+fn a_checkpoint_failing_in_the_background_is_reported_before_a_record_is_applied() {
+    use fovea_core::cdc::ChangeRecord;
+    use fovea_core::faults::FaultPlan;
+    use fovea_core::lease::DEFAULT_LEASE_TTL;
+    use fovea_core::location::{LakeBackends, open};
+
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::parse("seed=1,checkpoints=1").unwrap();
+    let backends = plan.inject(LakeBackends::local(dir.path()).unwrap());
+    let lake = open(backends, EngineConfig::default(), OpenMode::Write, DEFAULT_LEASE_TTL).unwrap();
+    // A checkpoint after every transaction, written in the background.
+    let config = SinkConfig { checkpoint_txns: 1, ..SinkConfig::default() };
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config).unwrap();
+    let mut offset = 0;
+    let mut failed = None;
+    for (i, l) in lines("debezium_events.jsonl.gz").iter().enumerate() {
+        let pos = SourcePosition { line: i as u64 + 1, offset };
+        offset += l.len() as u64 + 1;
+        let next = SourcePosition { line: i as u64 + 2, offset };
+        let record = decode_line(l, pos, InputFormat::Auto).unwrap();
+        if matches!(record, ChangeRecord::End { .. }) {
+            // The checkpoint started at the last END has failed by now:
+            // the failure is there to be noticed while this END applies.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let applied = sink.stats().applied;
+        match sink.push(record, pos, next) {
+            Ok(()) => {}
+            Err(e) => {
+                assert_eq!(sink.stats().applied, applied, "line {}: failed, yet its transaction was applied", pos.line);
+                failed = Some((pos, e.to_string()));
+                break;
+            }
+        }
+    }
+    let (at, error) = failed.expect("no push reported the failed checkpoints");
+    assert!(error.contains("writing checkpoint object"), "line {}: {error}", at.line);
+    assert_eq!(sink.stats().checkpoints, 0, "a checkpoint was committed although every write failed");
+}
