@@ -118,7 +118,9 @@ enum Command {
         /// CREATE TABLE statements overriding inferred types and keys.
         #[arg(long)]
         schema_file: Option<PathBuf>,
-        /// Checkpoint after this many transactions (also every 10 s and at the end).
+        /// Checkpoint after this many transactions (also every 10 s and at the
+        /// end). Checkpoints are written in the background, one at a time:
+        /// one falling due while another is written starts when it commits.
         #[arg(long, default_value_t = 50_000)]
         checkpoint_txns: u64,
         /// Shards (default: the number of cores).
