@@ -235,7 +235,7 @@ fn lambda_scans_never_see_a_partial_transaction_while_replay_runs() {
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("bank.jsonl");
-    std::fs::write(&input, bank_lines(3000)).unwrap();
+    std::fs::write(&input, bank_lines(30000)).unwrap();
     let schema = dir.path().join("bank.sql");
     std::fs::write(
         &schema,
@@ -244,7 +244,9 @@ fn lambda_scans_never_see_a_partial_transaction_while_replay_runs() {
     .unwrap();
     let lake = ["--lake", "s3://lake/bank", "--state", "dynamodb://fovea-bank"];
     let lambda = lambda(&moto, 2);
-    // A checkpoint every 25 source transactions: readers see ~120 states.
+    // A checkpoint every 25 source transactions at most (written back to
+    // back): readers see many states, and the replay runs long enough
+    // (30,000 transactions, some 10 s) for several answers while it does.
     let mut replay = fovea(&moto)
         .arg("replay")
         .args(lake)
@@ -293,4 +295,5 @@ fn lambda_scans_never_see_a_partial_transaction_while_replay_runs() {
     }
     assert!(replay.wait().unwrap().success(), "{}", std::fs::read_to_string(dir.path().join("replay.log")).unwrap());
     assert!(during >= 2, "only {during} answers while the replay ran");
+    eprintln!("{during} answers while the replay ran, {after} after it");
 }
