@@ -111,12 +111,12 @@ fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_rep
     // How many runs stop depends on how requests interleave with the
     // flusher and the checkpoint writer (a seed picks faults by request
     // number; checkpoints are written back to back, so their number
-    // depends on how fast they are): 0.01 stops some 12-16 runs of the
-    // 12,000 transactions; fewer than 5 means the faults did not reach
-    // the replay. Runs that stop while a checkpoint is being written
+    // depends on how fast they are): 0.01 stopped 4-16 runs of the
+    // 12,000 transactions in trials, 0.015 more; fewer than 3 means the
+    // faults did not reach the replay. Runs that stop while a checkpoint is being written
     // resume exactly (a resume point is never at a committed END).
-    let stops = replay_with_faults(&faulty, &input, "errors=0.01,after=0.01,latency_ms=1,multipart=0.3");
-    assert!(stops >= 5, "only {stops} runs stopped: the faults did not bite");
+    let stops = replay_with_faults(&faulty, &input, "errors=0.015,after=0.015,latency_ms=1,multipart=0.3");
+    assert!(stops >= 3, "only {stops} runs stopped: the faults did not bite");
     for t in ["hybench.account", "hybench.transfer"] {
         let export = |lake: &Path| {
             ok(fovea().args(["export", "--table", t, "--lake", lake.to_str().unwrap()]).output().unwrap())
