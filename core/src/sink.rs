@@ -515,9 +515,7 @@ impl Sink {
     /// checkpoint failing after the record was applied is returned by the
     /// next call instead.
     pub fn push(&mut self, record: ChangeRecord, position: SourcePosition, next: SourcePosition) -> Result<()> {
-        if let Some(e) = self.deferred.take() {
-            return Err(e);
-        }
+        self.take_deferred()?;
         match record {
             ChangeRecord::Skip => {}
             ChangeRecord::Table(r) => {
@@ -716,11 +714,14 @@ impl Sink {
         }
     }
 
+    /// The error held by [`Self::push`] for the next call, if any.
+    fn take_deferred(&mut self) -> Result<()> {
+        self.deferred.take().map_or(Ok(()), Err)
+    }
+
     /// End of input: finish what can be finished, fail on what cannot.
     pub fn finish_input(&mut self, end: SourcePosition) -> Result<()> {
-        if let Some(e) = self.deferred.take() {
-            return Err(e);
-        }
+        self.take_deferred()?;
         let finished = self.finish_input_inner(end);
         finished.and_then(|()| self.drain()).and_then(|()| self.maybe_checkpoint(end, true))
     }
@@ -1053,9 +1054,7 @@ impl Sink {
         next: SourcePosition,
         state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
     ) -> Result<()> {
-        if let Some(e) = self.deferred.take() {
-            return Err(e);
-        }
+        self.take_deferred()?;
         self.finish_checkpoint(true)?;
         self.start_checkpoint(next, state)?;
         self.finish_checkpoint(true)
@@ -1132,9 +1131,7 @@ impl Sink {
     /// pushed). An error (writing or committing failed) leaves the previous
     /// checkpoint in force and everything it owed to the next.
     pub fn poll_checkpoint(&mut self) -> Result<Option<Duration>> {
-        if let Some(e) = self.deferred.take() {
-            return Err(e);
-        }
+        self.take_deferred()?;
         self.finish_checkpoint(false)?;
         Ok(self.unreported.take())
     }
