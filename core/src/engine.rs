@@ -28,7 +28,9 @@ use crate::ids::{ShardId, TableId, Ts};
 use crate::lake::{Lake, block_path, encode_parquet, file_path};
 use crate::mvcc::{Clock, MemoryTxnStore, Snapshot, SqliteTxnStore, TxnStore, lock};
 use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
-use crate::rewrite::{LocalRewrites, RewriteAnswer, RewriteJob, RewriteRequest, RewriteStats, RewriteWorker};
+use crate::rewrite::{
+    LocalRewrites, RewriteAnswer, RewriteClaims, RewriteJob, RewriteRequest, RewriteStats, RewriteWorker,
+};
 use crate::scan::{Scan, ScanOptions};
 use crate::scan_worker::SplitFailure;
 use crate::schema::{TableDef, TypeChange};
@@ -286,6 +288,9 @@ pub struct Engine {
     /// never held across a rewrite.
     rewrite_worker: Mutex<Arc<dyn RewriteWorker>>,
     rewrite_stats: RewriteStats,
+    /// Files a combine or storage-GC round is rewriting (one round per
+    /// file at a time).
+    pub(crate) rewriting: RewriteClaims,
 }
 
 /// See [`Engine::observe_freshness`].
@@ -327,6 +332,7 @@ impl Engine {
             storage_gc_pauses: Arc::default(),
             rewrite_worker: Mutex::new(Arc::new(LocalRewrites::new(lake.clone()))),
             rewrite_stats: RewriteStats::default(),
+            rewriting: RewriteClaims::default(),
             lake,
         }))
     }
@@ -825,29 +831,28 @@ impl Engine {
     pub fn combine(&self) -> Result<usize> {
         let mut candidates = Vec::new();
         for part in self.all_parts() {
-            let files: Vec<_> = lock(&part.state)
-                .files
-                .iter()
-                .filter_map(|f| match &f.kind {
-                    FileKind::Virtual { blocks, sealed: true } if !blocks.is_empty() => {
-                        // The block objects, in order; `None` while one is still in memory.
-                        let paths: Option<Vec<Path>> = blocks
-                            .iter()
-                            .map(|b| match &b.data {
-                                BlockData::Flushed(p) => Some(p.clone()),
-                                BlockData::Memory(_) => None,
-                            })
-                            .collect();
-                        Some((f.id, blocks.iter().map(|b| b.rows).collect::<Vec<usize>>(), paths?))
-                    }
-                    _ => None,
-                })
-                .collect();
-            candidates.extend(files.into_iter().map(|(id, rows, paths)| (Arc::clone(&part), id, rows, paths)));
+            let state = lock(&part.state);
+            for f in &state.files {
+                let FileKind::Virtual { blocks, sealed: true } = &f.kind else { continue };
+                // The block objects, in order; `None` while one is still in memory.
+                let paths: Option<Vec<Path>> = blocks
+                    .iter()
+                    .map(|b| match &b.data {
+                        BlockData::Flushed(p) => Some(p.clone()),
+                        BlockData::Memory(_) => None,
+                    })
+                    .collect();
+                let Some(paths) = paths.filter(|p| !p.is_empty()) else { continue };
+                // Under the part's lock: a round holding the claim has not
+                // swapped yet; one that swapped left the file regular.
+                let Some(claim) = self.rewriting.claim(part.table.id, f.id) else { continue };
+                let rows: Vec<usize> = blocks.iter().map(|b| b.rows).collect();
+                candidates.push((Arc::clone(&part), f.id, rows, paths, claim));
+            }
         }
         let requests: Vec<RewriteRequest> = candidates
             .iter()
-            .map(|(part, id, _, paths)| RewriteRequest {
+            .map(|(part, id, _, paths, _)| RewriteRequest {
                 lake: None,
                 job: RewriteJob::Combine { blocks: paths.iter().map(Path::to_string).collect() },
                 output: file_path(part.table.id, *id).to_string(),
@@ -856,7 +861,7 @@ impl Engine {
             .collect();
         let answers = self.run_rewrites(&requests);
         let mut combined = 0;
-        for ((part, id, block_rows, paths), answer) in candidates.into_iter().zip(answers) {
+        for ((part, id, block_rows, paths, _claim), answer) in candidates.into_iter().zip(answers) {
             let output = file_path(part.table.id, id);
             let answer = answer.map_err(|f| f.to_string()).and_then(|a| {
                 let groups: Vec<usize> = a.row_groups.iter().map(|g| g.rows).collect();

@@ -21,8 +21,9 @@
 //! the worker runs are carried over to the new file at the swap (the dual
 //! delete), so the worker never needs to hear of them.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arrow::array::BooleanArray;
@@ -33,7 +34,7 @@ use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::ids::Ts;
+use crate::ids::{FileId, TableId, Ts};
 use crate::lake::{Lake, RegularFile, RowGroupInfo};
 use crate::metered::{MeteredStore, StoreMeter};
 use crate::scan_worker::{SplitFailure, SplitFailureKind};
@@ -342,6 +343,42 @@ pub trait RewriteWorker: Send + Sync + std::fmt::Debug {
 
     /// Where the work runs, for logs and metrics (`in-process`, `lambda`).
     fn kind(&self) -> &'static str;
+}
+
+/// The files a combine or storage-GC round is rewriting. Rounds may run at
+/// once (the sink's after a checkpoint beside a maintenance thread's); a
+/// file claimed by one is left alone by the others, so no file is ever
+/// rewritten by two at a time. Two combines of one file write the same
+/// output object: the one failing last (on blocks the other's swap
+/// retired, say) would delete the object the other had swapped in.
+///
+/// A round claims a file under the lock of the file's part, after seeing
+/// it still needs the rewrite, and holds the claim until its swap is done
+/// (or abandoned): a round seeing the file before that swap skips it, one
+/// seeing it after finds nothing left to rewrite.
+#[derive(Debug, Default)]
+pub(crate) struct RewriteClaims(Mutex<HashSet<(TableId, FileId)>>);
+
+/// A file claimed for rewriting, released when dropped.
+#[derive(Debug)]
+pub(crate) struct RewriteClaim<'a> {
+    claims: &'a RewriteClaims,
+    file: (TableId, FileId),
+}
+
+impl RewriteClaims {
+    /// Claims `file` of `table`; `None` while another round holds it.
+    pub(crate) fn claim(&self, table: TableId, file: FileId) -> Option<RewriteClaim<'_>> {
+        // The claim is made only once inserted: dropping one releases it.
+        let inserted = crate::mvcc::lock(&self.0).insert((table, file));
+        inserted.then(|| RewriteClaim { claims: self, file: (table, file) })
+    }
+}
+
+impl Drop for RewriteClaim<'_> {
+    fn drop(&mut self) {
+        crate::mvcc::lock(&self.claims.0).remove(&self.file);
+    }
 }
 
 /// Rewrites in this process, on the engine's lake.

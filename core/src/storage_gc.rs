@@ -38,7 +38,7 @@ use crate::ids::{FileId, RowId, Ts};
 use crate::index::RangeEntry;
 use crate::lake::{RegularFile, file_path};
 use crate::mvcc::lock;
-use crate::rewrite::{RewriteJob, RewriteRequest, encode_rows};
+use crate::rewrite::{RewriteClaim, RewriteJob, RewriteRequest, encode_rows};
 use crate::visibility::{FileVisibility, RewriteDeletes};
 
 /// What one storage-GC round did.
@@ -64,12 +64,14 @@ pub struct StorageGcReport {
 }
 
 /// A file storage GC rewrites this round.
-struct Candidate {
+struct Candidate<'a> {
     part: Arc<TablePart>,
     file: FileId,
     regular: Arc<RegularFile>,
     /// Its rows deleted at the round's gts.
     dropped: Vec<u32>,
+    /// Held until the swap is done: no other round rewrites the file.
+    _claim: RewriteClaim<'a>,
 }
 
 /// Holds storage GC off while alive: no swap happens once it is taken (a
@@ -120,7 +122,18 @@ impl Engine {
                 if rows == 0 || dropped.is_empty() || (dropped.len() as f64) < threshold * rows as f64 {
                     continue;
                 }
-                candidates.push(Candidate { part: Arc::clone(&part), file: id, regular, dropped });
+                // Claimed under the part's lock, if the file is still the
+                // one read (another round may have swapped it meanwhile).
+                let claim = {
+                    let state = lock(&part.state);
+                    let same = state
+                        .files
+                        .iter()
+                        .any(|f| f.id == id && matches!(&f.kind, FileKind::Regular(r) if Arc::ptr_eq(r, &regular)));
+                    if same { self.rewriting.claim(part.table.id, id) } else { None }
+                };
+                let Some(_claim) = claim else { continue };
+                candidates.push(Candidate { part: Arc::clone(&part), file: id, regular, dropped, _claim });
             }
         }
         if candidates.is_empty() || self.storage_gc_paused() {
@@ -205,7 +218,7 @@ impl Engine {
         gts: Ts,
         report: &mut StorageGcReport,
     ) -> Result<()> {
-        let Candidate { part, file, regular, dropped } = c;
+        let Candidate { part, file, regular, dropped, .. } = c;
         let file = *file;
         let rows = regular.rows();
         // new_offset[old offset] (u32::MAX: dropped).

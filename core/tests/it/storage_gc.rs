@@ -338,3 +338,83 @@ fn rewrites_run_in_parallel_answer_as_in_sequence() {
     assert_eq!(worker.1.load(std::sync::atomic::Ordering::Relaxed), report.files_rewritten + combined);
     assert_exact(&engine, &oracle, "after parallel rewrites");
 }
+
+/// A worker whose first rewrite, once begun, waits until the test lets it
+/// go; the others run at once, in this process.
+#[derive(Debug)]
+struct FirstWaits {
+    local: LocalRewrites,
+    first: std::sync::atomic::AtomicBool,
+    begun: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl RewriteWorker for FirstWaits {
+    fn rewrite(&self, request: &RewriteRequest) -> Result<RewriteAnswer, SplitFailure> {
+        // Relaxed: only which call is first matters.
+        if !self.first.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.begun.lock().unwrap().send(()).unwrap();
+            self.go.lock().unwrap().recv().unwrap();
+        }
+        self.local.rewrite(request)
+    }
+
+    fn kind(&self) -> &'static str {
+        "first-waits"
+    }
+}
+
+/// Runs `round` twice at once: the first waits in its first rewrite while
+/// the second runs whole and a GC round deletes what the second replaced.
+/// Returns (first, second).
+fn two_rounds_at_once<T: Send>(
+    engine: &Arc<Engine>,
+    store: &Arc<dyn ObjectStore>,
+    round: impl Fn(&Engine) -> T + Sync,
+) -> (T, T) {
+    let (begun, first_begun) = std::sync::mpsc::channel();
+    let (go, wait) = std::sync::mpsc::channel();
+    let worker = Arc::new(FirstWaits {
+        local: LocalRewrites::new(fovea_core::lake::Lake::new(Arc::clone(store))),
+        first: Default::default(),
+        begun: std::sync::Mutex::new(begun),
+        go: std::sync::Mutex::new(wait),
+    });
+    engine.set_rewrite_worker(worker as Arc<dyn RewriteWorker>);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| round(engine));
+        first_begun.recv_timeout(std::time::Duration::from_secs(120)).expect("the first round rewrote nothing");
+        let second = round(engine);
+        engine.gc().unwrap();
+        go.send(()).unwrap();
+        (first.join().unwrap(), second)
+    })
+}
+
+#[test]
+fn rounds_running_at_once_rewrite_each_file_once() {
+    let (engine, store, mut oracle) = engine();
+    half_stale(&engine, &mut oracle);
+    engine.flush().unwrap();
+
+    // Two combines (the sink's after a checkpoint, a maintenance thread's):
+    // a file the first is rewriting is not the second's to rewrite, so the
+    // second's swap cannot retire the blocks the first reads (nor the
+    // first's failure then delete the object the second swapped in).
+    let (first, second) = two_rounds_at_once(&engine, &store, |e| e.combine().unwrap());
+    assert_eq!(second, 0, "the second combine took files the first was rewriting");
+    assert!(first >= 2, "{first}");
+    assert_eq!(engine.rewrite_stats().failed.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_exact(&engine, &oracle, "after two combines at once");
+
+    let (first, second) = two_rounds_at_once(&engine, &store, |e| e.storage_gc(0.4).unwrap());
+    assert_eq!(
+        second.files_rewritten + second.failed,
+        0,
+        "the second storage GC took files the first was rewriting: {second:?}"
+    );
+    assert!(first.files_rewritten >= 2 && first.failed == 0, "{first:?}");
+    assert_exact(&engine, &oracle, "after two storage GC rounds at once");
+    assert_eq!(engine.combine().unwrap(), 0);
+    assert_eq!(engine.storage_gc(0.4).unwrap().files_rewritten, 0, "nothing stale is left");
+}
