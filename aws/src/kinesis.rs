@@ -1178,6 +1178,7 @@ mod tests {
                 key_names: None,
                 in_transaction_block: false,
                 omits_nulls: false,
+                typed: None,
             }))
         };
         let keyed = |r: ChangeRecord| match r {

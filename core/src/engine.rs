@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::Path as FsPath;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -245,6 +245,9 @@ pub struct Engine {
     pub(crate) clock: Arc<Clock>,
     pub(crate) lake: Lake,
     tables: RwLock<Tables>,
+    /// Grows with every table created or changed (see
+    /// [`crate::cdc::typed::CurrentTables`]).
+    table_generation: AtomicU64,
     pub(crate) shards: Vec<Mutex<Shard>>,
     /// Serialises `apply` (begin + apply) so timestamps reach shards in order.
     pub(crate) sequencer: Mutex<()>,
@@ -293,6 +296,17 @@ pub struct Engine {
     pub(crate) rewriting: RewriteClaims,
 }
 
+impl crate::cdc::typed::CurrentTables for Engine {
+    fn generation(&self) -> u64 {
+        // Acquire: pairs with the Release increments made after a change.
+        self.table_generation.load(Ordering::Acquire)
+    }
+
+    fn current(&self, name: &str) -> Option<Arc<TableDef>> {
+        self.table(name).ok()
+    }
+}
+
 /// See [`Engine::observe_freshness`].
 type FreshnessObserver = Box<dyn Fn(i64) + Send + Sync>;
 
@@ -314,6 +328,7 @@ impl Engine {
             config,
             clock,
             tables: RwLock::new(Tables::default()),
+            table_generation: AtomicU64::new(0),
             shards: (0..config.shards).map(|i| Mutex::new(Shard::new(ShardId(i as u32)))).collect(),
             sequencer: Mutex::new(()),
             sequencer_apply: Mutex::new(()),
@@ -409,6 +424,9 @@ impl Engine {
         }
         tables.by_id.push(TableRuntime { versions: vec![(created_at, Arc::clone(&def))], parts });
         tables.by_name.insert(name.into(), id);
+        // Release, under the write lock: a decoder that sees the new
+        // generation (Acquire) and then reads the tables sees this one.
+        self.table_generation.fetch_add(1, Ordering::Release);
         Ok(def)
     }
 
@@ -486,6 +504,8 @@ impl Engine {
             }
             _ => versions.push((ts, Arc::clone(&def))),
         }
+        // Release, under the write lock: as in `create_table_at`.
+        self.table_generation.fetch_add(1, Ordering::Release);
         Ok(def)
     }
 

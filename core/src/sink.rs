@@ -758,7 +758,14 @@ impl Sink {
         Ok(())
     }
 
-    fn add_row(&mut self, position: SourcePosition, row: Box<RowChange>) -> Result<()> {
+    fn add_row(&mut self, position: SourcePosition, mut row: Box<RowChange>) -> Result<()> {
+        // A row read against a definition its table no longer has (an
+        // earlier record changed the table) is decoded again.
+        if let Some(typed) = &row.typed
+            && !self.tables.get(&row.table).is_some_and(|t| typed.is_for(&t.def))
+        {
+            row = row.untyped(position)?;
+        }
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
         open.received += 1;
         bump(&mut open.per_table, &row.table);
@@ -784,6 +791,10 @@ impl Sink {
                     SegmentState::Skipped => return Ok(()),
                     SegmentState::Applied => None,
                     SegmentState::Pending(_) => {
+                        // The identity digests the JSON images.
+                        if row.typed.is_some() {
+                            row = row.untyped(position)?;
+                        }
                         digest_row(&mut seg.digest, &row);
                         seg.rows += 1;
                         Some(i)
@@ -791,8 +802,13 @@ impl Sink {
                 }
             }
         };
-        let txid = open.txid.clone();
-        let op = self.op_of(&row, position, &txid)?;
+        let op = match row.typed.take() {
+            Some(typed) => typed_op(row.op, typed),
+            None => {
+                let txid = open.txid.clone();
+                self.op_of(&row, position, &txid)?
+            }
+        };
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         match (segment, open.segments.as_mut()) {
             (Some(i), Some(segments)) => {
@@ -1610,6 +1626,18 @@ impl Sink {
                 Op::Update { table: id, key, row }
             }
         })
+    }
+}
+
+/// The operation of a row read against its table's current definition
+/// (checked by the caller): what [`Sink::op_of`] makes of the same record.
+fn typed_op(op: RowOp, typed: crate::cdc::typed::TypedRow) -> Op {
+    let table = typed.def.id;
+    match op {
+        RowOp::Insert => Op::Insert { table, row: typed.row },
+        RowOp::SnapshotRead => Op::Upsert { table, row: typed.row },
+        RowOp::Update => Op::Update { table, key: typed.key, row: typed.row },
+        RowOp::Delete => Op::Delete { table, key: typed.key },
     }
 }
 

@@ -53,7 +53,9 @@ pub fn open_source(
         )?));
     }
     let path = spec.strip_prefix("file:").unwrap_or(spec);
-    Ok(Box::new(FileSource::open(std::path::Path::new(path), checkpoint, format, follow, poll)?))
+    // Decoders read rows of known tables straight into typed values.
+    let tables: Arc<dyn fovea_core::cdc::typed::CurrentTables> = Arc::clone(engine) as _;
+    Ok(Box::new(FileSource::open(std::path::Path::new(path), checkpoint, format, follow, poll, Some(tables))?))
 }
 
 /// How the loop runs.

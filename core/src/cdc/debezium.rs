@@ -18,8 +18,12 @@ use std::borrow::Cow;
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
+use std::sync::Arc;
+
+use super::typed::{TypedRow, TypedTables};
 use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error, object_columns};
 use crate::error::Result;
+use crate::schema::{Row, TableDef};
 
 const NO_TABLE: &str = "row record without source.schema/source.table";
 
@@ -155,16 +159,38 @@ fn columns(raw: Option<&RawValue>) -> std::result::Result<Option<Columns>, serde
 /// Decodes one Debezium line: the typed fast path for records without a
 /// schema envelope, the general path otherwise.
 pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> {
+    decode_fields(line, position, None).map(|(record, _)| record)
+}
+
+/// [`decode_str`], reading the row images of a table that `tables` knows
+/// straight into typed values where it can (see [`super::typed`]): the
+/// row then carries a [`TypedRow`] and no JSON images.
+pub fn decode_typed(line: String, position: SourcePosition, tables: &mut TypedTables) -> Result<ChangeRecord> {
+    let (mut record, typed) = decode_fields(&line, position, Some(tables))?;
+    if let (ChangeRecord::Row(row), Some((def, key, values))) = (&mut record, typed) {
+        row.typed = Some(TypedRow { def, key, row: values, line });
+    }
+    Ok(record)
+}
+
+/// What typed decoding read: the definition, the key and the row.
+type Typed = (Arc<TableDef>, Row, Row);
+
+fn decode_fields(
+    line: &str,
+    position: SourcePosition,
+    tables: Option<&mut TypedTables>,
+) -> Result<(ChangeRecord, Option<Typed>)> {
     let malformed = |e: serde_json::Error| input_error(position, None, None, format!("malformed JSON: {e}"));
     let top: Fields<'_> = serde_json::from_str(line).map_err(malformed)?;
-    let general = || -> Result<ChangeRecord> {
+    let general = || -> Result<(ChangeRecord, Option<Typed>)> {
         let json: Json = serde_json::from_str(line).map_err(malformed)?;
-        decode(json, position)
+        decode(json, position).map(|r| (r, None))
     };
     let (key, payload) = match top.value {
         Some(v) if top.source.is_none() && top.op.is_none() => {
             if v.get() == "null" {
-                return Ok(ChangeRecord::Skip);
+                return Ok((ChangeRecord::Skip, None));
             }
             let inner: Fields<'_> = serde_json::from_str(v.get()).map_err(malformed)?;
             (top.key, inner)
@@ -190,13 +216,23 @@ pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> 
     let bad = |e: serde_json::Error| {
         input_error(position, Some(&table), txid.as_deref(), format!("malformed row image: {e}"))
     };
-    let key = columns(key).map_err(bad)?;
+    let typed = tables.and_then(|t| t.shape(&table)).and_then(|shape| {
+        let (key, row) = shape.decode(op, key, payload.before, payload.after)?;
+        Some((Arc::clone(shape.def()), key, row))
+    });
+    // A typed row needs no JSON images (the line is kept to decode again).
+    let (key, before, after) = match typed {
+        Some(_) => (None, None, None),
+        None => {
+            (columns(key).map_err(bad)?, columns(payload.before).map_err(bad)?, columns(payload.after).map_err(bad)?)
+        }
+    };
     let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect());
-    Ok(ChangeRecord::Row(Box::new(RowChange {
+    let record = ChangeRecord::Row(Box::new(RowChange {
         op,
         key,
-        before: columns(payload.before).map_err(bad)?,
-        after: columns(payload.after).map_err(bad)?,
+        before,
+        after,
         commit_us: match source.ts_us {
             Some(us) => Some(us),
             None => commit_micros(source.ts_ms).map_err(|e| input_error(position, Some(&table), txid.as_deref(), e))?,
@@ -206,9 +242,11 @@ pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> 
         key_names,
         in_transaction_block: payload.transaction.is_some_and(|t| t.get() != "null"),
         omits_nulls: false,
+        typed: None,
         txid,
         table,
-    })))
+    }));
+    Ok((record, typed))
 }
 
 /// Decodes one Debezium record.
@@ -327,6 +365,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         key_names,
         in_transaction_block,
         omits_nulls: false,
+        typed: None,
     })))
 }
 

@@ -73,5 +73,6 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         key_names: None,
         in_transaction_block: false,
         omits_nulls: true,
+        typed: None,
     })))
 }

@@ -16,7 +16,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::time::Duration;
 
 use super::source::{ChangeSource, Lag, LineSource, Polled};
-use super::{ChangeRecord, InputFormat, SourcePosition, decode_line};
+use super::typed::{CurrentTables, TypedTables};
+use super::{ChangeRecord, InputFormat, SourcePosition, decode_owned_line};
 use crate::catalog::CheckpointRecord;
 use crate::error::{Error, Result};
 use crate::sink::Sink;
@@ -67,6 +68,7 @@ impl FileSource {
         format: InputFormat,
         follow: bool,
         poll: Duration,
+        tables: Option<Arc<dyn CurrentTables>>,
     ) -> Result<Self> {
         let (name, source, fingerprint, file) = if path == Path::new("-") {
             ("-".to_owned(), LineSource::open(path, SourcePosition::default())?, None, None)
@@ -94,10 +96,11 @@ impl FileSource {
             let (done_tx, done_rx) = sync_channel::<DecodedBatch>(8);
             to_decoders.push(line_tx);
             from_decoders.push(done_rx);
+            let typed = tables.clone().map(TypedTables::new);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("fovea-decode-{i}"))
-                    .spawn(move || decode_loop(line_rx, format, done_tx))?,
+                    .spawn(move || decode_loop(line_rx, format, typed, done_tx))?,
             );
         }
         let reader_stop = Arc::clone(&stop);
@@ -212,14 +215,22 @@ fn read_loop(mut source: LineSource, to: Vec<SyncSender<LineBatch>>, follow: boo
     }
 }
 
-fn decode_loop(from: Receiver<LineBatch>, format: InputFormat, to: SyncSender<DecodedBatch>) {
+fn decode_loop(
+    from: Receiver<LineBatch>,
+    format: InputFormat,
+    mut typed: Option<TypedTables>,
+    to: SyncSender<DecodedBatch>,
+) {
     for batch in from {
         // A decoder panic is that line's error, not a dead thread.
-        let decode = |pos: SourcePosition, line: &str| {
-            crate::error::catch_panic(|| format!("decoding input line {}", pos.line), || decode_line(line, pos, format))
+        let mut decode = |pos: SourcePosition, line: String| {
+            crate::error::catch_panic(
+                || format!("decoding input line {}", pos.line),
+                || decode_owned_line(line, pos, format, typed.as_mut()),
+            )
         };
         let mut records: Vec<_> =
-            batch.lines.iter().map(|(pos, next, line)| (*pos, *next, decode(*pos, line))).collect();
+            batch.lines.into_iter().map(|(pos, next, line)| (pos, next, decode(pos, line))).collect();
         // Nothing after a decoding error is applied: the sink stops there.
         if let Some(i) = records.iter().position(|r| r.2.is_err()) {
             records.truncate(i + 1);

@@ -22,6 +22,7 @@ pub mod file;
 pub mod ordering;
 pub mod pgoutput;
 pub mod source;
+pub mod typed;
 pub mod types;
 
 use arrow::datatypes::DataType;
@@ -107,6 +108,22 @@ pub struct RowChange {
     /// `IncludeNullAndEmpty` is set): a column missing from the after
     /// image is NULL in this row, not a column dropped from the table.
     pub omits_nulls: bool,
+    /// The row read against its table's definition by the decoder
+    /// ([`typed`]); `key`, `before` and `after` are then `None`.
+    pub typed: Option<typed::TypedRow>,
+}
+
+impl RowChange {
+    /// This row on the general path: its typed form dropped, its line
+    /// decoded again into JSON images. A row without a typed form is
+    /// returned as it is.
+    pub fn untyped(self: Box<Self>, position: SourcePosition) -> Result<Box<RowChange>> {
+        let Some(typed) = &self.typed else { return Ok(self) };
+        match debezium::decode_str(&typed.line, position)? {
+            ChangeRecord::Row(row) => Ok(row),
+            _ => Err(input_error(position, Some(&self.table), self.txid.as_deref(), "a row decoded twice is no row")),
+        }
+    }
 }
 
 /// One decoded input record.
@@ -190,6 +207,26 @@ pub fn decode_line(line: &str, position: SourcePosition, format: InputFormat) ->
         InputFormat::Dms => dms::decode(json, position),
         _ => debezium::decode(json, position),
     }
+}
+
+/// [`decode_line`] for a line the caller gives away: with `tables`, the
+/// row images of a Debezium record whose table exists are read straight
+/// into typed values (see [`typed`]).
+pub fn decode_owned_line(
+    line: String,
+    position: SourcePosition,
+    format: InputFormat,
+    tables: Option<&mut typed::TypedTables>,
+) -> Result<ChangeRecord> {
+    let Some(tables) = tables else { return decode_line(&line, position, format) };
+    let trimmed = line.trim();
+    let debezium =
+        format == InputFormat::Debezium || (format == InputFormat::Auto && !trimmed.contains("\"metadata\""));
+    if trimmed.is_empty() || !debezium {
+        return decode_line(&line, position, format);
+    }
+    let line = if trimmed.len() == line.len() { line } else { trimmed.to_owned() };
+    debezium::decode_typed(line, position, tables)
 }
 
 /// Builds an [`Error::Input`].

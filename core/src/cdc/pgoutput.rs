@@ -664,6 +664,7 @@ impl PgOutputDecoder {
             key_names: Some(key_names.clone()),
             in_transaction_block: true,
             omits_nulls: false,
+            typed: None,
         };
         let missing = |what: &str| format!("{} message without {what} tuple", kind as char);
         Ok(match kind {

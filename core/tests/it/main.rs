@@ -12,3 +12,4 @@ mod readers;
 mod schema_change;
 mod sink;
 mod storage_gc;
+mod typed_decoding;

@@ -179,6 +179,7 @@ fn record(engine: &Engine, op: &Op, txid: &str) -> ChangeRecord {
         key_names: None,
         in_transaction_block: true,
         omits_nulls: false,
+        typed: None,
     }))
 }
 

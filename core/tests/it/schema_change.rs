@@ -283,6 +283,7 @@ fn change(txid: &str, id: i64, code: Json, code_type: DataType) -> RowChange {
         key_names: Some(vec!["id".into()]),
         in_transaction_block: true,
         omits_nulls: false,
+        typed: None,
     }
 }
 

@@ -462,6 +462,7 @@ impl PgSource {
                 key_names: Some(key.clone()),
                 in_transaction_block: true,
                 omits_nulls: false,
+                typed: None,
             };
             // An empty table exists in the mirror too; a table the mirror
             // has (copied again after a type change, or back in the
@@ -832,6 +833,7 @@ impl TxnRecords {
                     key_names: Some(names.clone()),
                     in_transaction_block: true,
                     omits_nulls: false,
+                    typed: None,
                 };
                 self.row(sink, delete)?;
             }

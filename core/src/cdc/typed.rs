@@ -1,0 +1,336 @@
+//! Typed decoding: a row image straight into a table's typed values.
+//!
+//! The general path decodes an image to `(name, JSON value)` pairs, and the
+//! sink then checks them against its table (columns added, gone or
+//! widened) and converts each value. Most records of a stream change
+//! nothing about their table, so a decoder thread that knows the table's
+//! current definition does that work beside the sink: it reads the image's
+//! values into [`Value`]s in column order without building a JSON tree or
+//! a `String` per column name, and hands the sink a [`TypedRow`] it only has
+//! to route.
+//!
+//! ```text
+//!  decoder thread: line ─▶ table, op ─▶ definition D (its cache of TableDefs)
+//!                          ─▶ images read against D ─▶ TypedRow { def: D, key, row, line }
+//!  sink:           table's definition is still D?  yes ─▶ Op from key, row
+//!                                                  no  ─▶ decode `line` again, general path
+//! ```
+//!
+//! **Contract.** A typed row is made only where the general path would
+//! make exactly the same operation: the after image names every column of
+//! `def` once and nothing else, every value converts to its column's type
+//! and fits it ([`to_value`], [`accepts`]), and no value is Debezium's
+//! unchanged-TOAST marker; every primary-key column has a non-null value in
+//! the key, before or after image (the first such, as the general path
+//! takes it). Anything else (an unknown column, a value of another type,
+//! malformed input) makes no typed row, and the general path decides,
+//! with its errors. The sink uses a typed row only while `def` is still
+//! its table's definition, by identity ([`std::sync::Arc::ptr_eq`]), so a
+//! record decoded before a schema change that an earlier record made is
+//! decoded again.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::DataType;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value as Json;
+use serde_json::value::RawValue;
+
+use super::RowOp;
+use super::debezium::UNAVAILABLE;
+use super::types::to_value;
+use crate::schema::{Row, TableDef, Value, accepts};
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The current definitions of a replica's tables, as the writer sees them.
+///
+/// Implemented by [`crate::Engine`]. `generation` changes (grows) whenever
+/// a table is created or its definition changes; a decoder keeps the
+/// definitions it looked up until it does.
+pub trait CurrentTables: Send + Sync {
+    /// A number that grows with every table created or changed. Read with
+    /// Acquire: a definition looked up after it is at least that new.
+    fn generation(&self) -> u64;
+    /// The newest definition of `name`, if the table exists.
+    fn current(&self, name: &str) -> Option<Arc<TableDef>>;
+}
+
+/// A row decoded against a table definition (see the module docs).
+#[derive(Clone, Debug)]
+pub struct TypedRow {
+    /// The definition the values were read against.
+    pub def: Arc<TableDef>,
+    /// Primary-key values in key order (updates and deletes; empty for
+    /// inserts).
+    pub key: Row,
+    /// Every column's value in table order (inserts and updates; empty
+    /// for deletes).
+    pub row: Row,
+    /// The record's input line, to decode again on the general path if
+    /// `def` is no longer the table's definition when the record is applied.
+    pub line: String,
+}
+
+/// A table's definition with what typed decoding needs of it.
+pub(crate) struct Shape {
+    def: Arc<TableDef>,
+    index_of: FastMap<String, usize>,
+    /// Per column: its position in the primary key, if it is a key column.
+    key_position: Vec<Option<usize>>,
+}
+
+impl Shape {
+    fn new(def: Arc<TableDef>) -> Shape {
+        let fields = def.schema.fields();
+        let index_of = fields.iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
+        let mut key_position = vec![None; fields.len()];
+        for (k, &i) in def.primary_key.iter().enumerate() {
+            key_position[i] = Some(k);
+        }
+        Shape { def, index_of, key_position }
+    }
+
+    /// The definition.
+    pub(crate) fn def(&self) -> &Arc<TableDef> {
+        &self.def
+    }
+
+    /// Index of column `name`, the `hint`-th of its image: images usually
+    /// list columns in table order, which needs no hashing.
+    #[inline]
+    fn column(&self, hint: usize, name: &str) -> Option<usize> {
+        if self.def.schema.fields().get(hint).is_some_and(|f| f.name() == name) {
+            return Some(hint);
+        }
+        self.index_of.get(name).copied()
+    }
+
+    /// The typed row of a record with these raw images, or `None` where
+    /// the general path must decide (see the module's contract).
+    pub(crate) fn decode(
+        &self,
+        op: RowOp,
+        key: Option<&RawValue>,
+        before: Option<&RawValue>,
+        after: Option<&RawValue>,
+    ) -> Option<(Row, Row)> {
+        let after = after.filter(|a| a.get() != "null");
+        let row = match op {
+            RowOp::Delete => Vec::new(),
+            _ => self.full_image(after?)?,
+        };
+        if op == RowOp::Insert || op == RowOp::SnapshotRead {
+            return Some((Vec::new(), row));
+        }
+        let mut found: Vec<Option<Value>> = vec![None; self.def.primary_key.len()];
+        for image in [key, before].into_iter().flatten().filter(|i| i.get() != "null") {
+            if found.iter().all(Option::is_some) {
+                break;
+            }
+            let mut de = serde_json::Deserializer::from_str(image.get());
+            KeyImage { shape: self, found: &mut found }.deserialize(&mut de).ok()?;
+        }
+        for (k, slot) in found.iter_mut().enumerate() {
+            if slot.is_none() {
+                // Only the after image is left: take the key there.
+                let v = row.get(self.def.primary_key[k]).filter(|v| !v.is_null())?;
+                *slot = Some(v.clone());
+            }
+        }
+        Some((found.into_iter().flatten().collect(), row))
+    }
+
+    /// Every column's value from an after image that names each column once.
+    fn full_image(&self, raw: &RawValue) -> Option<Row> {
+        let mut de = serde_json::Deserializer::from_str(raw.get());
+        FullImage(self).deserialize(&mut de).ok()
+    }
+}
+
+/// One JSON scalar, borrowed from the input where it has no escapes.
+enum Scalar<'de> {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    Str(Cow<'de, str>),
+}
+
+impl<'de> serde::Deserialize<'de> for Scalar<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Scalar<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON scalar")
+            }
+            fn visit_unit<E>(self) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Null)
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Bool(b))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Number(n.into()))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Number(n.into()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Scalar<'de>, E> {
+                serde_json::Number::from_f64(n).map(Scalar::Number).ok_or_else(|| E::custom("not a finite number"))
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Str(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Str(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Str(Cow::Owned(s)))
+            }
+        }
+        // Objects and arrays are refused (by the visitor's defaults): the
+        // general path renders them.
+        d.deserialize_any(V)
+    }
+}
+
+impl Scalar<'_> {
+    /// The value of type `t`, exactly as [`to_value`] converts the same
+    /// JSON; `None` where it does not convert.
+    fn into_value(self, t: &DataType) -> Option<Value> {
+        match (self, t) {
+            (Scalar::Str(s), _) if s == UNAVAILABLE => None,
+            (Scalar::Str(s), DataType::Utf8) => Some(Value::Utf8(s.into_owned())),
+            (Scalar::Null, _) => Some(Value::Null),
+            (Scalar::Bool(b), _) => to_value(&Json::Bool(b), t).ok(),
+            (Scalar::Number(n), _) => to_value(&Json::Number(n), t).ok(),
+            (Scalar::Str(s), _) => to_value(&Json::String(s.into_owned()), t).ok(),
+        }
+    }
+}
+
+/// An after image read into a full row.
+struct FullImage<'a>(&'a Shape);
+
+impl<'de> DeserializeSeed<'de> for FullImage<'_> {
+    type Value = Row;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Row, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FullImage<'_> {
+    type Value = Row;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a row image")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Row, A::Error> {
+        use serde::de::Error as _;
+        let shape = self.0;
+        let fields = shape.def.schema.fields();
+        let mut row: Vec<Option<Value>> = vec![None; fields.len()];
+        let mut hint = 0;
+        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
+            let i = shape.column(hint, &name).ok_or_else(|| A::Error::custom("a column the table does not have"))?;
+            hint += 1;
+            let t = fields[i].data_type();
+            let v = m
+                .next_value::<Scalar<'de>>()?
+                .into_value(t)
+                .filter(|v| accepts(t, v).is_ok())
+                .ok_or_else(|| A::Error::custom("a value of another type"))?;
+            if row[i].replace(v).is_some() {
+                return Err(A::Error::custom("a column named twice"));
+            }
+        }
+        row.into_iter().collect::<Option<Row>>().ok_or_else(|| A::Error::custom("a column is missing"))
+    }
+}
+
+/// The key columns' first non-null values of a key or before image.
+struct KeyImage<'a> {
+    shape: &'a Shape,
+    found: &'a mut Vec<Option<Value>>,
+}
+
+impl<'de> DeserializeSeed<'de> for KeyImage<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyImage<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key image")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+        use serde::de::Error as _;
+        let shape = self.shape;
+        let fields = shape.def.schema.fields();
+        let mut hint = 0;
+        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
+            let column = shape.column(hint, &name);
+            hint += 1;
+            let Some((i, k)) = column.and_then(|i| Some((i, shape.key_position[i]?))) else {
+                m.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let value = m.next_value::<Scalar<'de>>()?;
+            if matches!(value, Scalar::Null) || self.found[k].is_some() {
+                continue;
+            }
+            let v = value.into_value(fields[i].data_type()).ok_or_else(|| A::Error::custom("a key of another type"))?;
+            self.found[k] = Some(v);
+        }
+        Ok(())
+    }
+}
+
+/// A decoder's view of the current table definitions: looked up once and
+/// kept until [`CurrentTables::generation`] moves.
+pub struct TypedTables {
+    source: Arc<dyn CurrentTables>,
+    generation: u64,
+    shapes: FastMap<String, Option<Arc<Shape>>>,
+}
+
+impl TypedTables {
+    /// A view of `source`'s tables.
+    pub fn new(source: Arc<dyn CurrentTables>) -> TypedTables {
+        TypedTables { source, generation: u64::MAX, shapes: FastMap::default() }
+    }
+
+    /// The shape of table `name`, if it exists.
+    pub(crate) fn shape(&mut self, name: &str) -> Option<Arc<Shape>> {
+        let generation = self.source.generation();
+        if generation != self.generation {
+            self.shapes.clear();
+            self.generation = generation;
+        }
+        if let Some(s) = self.shapes.get(name) {
+            return s.clone();
+        }
+        let shape = self.source.current(name).map(|d| Arc::new(Shape::new(d)));
+        self.shapes.insert(name.to_owned(), shape.clone());
+        shape
+    }
+}
+
+impl std::fmt::Debug for TypedTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TypedTables").field("generation", &self.generation).field("tables", &self.shapes.len()).finish()
+    }
+}
+
+/// The definition a typed row was read against, for the sink's check.
+impl TypedRow {
+    /// Whether `current` is the definition this row was read against.
+    pub fn is_for(&self, current: &Arc<TableDef>) -> bool {
+        Arc::ptr_eq(&self.def, current)
+    }
+}

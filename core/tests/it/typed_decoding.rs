@@ -1,0 +1,270 @@
+//! Typed decoding (`fovea_core::cdc::typed`) against the general path: the
+//! same lines replayed both ways give the same tables (rows and column
+//! types), the same applied identities and the same errors. Lines are
+//! decoded a window ahead of the sink, as the file source's decoder
+//! threads do, so rows read against a definition an earlier line then
+//! changed take the way back to the general path.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use fovea_core::cdc::ddl::parse_ddl;
+use fovea_core::cdc::typed::{CurrentTables, TypedTables};
+use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line, decode_owned_line};
+use fovea_core::location::{OpenMode, open_lake};
+use fovea_core::schema::rows_from_batch;
+use fovea_core::sink::{Sink, SinkConfig};
+use fovea_core::{Engine, EngineConfig, ScanOptions, SnapshotTables, Value};
+
+/// What a replay left: each table's columns (name and type) and sorted
+/// rows, the identities applied, and the first error (with its line).
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    tables: BTreeMap<String, (Vec<String>, Vec<Vec<Value>>)>,
+    identities: HashSet<String>,
+    error: Option<String>,
+}
+
+/// Replays `lines`; with `ahead`, decodes them typed, that many lines
+/// before the sink applies them. Returns the outcome and how many rows
+/// reached the sink typed.
+fn replay(lines: &[String], config: SinkConfig, ahead: Option<usize>) -> (Outcome, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config).unwrap();
+    let engine: Arc<dyn CurrentTables> = lake.engine.clone();
+    let mut typed_tables = TypedTables::new(engine);
+    let positions: Vec<(SourcePosition, SourcePosition)> = {
+        let mut offset = 0;
+        lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let pos = SourcePosition { line: i as u64 + 1, offset };
+                offset += l.len() as u64 + 1;
+                (pos, SourcePosition { line: i as u64 + 1, offset })
+            })
+            .collect()
+    };
+    let mut typed_rows = 0;
+    let mut error = None;
+    let window = ahead.unwrap_or(1);
+    'outer: for (lines, positions) in lines.chunks(window).zip(positions.chunks(window)) {
+        let decoded: Vec<_> = lines
+            .iter()
+            .zip(positions)
+            .map(|(l, (pos, _))| match ahead {
+                Some(_) => decode_owned_line(l.clone(), *pos, InputFormat::Auto, Some(&mut typed_tables)),
+                None => decode_line(l, *pos, InputFormat::Auto),
+            })
+            .collect();
+        for (record, (pos, next)) in decoded.into_iter().zip(positions) {
+            let applied = record.and_then(|r| {
+                if matches!(&r, ChangeRecord::Row(row) if row.typed.is_some()) {
+                    typed_rows += 1;
+                }
+                sink.push(r, *pos, *next)
+            });
+            if let Err(e) = applied {
+                error = Some(e.to_string());
+                break 'outer;
+            }
+        }
+    }
+    if error.is_none() {
+        let end = positions.last().map_or_else(SourcePosition::default, |p| p.1);
+        if let Err(e) = sink.finish_input(end) {
+            error = Some(e.to_string());
+        }
+    }
+    drop(sink);
+    let outcome =
+        Outcome { tables: visible(&lake.engine), identities: lake.catalog.applied_identities(1 << 20).unwrap(), error };
+    (outcome, typed_rows)
+}
+
+fn visible(engine: &Arc<Engine>) -> BTreeMap<String, (Vec<String>, Vec<Vec<Value>>)> {
+    let snap = engine.snapshot();
+    engine
+        .at(snap.clone())
+        .tables()
+        .iter()
+        .map(|t| {
+            let columns = t.schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect();
+            let mut rows: Vec<Vec<Value>> = engine
+                .scan(&snap, &t.name, ScanOptions::default())
+                .unwrap()
+                .collect_batches()
+                .unwrap()
+                .iter()
+                .flat_map(|b| rows_from_batch(b).unwrap())
+                .collect();
+            rows.sort_by_cached_key(|r| format!("{r:?}"));
+            (t.name.clone(), (columns, rows))
+        })
+        .collect()
+}
+
+/// Replays `lines` on the general path and typed with several windows;
+/// asserts the outcomes are equal and returns the general one and the
+/// most rows any typed run took typed.
+fn same_both_ways(lines: &[String], config: impl Fn() -> SinkConfig) -> (Outcome, usize) {
+    let (reference, none) = replay(lines, config(), None);
+    assert_eq!(none, 0);
+    let mut most = 0;
+    for ahead in [1, 3, 64] {
+        let (typed, n) = replay(lines, config(), Some(ahead));
+        assert_eq!(typed, reference, "decoded typed {ahead} lines ahead");
+        most = most.max(n);
+    }
+    (reference, most)
+}
+
+fn pg_tiny(file: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny").join(file);
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut s).unwrap();
+    s.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn a_real_postgresql_stream_replays_the_same_typed() {
+    let lines = pg_tiny("debezium_events.jsonl.gz");
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny/schema.sql");
+    let ddl = parse_ddl(&std::fs::read_to_string(schema).unwrap()).unwrap();
+    let (outcome, typed) = same_both_ways(&lines, SinkConfig::default);
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    // Most rows of the stream go typed (a table's first row cannot).
+    let rows = lines.iter().filter(|l| l.contains("\"op\":")).count();
+    assert!(typed * 10 >= rows * 9, "{typed} of {rows} rows typed");
+    let (with_ddl, _) = same_both_ways(&lines, || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() });
+    assert!(with_ddl.error.is_none(), "{:?}", with_ddl.error);
+}
+
+/// A Kafka-style Debezium record of table `public.t` (key `id`).
+fn rec(txid: u64, op: &str, key: &str, before: &str, after: &str) -> String {
+    format!(
+        r#"{{"topic":"s.public.t","key":{key},"value":{{"before":{before},"after":{after},"source":{{"schema":"public","table":"t","txId":{txid},"snapshot":"false"}},"op":"{op}"}}}}"#
+    )
+}
+
+fn snapshot_rec(id: i64, after: &str, marker: &str) -> String {
+    format!(
+        r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":null,"after":{after},"source":{{"schema":"public","table":"t","txId":1,"snapshot":"{marker}"}},"op":"r"}}}}"#
+    )
+}
+
+#[test]
+fn schema_changes_values_and_markers_replay_the_same_typed() {
+    let unavailable = fovea_core::cdc::debezium::UNAVAILABLE;
+    let mut lines = vec![
+        snapshot_rec(1, r#"{"id":1,"a":"x","n":1,"t":"2024-01-02T03:04:05Z"}"#, "first"),
+        snapshot_rec(2, r#"{"id":2,"a":"y","n":2,"t":"2024-01-02T03:04:05.5Z"}"#, "true"),
+        snapshot_rec(3, r#"{"id":3,"a":"\u00e9\n","n":null,"t":null}"#, "last"),
+        // Columns in another order, escaped names and text.
+        rec(2, "c", r#"{"id":4}"#, "null", r#"{"n":4,"id":4,"\u0061":"q\"uote","t":null}"#),
+        // An update whose key is only in the after image (no Kafka key).
+        rec(3, "u", "null", "null", r#"{"id":1,"a":"x2","n":10,"t":null}"#),
+        // An unchanged TOAST value keeps the previous one.
+        rec(4, "u", r#"{"id":2}"#, "null", &format!(r#"{{"id":2,"a":"{unavailable}","n":20,"t":null}}"#)),
+        // A delete with its key in the before image only.
+        rec(5, "d", "null", r#"{"id":3,"a":null,"n":null,"t":null}"#, "null"),
+        // Numbers as text, text as numbers.
+        rec(6, "c", r#"{"id":5}"#, "null", r#"{"id":5,"a":5,"n":"5","t":null}"#),
+        rec(6, "c", r#"{"id":6}"#, "null", r#"{"id":6,"a":"z","n":7,"t":null}"#),
+        // A column appears, and one goes.
+        rec(7, "c", r#"{"id":7}"#, "null", r#"{"id":7,"a":"w","n":1,"t":null,"b":true}"#),
+        rec(8, "c", r#"{"id":8}"#, "null", r#"{"id":8,"n":1,"t":null,"b":false}"#),
+        // An object value, rendered as text where the column is text.
+        rec(9, "c", r#"{"id":9}"#, "null", r#"{"id":9,"n":9,"t":{"x":[1,2]},"b":null}"#),
+    ];
+    // Enough plain updates that most rows go typed.
+    for i in 0..200 {
+        lines.push(rec(
+            100 + i,
+            "u",
+            r#"{"id":4}"#,
+            "null",
+            &format!(r#"{{"id":4,"n":"{i}","t":"2024-02-0{}","b":true}}"#, i % 9 + 1),
+        ));
+    }
+    let (outcome, typed) = same_both_ways(&lines, SinkConfig::default);
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(typed >= 200, "{typed} rows typed");
+    let (columns, rows) = &outcome.tables["public.t"];
+    assert_eq!(columns, &["id Int64", "n Int64", "t Utf8", "b Boolean"]);
+    assert_eq!(rows.len(), 8);
+}
+
+#[test]
+fn declared_columns_widen_the_same_typed() {
+    let ddl = parse_ddl("CREATE TABLE public.t (id bigint PRIMARY KEY, small integer, d date, amount numeric(6,2));")
+        .unwrap();
+    let mut lines = Vec::new();
+    for i in 0..100 {
+        lines.push(rec(
+            i + 1,
+            "c",
+            &format!(r#"{{"id":{i}}}"#),
+            "null",
+            &format!(r#"{{"id":{i},"small":{i},"d":"2024-01-02","amount":"{i}.25"}}"#),
+        ));
+    }
+    // Values their declared types do not hold (a date with a time is read as its day).
+    lines.push(rec(200, "u", r#"{"id":1}"#, "null", r#"{"id":1,"small":5000000000,"d":"2024-01-02","amount":"1.25"}"#));
+    lines.push(rec(
+        201,
+        "u",
+        r#"{"id":2}"#,
+        "null",
+        r#"{"id":2,"small":2,"d":"2024-01-02T03:04:05Z","amount":"1.25"}"#,
+    ));
+    lines.push(rec(202, "u", r#"{"id":3}"#, "null", r#"{"id":3,"small":3,"d":"2024-01-02","amount":"123456789.25"}"#));
+    for i in 0..100 {
+        lines.push(rec(
+            300 + i,
+            "u",
+            &format!(r#"{{"id":{i}}}"#),
+            "null",
+            &format!(r#"{{"id":{i},"small":{i},"d":"2024-01-03","amount":"{i}.5"}}"#),
+        ));
+    }
+    let (outcome, typed) = same_both_ways(&lines, || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() });
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(typed >= 150, "{typed} rows typed");
+    let (columns, rows) = &outcome.tables["public.t"];
+    assert_eq!(columns, &["id Int64", "small Int64", "d Date32", "amount Decimal128(11, 2)"]);
+    assert_eq!(rows.len(), 100);
+}
+
+#[test]
+fn errors_are_the_same_typed() {
+    let base = || {
+        vec![
+            rec(1, "c", r#"{"id":1}"#, "null", r#"{"id":1,"a":"x"}"#),
+            rec(1, "c", r#"{"id":2}"#, "null", r#"{"id":2,"a":"y"}"#),
+        ]
+    };
+    let cases: Vec<Vec<String>> = vec![
+        // Inserting a key that exists.
+        vec![rec(2, "c", r#"{"id":1}"#, "null", r#"{"id":1,"a":"z"}"#)],
+        // A key of another type.
+        vec![rec(2, "u", r#"{"id":"one"}"#, "null", r#"{"id":1,"a":"z"}"#)],
+        // Malformed images.
+        vec![rec(2, "u", r#"{"id":1}"#, "null", r#"{"id":1,"a":[}"#)],
+        vec![rec(2, "c", r#"{"id":3}"#, "null", "7")],
+        // An insert with an unchanged TOAST marker.
+        vec![rec(2, "c", r#"{"id":3}"#, "null", r#"{"id":3,"a":"__debezium_unavailable_value"}"#)],
+        // A delete of a key with no value.
+        vec![rec(2, "d", r#"{"id":null}"#, "null", "null")],
+        // An update of a key that has no row.
+        vec![rec(2, "u", r#"{"id":9}"#, "null", r#"{"id":9,"a":"z"}"#)],
+    ];
+    for case in cases {
+        let lines: Vec<String> = base().into_iter().chain(case).collect();
+        let (outcome, _) = same_both_ways(&lines, SinkConfig::default);
+        assert!(outcome.error.is_some(), "{lines:?} replayed without an error");
+    }
+}
