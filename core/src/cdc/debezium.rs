@@ -81,13 +81,14 @@ fn commit_micros(ms: Option<i64>) -> Result<Option<i64>, String> {
 }
 
 /// Every field fovea reads from a Debezium record, at either level (Kafka
-/// record or value); everything else is skipped without being built.
+/// record or value); everything else is skipped without being built. A
+/// Kafka record's `value` is read in the same pass.
 #[derive(serde::Deserialize)]
 struct Fields<'a> {
     #[serde(borrow)]
     key: Option<&'a RawValue>,
     #[serde(borrow)]
-    value: Option<&'a RawValue>,
+    value: Option<Nested<'a>>,
     #[serde(borrow)]
     schema: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -104,6 +105,34 @@ struct Fields<'a> {
     status: Option<Cow<'a, str>>,
     #[serde(borrow)]
     transaction: Option<&'a RawValue>,
+    /// Transaction records: `id`, `ts_ms`, `event_count`, `data_collections`.
+    id: Option<Json>,
+    ts_ms: Option<Json>,
+    event_count: Option<Json>,
+    #[serde(borrow)]
+    data_collections: Option<Vec<DataCollection<'a>>>,
+    /// An AWS DMS record has one at its top.
+    metadata: Option<serde::de::IgnoredAny>,
+}
+
+/// A Kafka record's `value`: `null` (a tombstone) or the value's fields.
+enum Nested<'a> {
+    Null,
+    Fields(Box<Fields<'a>>),
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Nested<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Option::<Fields<'a>>::deserialize(d).map(|f| f.map_or(Nested::Null, |f| Nested::Fields(Box::new(f))))
+    }
+}
+
+/// One entry of an END record's `data_collections`.
+#[derive(serde::Deserialize)]
+struct DataCollection<'a> {
+    #[serde(borrow)]
+    data_collection: Option<Cow<'a, str>>,
+    event_count: Option<Json>,
 }
 
 #[derive(serde::Deserialize)]
@@ -120,6 +149,27 @@ struct FastSource<'a> {
     ts_ms: Option<i64>,
     #[serde(borrow)]
     snapshot: Option<Cow<'a, str>>,
+}
+
+/// A BEGIN or END record of transaction `id` (Debezium's transaction
+/// metadata), on either path.
+fn transaction_record(
+    status: &str,
+    id: Option<&Json>,
+    ts_ms: Option<i64>,
+    event_count: Option<u64>,
+    per_table: impl FnOnce() -> Vec<(String, u64)>,
+    position: SourcePosition,
+) -> Result<ChangeRecord> {
+    let txid = id
+        .and_then(xid)
+        .ok_or_else(|| input_error(position, None, None, format!("{status} record without a transaction id")))?;
+    let commit_us = commit_micros(ts_ms).map_err(|e| input_error(position, None, Some(&txid), e))?;
+    match status {
+        "BEGIN" => Ok(ChangeRecord::Begin { txid, commit_us }),
+        "END" => Ok(ChangeRecord::End { txid, event_count, per_table: per_table(), commit_us }),
+        other => Err(input_error(position, None, Some(&txid), format!("unknown transaction status {other:?}"))),
+    }
 }
 
 /// Columns of a JSON object, in order, without an intermediate map.
@@ -156,17 +206,25 @@ fn columns(raw: Option<&RawValue>) -> std::result::Result<Option<Columns>, serde
     }
 }
 
-/// Decodes one Debezium line: the typed fast path for records without a
-/// schema envelope, the general path otherwise.
+/// Decodes one Debezium line: the fast path for records without a schema
+/// envelope (one pass, no JSON tree), the general path otherwise.
 pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> {
-    decode_fields(line, position, None).map(|(record, _)| record)
+    decode_fields(line, position, None, false).map(|(record, _)| record)
 }
 
 /// [`decode_str`], reading the row images of a table that `tables` knows
 /// straight into typed values where it can (see [`super::typed`]): the
-/// row then carries a [`TypedRow`] and no JSON images.
-pub fn decode_typed(line: String, position: SourcePosition, tables: &mut TypedTables) -> Result<ChangeRecord> {
-    let (mut record, typed) = decode_fields(&line, position, Some(tables))?;
+/// row then carries a [`TypedRow`] and no JSON images. With `dms_possible`
+/// (the input's format is detected per line), a record with `metadata` at
+/// its top is decoded by [`super::decode_line`], which tells AWS DMS
+/// records from Debezium's.
+pub fn decode_typed(
+    line: String,
+    position: SourcePosition,
+    tables: &mut TypedTables,
+    dms_possible: bool,
+) -> Result<ChangeRecord> {
+    let (mut record, typed) = decode_fields(&line, position, Some(tables), dms_possible)?;
     if let (ChangeRecord::Row(row), Some((def, key, values))) = (&mut record, typed) {
         row.typed = Some(TypedRow { def, key, row: values, line });
     }
@@ -180,25 +238,47 @@ fn decode_fields(
     line: &str,
     position: SourcePosition,
     tables: Option<&mut TypedTables>,
+    dms_possible: bool,
 ) -> Result<(ChangeRecord, Option<Typed>)> {
-    let malformed = |e: serde_json::Error| input_error(position, None, None, format!("malformed JSON: {e}"));
-    let top: Fields<'_> = serde_json::from_str(line).map_err(malformed)?;
     let general = || -> Result<(ChangeRecord, Option<Typed>)> {
-        let json: Json = serde_json::from_str(line).map_err(malformed)?;
+        if dms_possible {
+            return super::decode_line(line, position, super::InputFormat::Auto).map(|r| (r, None));
+        }
+        let json: Json = serde_json::from_str(line)
+            .map_err(|e| input_error(position, None, None, format!("malformed JSON: {e}")))?;
         decode(json, position).map(|r| (r, None))
     };
+    // Anything the fast path does not read as it expects (malformed JSON,
+    // a field of another type, a field twice) is the general path's to
+    // decode or to refuse, with its errors.
+    let Ok(top) = serde_json::from_str::<Fields<'_>>(line) else { return general() };
+    if top.metadata.is_some() && dms_possible {
+        return general();
+    }
     let (key, payload) = match top.value {
-        Some(v) if top.source.is_none() && top.op.is_none() => {
-            if v.get() == "null" {
-                return Ok((ChangeRecord::Skip, None));
-            }
-            let inner: Fields<'_> = serde_json::from_str(v.get()).map_err(malformed)?;
-            (top.key, inner)
-        }
+        Some(v) if top.source.is_none() && top.op.is_none() => match v {
+            Nested::Null => return Ok((ChangeRecord::Skip, None)),
+            Nested::Fields(inner) => (top.key, *inner),
+        },
         _ => (None, top),
     };
-    if payload.schema.is_some() || payload.payload.is_some() || payload.status.is_some() {
+    if payload.schema.is_some() || payload.payload.is_some() {
         return general();
+    }
+    if let Some(status) = payload.status {
+        // `as_i64` / `as_u64`, as the general path reads them.
+        let event_count = payload.event_count.as_ref().and_then(Json::as_u64);
+        let per_table = || {
+            payload
+                .data_collections
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|d| Some((d.data_collection?.into_owned(), d.event_count?.as_u64()?)))
+                .collect()
+        };
+        let ts_ms = payload.ts_ms.as_ref().and_then(Json::as_i64);
+        return transaction_record(&status, payload.id.as_ref(), ts_ms, event_count, per_table, position)
+            .map(|r| (r, None));
     }
     if let Some(k) = key
         && k.get().contains("\"schema\"")
@@ -270,31 +350,27 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         return Err(input_error(position, None, None, "a Debezium record must be a JSON object"));
     }
     if let Some(status) = payload.get("status").and_then(Json::as_str) {
-        let txid = payload
-            .get("id")
-            .and_then(xid)
-            .ok_or_else(|| input_error(position, None, None, format!("{status} record without a transaction id")))?;
-        let commit_us = commit_micros(payload.get("ts_ms").and_then(Json::as_i64))
-            .map_err(|e| input_error(position, None, Some(&txid), e))?;
-        return match status {
-            "BEGIN" => Ok(ChangeRecord::Begin { txid, commit_us }),
-            "END" => {
-                let event_count = payload.get("event_count").and_then(Json::as_u64);
-                let per_table = payload
-                    .get("data_collections")
-                    .and_then(Json::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|d| {
-                                Some((d.get("data_collection")?.as_str()?.to_owned(), d.get("event_count")?.as_u64()?))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Ok(ChangeRecord::End { txid, event_count, per_table, commit_us })
-            }
-            other => Err(input_error(position, None, Some(&txid), format!("unknown transaction status {other:?}"))),
+        let per_table = || {
+            payload
+                .get("data_collections")
+                .and_then(Json::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|d| {
+                            Some((d.get("data_collection")?.as_str()?.to_owned(), d.get("event_count")?.as_u64()?))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
         };
+        return transaction_record(
+            status,
+            payload.get("id"),
+            payload.get("ts_ms").and_then(Json::as_i64),
+            payload.get("event_count").and_then(Json::as_u64),
+            per_table,
+            position,
+        );
     }
     let source = payload.get("source");
     let field = |k: &str| source.and_then(|s| s.get(k)).and_then(Json::as_str);

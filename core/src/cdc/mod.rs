@@ -220,13 +220,13 @@ pub fn decode_owned_line(
 ) -> Result<ChangeRecord> {
     let Some(tables) = tables else { return decode_line(&line, position, format) };
     let trimmed = line.trim();
-    let debezium =
-        format == InputFormat::Debezium || (format == InputFormat::Auto && !trimmed.contains("\"metadata\""));
-    if trimmed.is_empty() || !debezium {
+    if trimmed.is_empty() || format == InputFormat::Dms {
         return decode_line(&line, position, format);
     }
     let line = if trimmed.len() == line.len() { line } else { trimmed.to_owned() };
-    debezium::decode_typed(line, position, tables)
+    // Detected per line: a DMS record has `metadata` at its top, which
+    // the Debezium decoder sees without a scan of its own.
+    debezium::decode_typed(line, position, tables, format == InputFormat::Auto)
 }
 
 /// Builds an [`Error::Input`].

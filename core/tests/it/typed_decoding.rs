@@ -268,3 +268,40 @@ fn errors_are_the_same_typed() {
         assert!(outcome.error.is_some(), "{lines:?} replayed without an error");
     }
 }
+
+#[test]
+fn dms_and_debezium_lines_detected_per_line_replay_the_same_typed() {
+    let dms = |op: &str, txn: u64, data: &str| {
+        format!(
+            r#"{{"data":{data},"metadata":{{"timestamp":"2026-11-30T10:00:00.000000Z","record-type":"data","operation":"{op}","partition-key-type":"schema-table","schema-name":"public","table-name":"acct","transaction-id":{txn},"commit-timestamp":"2026-11-30T10:00:00.000000Z"}}}}"#
+        )
+    };
+    let ddl = parse_ddl("CREATE TABLE public.acct (id int PRIMARY KEY, name text, bal numeric(10,2));").unwrap();
+    let mut lines = Vec::new();
+    for i in 0..50 {
+        lines.push(dms("insert", 10 + i, &format!(r#"{{"id":{i},"name":"n{i}","bal":"{i}.5"}}"#)));
+        // A Debezium table with a column named `metadata`: Debezium, not DMS.
+        lines.push(rec(
+            1000 + i,
+            "c",
+            &format!(r#"{{"id":{i}}}"#),
+            "null",
+            &format!(r#"{{"id":{i},"metadata":"{{\"record-type\":\"data\"}}"}}"#),
+        ));
+    }
+    for i in 0..50 {
+        lines.push(dms("update", 100 + i, &format!(r#"{{"id":{i},"name":"m{i}","bal":"{i}.25"}}"#)));
+        lines.push(rec(
+            2000 + i,
+            "u",
+            &format!(r#"{{"id":{i}}}"#),
+            "null",
+            &format!(r#"{{"id":{i},"metadata":null}}"#),
+        ));
+    }
+    let (outcome, typed) = same_both_ways(&lines, || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() });
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(typed >= 90, "{typed} Debezium rows typed");
+    assert_eq!(outcome.tables["public.acct"].1.len(), 50);
+    assert_eq!(outcome.tables["public.t"].0, ["id Int64", "metadata Utf8"]);
+}
