@@ -189,7 +189,10 @@ fn read_loop(mut source: LineSource, to: Vec<SyncSender<LineBatch>>, follow: boo
     while !stop.load(Ordering::Acquire) {
         match source.next_line(&mut line) {
             Ok(Some(pos)) => {
-                lines.push((pos, source.position(), std::mem::take(&mut line)));
+                // The next line's buffer is sized like this one: reading
+                // into an empty one grows it several times.
+                let hint = line.len() + line.len() / 4 + 16;
+                lines.push((pos, source.position(), std::mem::replace(&mut line, String::with_capacity(hint))));
                 if lines.len() == BATCH_LINES
                     && !send(LineBatch { lines: std::mem::take(&mut lines), end: None, error: None })
                 {
