@@ -61,7 +61,7 @@ fn run(lines: &[String], format: InputFormat, config: SinkConfig) -> (Arc<Engine
 }
 
 /// Every table at the newest snapshot with its rows (canonical order).
-fn visible(engine: &Arc<Engine>) -> BTreeMap<String, Vec<Vec<Value>>> {
+pub(crate) fn visible(engine: &Arc<Engine>) -> BTreeMap<String, Vec<Vec<Value>>> {
     let snap = engine.snapshot();
     engine
         .at(snap.clone())

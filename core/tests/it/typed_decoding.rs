@@ -14,9 +14,8 @@ use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::typed::{CurrentTables, TypedTables};
 use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line, decode_owned_line};
 use fovea_core::location::{OpenMode, open_lake};
-use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig};
-use fovea_core::{Engine, EngineConfig, ScanOptions, SnapshotTables, Value};
+use fovea_core::{Engine, EngineConfig, SnapshotTables, Value};
 
 /// What a replay left: each table's columns (name and type) and sorted
 /// rows, the identities applied, and the first error (with its line).
@@ -85,24 +84,16 @@ fn replay(lines: &[String], config: SinkConfig, ahead: Option<usize>) -> (Outcom
     (outcome, typed_rows)
 }
 
+/// Every table's columns (name and type) and visible rows.
 fn visible(engine: &Arc<Engine>) -> BTreeMap<String, (Vec<String>, Vec<Vec<Value>>)> {
-    let snap = engine.snapshot();
+    let mut rows = super::sink::visible(engine);
     engine
-        .at(snap.clone())
+        .at(engine.snapshot())
         .tables()
         .iter()
         .map(|t| {
             let columns = t.schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect();
-            let mut rows: Vec<Vec<Value>> = engine
-                .scan(&snap, &t.name, ScanOptions::default())
-                .unwrap()
-                .collect_batches()
-                .unwrap()
-                .iter()
-                .flat_map(|b| rows_from_batch(b).unwrap())
-                .collect();
-            rows.sort_by_cached_key(|r| format!("{r:?}"));
-            (t.name.clone(), (columns, rows))
+            (t.name.clone(), (columns, rows.remove(&t.name).unwrap_or_default()))
         })
         .collect()
 }
@@ -190,53 +181,43 @@ fn schema_changes_values_and_markers_replay_the_same_typed() {
             &format!(r#"{{"id":4,"n":"{i}","t":"2024-02-0{}","b":true}}"#, i % 9 + 1),
         ));
     }
-    let (outcome, typed) = same_both_ways(&lines, SinkConfig::default);
+    replays_typed(&lines, SinkConfig::default, 200, &["id Int64", "n Int64", "t Utf8", "b Boolean"], 8);
+}
+
+/// Asserts that `lines` replay the same both ways without an error, at
+/// least `typed` rows typed, and leave `public.t` with `columns` and `rows` rows.
+fn replays_typed(lines: &[String], config: impl Fn() -> SinkConfig, typed: usize, columns: &[&str], rows: usize) {
+    let (outcome, n) = same_both_ways(lines, config);
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
-    assert!(typed >= 200, "{typed} rows typed");
-    let (columns, rows) = &outcome.tables["public.t"];
-    assert_eq!(columns, &["id Int64", "n Int64", "t Utf8", "b Boolean"]);
-    assert_eq!(rows.len(), 8);
+    assert!(n >= typed, "{n} rows typed");
+    let (got, visible) = &outcome.tables["public.t"];
+    assert_eq!(got, columns);
+    assert_eq!(visible.len(), rows);
 }
 
 #[test]
 fn declared_columns_widen_the_same_typed() {
     let ddl = parse_ddl("CREATE TABLE public.t (id bigint PRIMARY KEY, small integer, d date, amount numeric(6,2));")
         .unwrap();
-    let mut lines = Vec::new();
-    for i in 0..100 {
-        lines.push(rec(
-            i + 1,
-            "c",
-            &format!(r#"{{"id":{i}}}"#),
+    // Transaction `txid` writes row `id` with these values.
+    let row = |txid: u64, op: &str, id: u64, small: &str, d: &str, amount: &str| {
+        rec(
+            txid,
+            op,
+            &format!(r#"{{"id":{id}}}"#),
             "null",
-            &format!(r#"{{"id":{i},"small":{i},"d":"2024-01-02","amount":"{i}.25"}}"#),
-        ));
-    }
+            &format!(r#"{{"id":{id},"small":{small},"d":"{d}","amount":"{amount}"}}"#),
+        )
+    };
+    let mut lines: Vec<String> =
+        (0..100).map(|i| row(i + 1, "c", i, &i.to_string(), "2024-01-02", &format!("{i}.25"))).collect();
     // Values their declared types do not hold (a date with a time is read as its day).
-    lines.push(rec(200, "u", r#"{"id":1}"#, "null", r#"{"id":1,"small":5000000000,"d":"2024-01-02","amount":"1.25"}"#));
-    lines.push(rec(
-        201,
-        "u",
-        r#"{"id":2}"#,
-        "null",
-        r#"{"id":2,"small":2,"d":"2024-01-02T03:04:05Z","amount":"1.25"}"#,
-    ));
-    lines.push(rec(202, "u", r#"{"id":3}"#, "null", r#"{"id":3,"small":3,"d":"2024-01-02","amount":"123456789.25"}"#));
-    for i in 0..100 {
-        lines.push(rec(
-            300 + i,
-            "u",
-            &format!(r#"{{"id":{i}}}"#),
-            "null",
-            &format!(r#"{{"id":{i},"small":{i},"d":"2024-01-03","amount":"{i}.5"}}"#),
-        ));
-    }
-    let (outcome, typed) = same_both_ways(&lines, || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() });
-    assert!(outcome.error.is_none(), "{:?}", outcome.error);
-    assert!(typed >= 150, "{typed} rows typed");
-    let (columns, rows) = &outcome.tables["public.t"];
-    assert_eq!(columns, &["id Int64", "small Int64", "d Date32", "amount Decimal128(11, 2)"]);
-    assert_eq!(rows.len(), 100);
+    lines.push(row(200, "u", 1, "5000000000", "2024-01-02", "1.25"));
+    lines.push(row(201, "u", 2, "2", "2024-01-02T03:04:05Z", "1.25"));
+    lines.push(row(202, "u", 3, "3", "2024-01-02", "123456789.25"));
+    lines.extend((0..100).map(|i| row(300 + i, "u", i, &i.to_string(), "2024-01-03", &format!("{i}.5"))));
+    let config = || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() };
+    replays_typed(&lines, config, 150, &["id Int64", "small Int64", "d Date32", "amount Decimal128(11, 2)"], 100);
 }
 
 #[test]
@@ -278,26 +259,16 @@ fn dms_and_debezium_lines_detected_per_line_replay_the_same_typed() {
     };
     let ddl = parse_ddl("CREATE TABLE public.acct (id int PRIMARY KEY, name text, bal numeric(10,2));").unwrap();
     let mut lines = Vec::new();
-    for i in 0..50 {
-        lines.push(dms("insert", 10 + i, &format!(r#"{{"id":{i},"name":"n{i}","bal":"{i}.5"}}"#)));
-        // A Debezium table with a column named `metadata`: Debezium, not DMS.
-        lines.push(rec(
-            1000 + i,
-            "c",
-            &format!(r#"{{"id":{i}}}"#),
-            "null",
-            &format!(r#"{{"id":{i},"metadata":"{{\"record-type\":\"data\"}}"}}"#),
-        ));
-    }
-    for i in 0..50 {
-        lines.push(dms("update", 100 + i, &format!(r#"{{"id":{i},"name":"m{i}","bal":"{i}.25"}}"#)));
-        lines.push(rec(
-            2000 + i,
-            "u",
-            &format!(r#"{{"id":{i}}}"#),
-            "null",
-            &format!(r#"{{"id":{i},"metadata":null}}"#),
-        ));
+    // Inserts, then updates: each a DMS record and a Debezium record of a
+    // table with a column named `metadata` (Debezium, not DMS).
+    let steps = [("insert", "c", r#""{\"record-type\":\"data\"}""#), ("update", "u", "null")];
+    for (step, (dms_op, op, metadata)) in (0u64..).zip(steps) {
+        for i in 0..50 {
+            let data = format!(r#"{{"id":{i},"name":"n{step}.{i}","bal":"{i}.{step}5"}}"#);
+            lines.push(dms(dms_op, 10 + step * 100 + i, &data));
+            let after = format!(r#"{{"id":{i},"metadata":{metadata}}}"#);
+            lines.push(rec(1000 + step * 100 + i, op, &format!(r#"{{"id":{i}}}"#), "null", &after));
+        }
     }
     let (outcome, typed) = same_both_ways(&lines, || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() });
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
