@@ -49,6 +49,7 @@ use crate::catalog::{
 };
 use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
+use crate::cdc::typed::TableShape;
 use crate::cdc::types::{convert_exact, infer_type, to_value};
 use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
 use crate::checkpoint::PendingCheckpoint;
@@ -56,7 +57,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::Ts;
 use crate::replay::Op;
-use crate::schema::{Row, TableDef, TypeChange, Value, render_key};
+use crate::schema::{Row, TypeChange, Value, render_key};
 use crate::workers::{ShardPool, WorkerError};
 use std::hash::Hasher;
 use twox_hash::XxHash64;
@@ -264,29 +265,6 @@ struct Retyped {
     change: TypeChange,
 }
 
-struct SinkTable {
-    def: Arc<TableDef>,
-    index_of: FastMap<String, usize>,
-}
-
-impl SinkTable {
-    fn new(def: Arc<TableDef>) -> Self {
-        let index_of = def.schema.fields().iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
-        SinkTable { def, index_of }
-    }
-
-    /// Index of column `name`, the `hint`-th of its image: images usually
-    /// list columns in table order, which needs no hashing.
-    #[inline]
-    fn column(&self, hint: usize, name: &str) -> Option<usize> {
-        let fields = self.def.schema.fields();
-        if fields.get(hint).is_some_and(|f| f.name() == name) {
-            return Some(hint);
-        }
-        self.index_of.get(name).copied()
-    }
-}
-
 /// Turns change records into mirror transactions on an engine.
 pub struct Sink {
     engine: Arc<Engine>,
@@ -303,7 +281,7 @@ pub struct Sink {
     input: String,
     config: SinkConfig,
     ddl: HashMap<String, TableDdl>,
-    tables: FastMap<String, SinkTable>,
+    tables: FastMap<String, TableShape>,
     applied: AppliedWindow,
     seen_begin: bool,
     /// Records are grouped by transaction id (no BEGIN/END in this stream).
@@ -444,7 +422,7 @@ impl Sink {
         for entry in catalog.applied_identities(config.dedup_window)? {
             applied.insert_entry(&entry);
         }
-        let tables = engine.tables().into_iter().map(|def| (def.name.clone(), SinkTable::new(def))).collect();
+        let tables = engine.tables().into_iter().map(|def| (def.name.clone(), TableShape::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
         let mut sink = Sink {
             pool: ShardPool::start(Arc::clone(&engine))?,
@@ -1202,7 +1180,7 @@ impl Sink {
 
     /// The table of a record, created on first sight from the DDL, the
     /// record's schema, or its values.
-    fn table(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<&SinkTable> {
+    fn table(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<&TableShape> {
         if !self.tables.contains_key(&r.table) {
             let err = |m: String| input_error(position, Some(&r.table), Some(txid), m);
             let (fields, pk): (Vec<Field>, Vec<String>) = if let Some(d) = self.ddl.get(&r.table) {
@@ -1299,7 +1277,7 @@ impl Sink {
             actions: serde_json::json!([{ "replace_table": r.table, "deleted": deleted, "retyped": changed }]),
             ts,
         });
-        self.tables.insert(r.table.clone(), SinkTable::new(new));
+        self.tables.insert(r.table.clone(), TableShape::new(new));
         Ok(())
     }
 
@@ -1340,7 +1318,7 @@ impl Sink {
             actions: serde_json::json!([{ "add_table": name, "columns": def.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>() }]),
             ts,
         });
-        self.tables.insert(name.to_owned(), SinkTable::new(def));
+        self.tables.insert(name.to_owned(), TableShape::new(def));
         Ok(())
     }
 
@@ -1379,7 +1357,7 @@ impl Sink {
     /// can widen to in place that holds them (text last). An error names
     /// the value when no type does.
     fn widening_for_kept(
-        t: &SinkTable,
+        t: &TableShape,
         r: &RowChange,
         kept: &Retyped,
         err: &dyn Fn(String) -> Error,
@@ -1443,8 +1421,7 @@ impl Sink {
                 kept.push(c);
             }
         }
-        let added: Vec<&(String, serde_json::Value)> =
-            after.iter().filter(|(n, _)| !t.index_of.contains_key(n)).collect();
+        let added: Vec<&(String, serde_json::Value)> = after.iter().filter(|(n, _)| t.index_of(n).is_none()).collect();
         // Left out of an image that omits NULLs, a column is NULL, not gone.
         let gone: Vec<String> = if r.omits_nulls {
             Vec::new()
@@ -1523,7 +1500,7 @@ impl Sink {
             }]),
             ts,
         });
-        self.tables.insert(r.table.clone(), SinkTable::new(def));
+        self.tables.insert(r.table.clone(), TableShape::new(def));
         Ok(self.retyped_columns(r))
     }
 
@@ -1531,7 +1508,7 @@ impl Sink {
     /// `kept`: columns the record declares in another type than the
     /// table's, whose values are converted exactly.
     fn image(
-        t: &SinkTable,
+        t: &TableShape,
         cols: &Columns,
         kept: &[Retyped],
         err: &dyn Fn(String) -> Error,
@@ -1553,7 +1530,7 @@ impl Sink {
     /// The value of column `i` of `t` from `v`: in the declared type when
     /// the column is kept in another, converted exactly.
     #[inline]
-    fn value(t: &SinkTable, i: usize, v: &serde_json::Value, kept: &[Retyped]) -> std::result::Result<Value, String> {
+    fn value(t: &TableShape, i: usize, v: &serde_json::Value, kept: &[Retyped]) -> std::result::Result<Value, String> {
         let column = t.def.schema.field(i).data_type();
         match kept.iter().find(|c| c.index == i) {
             None => to_value(v, column),
@@ -1566,7 +1543,7 @@ impl Sink {
         }
     }
 
-    fn key_values(t: &SinkTable, r: &RowChange, kept: &[Retyped], err: &dyn Fn(String) -> Error) -> Result<Row> {
+    fn key_values(t: &TableShape, r: &RowChange, kept: &[Retyped], err: &dyn Fn(String) -> Error) -> Result<Row> {
         let sources = [r.key.as_ref(), r.before.as_ref(), r.after.as_ref()];
         t.def
             .primary_key
@@ -1701,13 +1678,13 @@ fn digest_row(h: &mut XxHash64, r: &RowChange) {
 /// such): a record without declared types (DMS, Debezium without schemas)
 /// shows an `ALTER COLUMN … TYPE` of the source only this way, since the
 /// source holds no value its column's type cannot.
-fn widened_by_values(t: &SinkTable, after: &Columns) -> Vec<Retyped> {
+fn widened_by_values(t: &TableShape, after: &Columns) -> Vec<Retyped> {
     let fields = t.def.schema.fields();
     after
         .iter()
         .filter(|(_, v)| !v.is_null() && v.as_str() != Some(UNAVAILABLE))
         .filter_map(|(name, v)| {
-            let i = *t.index_of.get(name)?;
+            let i = t.index_of(name)?;
             let current = fields[i].data_type();
             let fits = |to: &DataType| to_value(v, to).is_ok_and(|x| crate::schema::accepts(to, &x).is_ok());
             if fits(current) {

@@ -298,7 +298,7 @@ fn decode_fields(
     };
     let typed = tables.and_then(|t| t.shape(&table)).and_then(|shape| {
         let (key, row) = shape.decode(op, key, payload.before, payload.after)?;
-        Some((Arc::clone(shape.def()), key, row))
+        Some((Arc::clone(&shape.def), key, row))
     });
     // A typed row needs no JSON images (the line is kept to decode again).
     let (key, before, after) = match typed {

@@ -74,38 +74,39 @@ pub struct TypedRow {
     pub line: String,
 }
 
-/// A table's definition with what typed decoding needs of it.
-pub(crate) struct Shape {
-    def: Arc<TableDef>,
+/// A table's definition with its columns indexed by name: what typed
+/// decoding and the sink look columns up in.
+pub(crate) struct TableShape {
+    pub(crate) def: Arc<TableDef>,
     index_of: FastMap<String, usize>,
     /// Per column: its position in the primary key, if it is a key column.
     key_position: Vec<Option<usize>>,
 }
 
-impl Shape {
-    fn new(def: Arc<TableDef>) -> Shape {
+impl TableShape {
+    pub(crate) fn new(def: Arc<TableDef>) -> TableShape {
         let fields = def.schema.fields();
         let index_of = fields.iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
         let mut key_position = vec![None; fields.len()];
         for (k, &i) in def.primary_key.iter().enumerate() {
             key_position[i] = Some(k);
         }
-        Shape { def, index_of, key_position }
+        TableShape { def, index_of, key_position }
     }
 
-    /// The definition.
-    pub(crate) fn def(&self) -> &Arc<TableDef> {
-        &self.def
+    /// Index of column `name`.
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+        self.index_of.get(name).copied()
     }
 
     /// Index of column `name`, the `hint`-th of its image: images usually
     /// list columns in table order, which needs no hashing.
     #[inline]
-    fn column(&self, hint: usize, name: &str) -> Option<usize> {
+    pub(crate) fn column(&self, hint: usize, name: &str) -> Option<usize> {
         if self.def.schema.fields().get(hint).is_some_and(|f| f.name() == name) {
             return Some(hint);
         }
-        self.index_of.get(name).copied()
+        self.index_of(name)
     }
 
     /// The typed row of a record with these raw images, or `None` where
@@ -213,7 +214,7 @@ impl Scalar<'_> {
 }
 
 /// An after image read into a full row.
-struct FullImage<'a>(&'a Shape);
+struct FullImage<'a>(&'a TableShape);
 
 impl<'de> DeserializeSeed<'de> for FullImage<'_> {
     type Value = Row;
@@ -252,7 +253,7 @@ impl<'de> Visitor<'de> for FullImage<'_> {
 
 /// The key columns' first non-null values of a key or before image.
 struct KeyImage<'a> {
-    shape: &'a Shape,
+    shape: &'a TableShape,
     found: &'a mut Vec<Option<Value>>,
 }
 
@@ -296,7 +297,7 @@ impl<'de> Visitor<'de> for KeyImage<'_> {
 pub struct TypedTables {
     source: Arc<dyn CurrentTables>,
     generation: u64,
-    shapes: FastMap<String, Option<Arc<Shape>>>,
+    shapes: FastMap<String, Option<Arc<TableShape>>>,
 }
 
 impl TypedTables {
@@ -306,7 +307,7 @@ impl TypedTables {
     }
 
     /// The shape of table `name`, if it exists.
-    pub(crate) fn shape(&mut self, name: &str) -> Option<Arc<Shape>> {
+    pub(crate) fn shape(&mut self, name: &str) -> Option<Arc<TableShape>> {
         let generation = self.source.generation();
         if generation != self.generation {
             self.shapes.clear();
@@ -315,7 +316,7 @@ impl TypedTables {
         if let Some(s) = self.shapes.get(name) {
             return s.clone();
         }
-        let shape = self.source.current(name).map(|d| Arc::new(Shape::new(d)));
+        let shape = self.source.current(name).map(|d| Arc::new(TableShape::new(d)));
         self.shapes.insert(name.to_owned(), shape.clone());
         shape
     }
