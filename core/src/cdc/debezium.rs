@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 
 use std::sync::Arc;
 
-use super::typed::{TypedRow, TypedTables};
+use super::typed::{Image, TypedRow, TypedTables};
 use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error, object_columns};
 use crate::error::Result;
 use crate::schema::{Row, TableDef};
@@ -82,7 +82,7 @@ fn commit_micros(ms: Option<i64>) -> Result<Option<i64>, String> {
 
 /// Every field fovea reads from a Debezium record, at either level (Kafka
 /// record or value); everything else is skipped without being built. A
-/// Kafka record's `value` is read in the same pass.
+/// Kafka record's `value` and the row images are read in the same pass.
 #[derive(serde::Deserialize)]
 struct Fields<'a> {
     #[serde(borrow)]
@@ -94,9 +94,9 @@ struct Fields<'a> {
     #[serde(borrow)]
     payload: Option<&'a RawValue>,
     #[serde(borrow)]
-    before: Option<&'a RawValue>,
+    before: Option<Image<'a>>,
     #[serde(borrow)]
-    after: Option<&'a RawValue>,
+    after: Option<Image<'a>>,
     #[serde(borrow)]
     source: Option<FastSource<'a>>,
     #[serde(borrow)]
@@ -172,38 +172,9 @@ fn transaction_record(
     }
 }
 
-/// Columns of a JSON object, in order, without an intermediate map.
-struct OrderedColumns(Columns);
-
-impl<'de> serde::Deserialize<'de> for OrderedColumns {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = OrderedColumns;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object of columns")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut m: A,
-            ) -> std::result::Result<OrderedColumns, A::Error> {
-                let mut cols = Vec::with_capacity(m.size_hint().unwrap_or(8));
-                while let Some((k, v)) = m.next_entry::<String, Json>()? {
-                    cols.push((k, v));
-                }
-                Ok(OrderedColumns(cols))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-fn columns(raw: Option<&RawValue>) -> std::result::Result<Option<Columns>, serde_json::Error> {
-    match raw {
-        None => Ok(None),
-        Some(r) if r.get() == "null" => Ok(None),
-        Some(r) => serde_json::from_str::<OrderedColumns>(r.get()).map(|c| Some(c.0)),
-    }
+/// A Kafka record's key as an image (`null`: none).
+fn key_image(raw: Option<&RawValue>) -> std::result::Result<Option<Image<'_>>, serde_json::Error> {
+    raw.map(|r| serde_json::from_str::<Option<Image<'_>>>(r.get())).transpose().map(Option::flatten)
 }
 
 /// Decodes one Debezium line: the fast path for records without a schema
@@ -296,16 +267,19 @@ fn decode_fields(
     let bad = |e: serde_json::Error| {
         input_error(position, Some(&table), txid.as_deref(), format!("malformed row image: {e}"))
     };
+    let key = key_image(key).map_err(bad)?;
     let typed = tables.and_then(|t| t.shape(&table)).and_then(|shape| {
-        let (key, row) = shape.decode(op, key, payload.before, payload.after)?;
+        let (key, row) = shape.decode(op, key.as_ref(), payload.before.as_ref(), payload.after.as_ref())?;
         Some((Arc::clone(&shape.def), key, row))
     });
     // A typed row needs no JSON images (the line is kept to decode again).
     let (key, before, after) = match typed {
         Some(_) => (None, None, None),
-        None => {
-            (columns(key).map_err(bad)?, columns(payload.before).map_err(bad)?, columns(payload.after).map_err(bad)?)
-        }
+        None => (
+            key.map(Image::into_columns),
+            payload.before.map(Image::into_columns),
+            payload.after.map(Image::into_columns),
+        ),
     };
     let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect());
     let record = ChangeRecord::Row(Box::new(RowChange {

@@ -34,9 +34,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::datatypes::DataType;
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
-use serde_json::value::RawValue;
 
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
@@ -109,16 +109,15 @@ impl TableShape {
         self.index_of(name)
     }
 
-    /// The typed row of a record with these raw images, or `None` where
-    /// the general path must decide (see the module's contract).
+    /// The typed row of a record with these images, or `None` where the
+    /// general path must decide (see the module's contract).
     pub(crate) fn decode(
         &self,
         op: RowOp,
-        key: Option<&RawValue>,
-        before: Option<&RawValue>,
-        after: Option<&RawValue>,
+        key: Option<&Image<'_>>,
+        before: Option<&Image<'_>>,
+        after: Option<&Image<'_>>,
     ) -> Option<(Row, Row)> {
-        let after = after.filter(|a| a.get() != "null");
         let row = match op {
             RowOp::Delete => Vec::new(),
             _ => self.full_image(after?)?,
@@ -126,13 +125,19 @@ impl TableShape {
         if op == RowOp::Insert || op == RowOp::SnapshotRead {
             return Some((Vec::new(), row));
         }
+        let fields = self.def.schema.fields();
         let mut found: Vec<Option<Value>> = vec![None; self.def.primary_key.len()];
-        for image in [key, before].into_iter().flatten().filter(|i| i.get() != "null") {
-            if found.iter().all(Option::is_some) {
-                break;
+        for image in [key, before].into_iter().flatten() {
+            for (hint, (name, value)) in image.0.iter().enumerate() {
+                let Some((i, k)) = self.column(hint, name).and_then(|i| Some((i, self.key_position[i]?))) else {
+                    continue;
+                };
+                if matches!(value, Scalar::Null) || found[k].is_some() {
+                    continue;
+                }
+                // A key of another type: the general path's to refuse.
+                found[k] = Some(value.to_value(fields[i].data_type())?);
             }
-            let mut de = serde_json::Deserializer::from_str(image.get());
-            KeyImage { shape: self, found: &mut found }.deserialize(&mut de).ok()?;
         }
         for (k, slot) in found.iter_mut().enumerate() {
             if slot.is_none() {
@@ -145,18 +150,63 @@ impl TableShape {
     }
 
     /// Every column's value from an after image that names each column once.
-    fn full_image(&self, raw: &RawValue) -> Option<Row> {
-        let mut de = serde_json::Deserializer::from_str(raw.get());
-        FullImage(self).deserialize(&mut de).ok()
+    fn full_image(&self, image: &Image<'_>) -> Option<Row> {
+        let fields = self.def.schema.fields();
+        let mut row: Vec<Option<Value>> = vec![None; fields.len()];
+        for (hint, (name, value)) in image.0.iter().enumerate() {
+            let i = self.column(hint, name)?;
+            let t = fields[i].data_type();
+            let v = value.to_value(t).filter(|v| accepts(t, v).is_ok())?;
+            if row[i].replace(v).is_some() {
+                return None;
+            }
+        }
+        row.into_iter().collect()
     }
 }
 
-/// One JSON scalar, borrowed from the input where it has no escapes.
-enum Scalar<'de> {
+/// A row image as the record's one pass reads it: its columns in order,
+/// names and values borrowed from the line where they have no escapes.
+/// Typed decoding reads it against a table; otherwise it becomes
+/// [`super::Columns`], as if the image had been parsed into JSON.
+pub(crate) struct Image<'de>(pub(crate) Vec<(Cow<'de, str>, Scalar<'de>)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Image<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Image<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of columns")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Image<'de>, A::Error> {
+                let mut columns = Vec::with_capacity(m.size_hint().unwrap_or(16));
+                while let Some(entry) = m.next_entry::<Cow<'de, str>, Scalar<'de>>()? {
+                    columns.push(entry);
+                }
+                Ok(Image(columns))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Image<'_> {
+    /// The columns with JSON values: what parsing the image into JSON gives.
+    pub(crate) fn into_columns(self) -> super::Columns {
+        self.0.into_iter().map(|(name, value)| (name.into_owned(), value.into_json())).collect()
+    }
+}
+
+/// One JSON value of an image: a scalar, borrowed from the input where it
+/// has no escapes, or an object or array as JSON.
+pub(crate) enum Scalar<'de> {
     Null,
     Bool(bool),
     Number(serde_json::Number),
     Str(Cow<'de, str>),
+    /// An object or an array (typed decoding leaves those to the general path).
+    Nested(Json),
 }
 
 impl<'de> serde::Deserialize<'de> for Scalar<'de> {
@@ -191,104 +241,43 @@ impl<'de> serde::Deserialize<'de> for Scalar<'de> {
             fn visit_string<E>(self, s: String) -> Result<Scalar<'de>, E> {
                 Ok(Scalar::Str(Cow::Owned(s)))
             }
+            // serde_json's own visitor, as parsing into JSON would build them.
+            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Scalar<'de>, A::Error> {
+                serde::Deserialize::deserialize(MapAccessDeserializer::new(m)).map(Scalar::Nested)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, s: A) -> Result<Scalar<'de>, A::Error> {
+                serde::Deserialize::deserialize(SeqAccessDeserializer::new(s)).map(Scalar::Nested)
+            }
         }
-        // Objects and arrays are refused (by the visitor's defaults): the
-        // general path renders them.
         d.deserialize_any(V)
     }
 }
 
 impl Scalar<'_> {
     /// The value of type `t`, exactly as [`to_value`] converts the same
-    /// JSON; `None` where it does not convert.
-    fn into_value(self, t: &DataType) -> Option<Value> {
+    /// JSON; `None` where it does not convert, and for the unchanged-TOAST
+    /// marker, objects and arrays.
+    fn to_value(&self, t: &DataType) -> Option<Value> {
         match (self, t) {
             (Scalar::Str(s), _) if s == UNAVAILABLE => None,
-            (Scalar::Str(s), DataType::Utf8) => Some(Value::Utf8(s.into_owned())),
+            (Scalar::Str(s), DataType::Utf8) => Some(Value::Utf8(s.to_string())),
             (Scalar::Null, _) => Some(Value::Null),
-            (Scalar::Bool(b), _) => to_value(&Json::Bool(b), t).ok(),
-            (Scalar::Number(n), _) => to_value(&Json::Number(n), t).ok(),
-            (Scalar::Str(s), _) => to_value(&Json::String(s.into_owned()), t).ok(),
+            (Scalar::Bool(b), _) => to_value(&Json::Bool(*b), t).ok(),
+            (Scalar::Number(n), _) => to_value(&Json::Number(n.clone()), t).ok(),
+            (Scalar::Str(s), _) => to_value(&Json::String(s.to_string()), t).ok(),
+            (Scalar::Nested(_), _) => None,
         }
     }
-}
 
-/// An after image read into a full row.
-struct FullImage<'a>(&'a TableShape);
-
-impl<'de> DeserializeSeed<'de> for FullImage<'_> {
-    type Value = Row;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Row, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FullImage<'_> {
-    type Value = Row;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a row image")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Row, A::Error> {
-        use serde::de::Error as _;
-        let shape = self.0;
-        let fields = shape.def.schema.fields();
-        let mut row: Vec<Option<Value>> = vec![None; fields.len()];
-        let mut hint = 0;
-        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
-            let i = shape.column(hint, &name).ok_or_else(|| A::Error::custom("a column the table does not have"))?;
-            hint += 1;
-            let t = fields[i].data_type();
-            let v = m
-                .next_value::<Scalar<'de>>()?
-                .into_value(t)
-                .filter(|v| accepts(t, v).is_ok())
-                .ok_or_else(|| A::Error::custom("a value of another type"))?;
-            if row[i].replace(v).is_some() {
-                return Err(A::Error::custom("a column named twice"));
-            }
+    /// The JSON value it was read from.
+    fn into_json(self) -> Json {
+        match self {
+            Scalar::Null => Json::Null,
+            Scalar::Bool(b) => Json::Bool(b),
+            Scalar::Number(n) => Json::Number(n),
+            Scalar::Str(s) => Json::String(s.into_owned()),
+            Scalar::Nested(j) => j,
         }
-        row.into_iter().collect::<Option<Row>>().ok_or_else(|| A::Error::custom("a column is missing"))
-    }
-}
-
-/// The key columns' first non-null values of a key or before image.
-struct KeyImage<'a> {
-    shape: &'a TableShape,
-    found: &'a mut Vec<Option<Value>>,
-}
-
-impl<'de> DeserializeSeed<'de> for KeyImage<'_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeyImage<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a key image")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
-        use serde::de::Error as _;
-        let shape = self.shape;
-        let fields = shape.def.schema.fields();
-        let mut hint = 0;
-        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
-            let column = shape.column(hint, &name);
-            hint += 1;
-            let Some((i, k)) = column.and_then(|i| Some((i, shape.key_position[i]?))) else {
-                m.next_value::<IgnoredAny>()?;
-                continue;
-            };
-            let value = m.next_value::<Scalar<'de>>()?;
-            if matches!(value, Scalar::Null) || self.found[k].is_some() {
-                continue;
-            }
-            let v = value.into_value(fields[i].data_type()).ok_or_else(|| A::Error::custom("a key of another type"))?;
-            self.found[k] = Some(v);
-        }
-        Ok(())
     }
 }
 
