@@ -102,7 +102,7 @@ impl Default for SinkConfig {
         SinkConfig {
             checkpoint_txns: 50_000,
             checkpoint_interval: Duration::from_secs(10),
-            chunk_rows: 65_536,
+            chunk_rows: 16_384,
             ddl: Vec::new(),
             maintain_on_checkpoint: true,
             dedup_window: 1 << 20,
@@ -807,6 +807,13 @@ impl Sink {
         let open = self.open.as_ref().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if open.ops.len() >= self.config.chunk_rows {
             self.apply_chunk()?;
+            // A large transaction streams through the shards: its chunk goes
+            // to them now, and the sink reads on while at most about two
+            // chunks wait there (memory stays a few chunks, however large
+            // the transaction).
+            self.pool.flush_and_wait_for(2 * self.engine.config().shards);
+            self.last_flush = Instant::now();
+            self.check_workers()?;
         }
         Ok(())
     }

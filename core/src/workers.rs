@@ -54,7 +54,11 @@ struct Shared {
     queues: Vec<Queue>,
     /// Jobs pushed and not yet finished.
     inflight: Mutex<usize>,
+    /// Notified when `inflight` falls to 0, or to `wake_at` or below.
     drained: Condvar,
+    /// The in-flight count a waiter in [`ShardPool::flush_and_wait_for`]
+    /// waits for (0 when none waits: only a drain is woken).
+    wake_at: AtomicUsize,
     /// Smallest ts a worker failed on (`u64::MAX`: none). Work below it
     /// goes on, so transactions before the failure still commit.
     failed_ts: AtomicU64,
@@ -87,6 +91,7 @@ impl ShardPool {
             queues: (0..n).map(|_| Queue { jobs: Mutex::new(VecDeque::new()), ready: Condvar::new() }).collect(),
             inflight: Mutex::new(0),
             drained: Condvar::new(),
+            wake_at: AtomicUsize::new(0),
             failed_ts: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -175,6 +180,25 @@ impl ShardPool {
             lock(&q.jobs).extend(jobs.drain(..));
             q.ready.notify_one();
         }
+    }
+
+    /// Hands the gathered jobs to the workers, then waits until at most
+    /// `max_inflight` jobs are unfinished: the back-pressure that keeps a
+    /// large transaction's operations from piling up in memory faster than
+    /// the shards apply them. Errors are left for [`ShardPool::take_error`].
+    pub fn flush_and_wait_for(&self, max_inflight: usize) {
+        self.flush();
+        let mut inflight = lock(&self.shared.inflight);
+        if *inflight <= max_inflight {
+            return;
+        }
+        // Relaxed: read and written only under the `inflight` mutex.
+        self.shared.wake_at.store(max_inflight, Ordering::Relaxed);
+        // A failed pool skips its jobs, so they still finish.
+        while *inflight > max_inflight {
+            inflight = self.shared.drained.wait(inflight).unwrap_or_else(|p| p.into_inner());
+        }
+        self.shared.wake_at.store(0, Ordering::Relaxed);
     }
 
     /// Flushes and waits until every job is done. Returns a worker's error.
@@ -275,7 +299,8 @@ fn work(s: usize, engine: &Engine, shared: &Shared) {
         }
         let mut inflight = lock(&shared.inflight);
         *inflight -= n;
-        if *inflight == 0 {
+        // Relaxed: `wake_at` is only touched under the `inflight` mutex.
+        if *inflight == 0 || *inflight <= shared.wake_at.load(Ordering::Relaxed) {
             shared.drained.notify_all();
         }
     }
