@@ -2,12 +2,16 @@
 //!
 //! * **Single-point index (SPI)**: `(table, encoded key) → [(ts, row id | tombstone)]`,
 //!   versions in ts order; [`PrimaryIndex::lookup`] returns the newest entry
-//!   `≤ ts`. One partition per shard, used by that shard's writer only, so a
-//!   plain hash map (foldhash) with no locks. A slot is 64 bytes: the key
-//!   inline up to 16 bytes (a table and an integer key take 13) and two
-//!   versions inline (an update's old and new one until memory GC,
-//!   [`PrimaryIndex::purge`], drops the old: with one version inline every
-//!   update spilled to the heap, and index updates/s fell by a third).
+//!   `≤ ts`. One partition per shard, used by that shard's writer only, so
+//!   no locks. A key is a 32-byte entry — the key inline up to 15 bytes (a
+//!   table and an integer key take 13; longer keys live beside) and its
+//!   newest version — in an arena of 8,192-entry chunks, found through a
+//!   hash table (foldhash) of 4-byte entry numbers: about 40 bytes a key
+//!   with the table's load factor. Older versions (an update's old row,
+//!   until memory GC, [`PrimaryIndex::purge`], drops it) sit in a side map
+//!   by entry number, so only keys changed since the last GC pay for them.
+//!   A hash map of whole slots (a 64-byte key and two versions inline)
+//!   took 110–136 bytes a key.
 //! * **Main index (MI)**: row-id ranges → (file, row offset). Every write-buffer
 //!   block reserves a contiguous range of row ids, so one MI entry per block.
 //!   Combining blocks into a regular file keeps file id and offsets: the MI
@@ -16,7 +20,9 @@
 //! Keys are encoded order-preservingly ([`encode_key`]): comparing encodings
 //! byte-wise compares the keys column by column.
 
-use hashbrown::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::{HashMap, HashTable};
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
@@ -81,19 +87,158 @@ struct Version {
     row: u64,
 }
 
-type Versions = SmallVec<[Version; 2]>;
+/// Versions of a key older than its newest, oldest first (kept until
+/// memory GC drops what no snapshot sees; mostly one, an update's old row).
+type OlderVersions = SmallVec<[Version; 1]>;
 
-// The slot size the module docs give.
-const _: () = assert!(std::mem::size_of::<(KeyBytes, Versions)>() == 64);
+/// Entries per chunk of the entry arena (256 KiB).
+const CHUNK_BITS: u32 = 13;
+const CHUNK: usize = 1 << CHUNK_BITS;
+/// Key bytes an entry holds inline.
+const INLINE_KEY: usize = 15;
+/// Length byte of an entry whose key is in the arena's long keys.
+const LONG_KEY: u8 = 0xFF;
+/// Length byte of an unused entry.
+const FREE: u8 = 0xFE;
 
-/// The newest of `versions` at or below `ts`.
-fn version_at(versions: &Versions, ts: Ts) -> Option<&Version> {
-    versions.iter().rev().find(|v| v.ts <= ts.get())
+/// A key and its newest version: 32 bytes.
+#[derive(Clone, Copy)]
+struct Entry {
+    /// The key inline, its length in the last byte; or [`LONG_KEY`] there
+    /// and the index of the key in [`Arena::long_keys`] in the first four
+    /// bytes (LE); or [`FREE`].
+    key: [u8; 16],
+    newest: Version,
+}
+
+// The entry size the module docs give.
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
+
+impl Entry {
+    const FREE: Entry = {
+        let mut key = [0; 16];
+        key[INLINE_KEY] = FREE;
+        Entry { key, newest: Version { ts: 0, row: 0 } }
+    };
+
+    fn is_used(&self) -> bool {
+        self.key[INLINE_KEY] != FREE
+    }
+}
+
+/// The index's entries, in chunks (no growth by copying, at most one
+/// chunk of slack), with a free list of entries memory GC emptied.
+#[derive(Default)]
+struct Arena {
+    chunks: Vec<Box<[Entry]>>,
+    /// Entries handed out so far (used or free).
+    next: u32,
+    free: Vec<u32>,
+    /// Keys longer than [`INLINE_KEY`] bytes; an emptied one is free.
+    long_keys: Vec<Box<[u8]>>,
+    free_long: Vec<u32>,
+}
+
+impl Arena {
+    #[inline]
+    fn entry(&self, i: u32) -> &Entry {
+        &self.chunks[(i >> CHUNK_BITS) as usize][i as usize & (CHUNK - 1)]
+    }
+
+    #[inline]
+    fn entry_mut(&mut self, i: u32) -> &mut Entry {
+        &mut self.chunks[(i >> CHUNK_BITS) as usize][i as usize & (CHUNK - 1)]
+    }
+
+    #[inline]
+    fn key_of<'a>(&'a self, e: &'a Entry) -> &'a [u8] {
+        match e.key[INLINE_KEY] {
+            LONG_KEY => {
+                let at = u32::from_le_bytes([e.key[0], e.key[1], e.key[2], e.key[3]]);
+                &self.long_keys[at as usize]
+            }
+            len => &e.key[..len as usize],
+        }
+    }
+
+    #[inline]
+    fn key(&self, i: u32) -> &[u8] {
+        self.key_of(self.entry(i))
+    }
+
+    /// A new entry for `key` with `newest`.
+    fn alloc(&mut self, key: &[u8], newest: Version) -> u32 {
+        let mut slot = [0u8; 16];
+        if key.len() <= INLINE_KEY {
+            slot[..key.len()].copy_from_slice(key);
+            slot[INLINE_KEY] = key.len() as u8;
+        } else {
+            let at = match self.free_long.pop() {
+                Some(at) => {
+                    self.long_keys[at as usize] = key.into();
+                    at
+                }
+                None => {
+                    self.long_keys.push(key.into());
+                    (self.long_keys.len() - 1) as u32
+                }
+            };
+            slot[..4].copy_from_slice(&at.to_le_bytes());
+            slot[INLINE_KEY] = LONG_KEY;
+        }
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = self.next;
+                if i as usize == self.chunks.len() * CHUNK {
+                    self.chunks.push(vec![Entry::FREE; CHUNK].into_boxed_slice());
+                }
+                self.next += 1;
+                i
+            }
+        };
+        *self.entry_mut(i) = Entry { key: slot, newest };
+        i
+    }
+
+    /// Frees entry `i` (and its long key).
+    fn release(&mut self, i: u32) {
+        let e = *self.entry(i);
+        if e.key[INLINE_KEY] == LONG_KEY {
+            let at = u32::from_le_bytes([e.key[0], e.key[1], e.key[2], e.key[3]]);
+            self.long_keys[at as usize] = Box::default();
+            self.free_long.push(at);
+        }
+        *self.entry_mut(i) = Entry::FREE;
+        self.free.push(i);
+    }
+
+    /// Every used entry with its number.
+    fn used(&self) -> impl Iterator<Item = (u32, &Entry)> + '_ {
+        self.chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(c, chunk)| chunk.iter().enumerate().map(move |(j, e)| (((c << CHUNK_BITS) | j) as u32, e)))
+            .filter(|(_, e)| e.is_used())
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.chunks.len() * CHUNK * std::mem::size_of::<Entry>()
+            + self.free.capacity() * 4
+            + self.long_keys.capacity() * std::mem::size_of::<Box<[u8]>>()
+            + self.long_keys.iter().map(|k| k.len()).sum::<usize>()
+            + self.free_long.capacity() * 4
+    }
 }
 
 /// One shard's partition of the single-point index.
 pub struct PrimaryIndex {
-    map: HashMap<KeyBytes, Versions, foldhash::fast::FixedState>,
+    /// Entry numbers, by the hash of their key.
+    table: HashTable<u32>,
+    entries: Arena,
+    /// The older versions of the entries that have any.
+    older: HashMap<u32, OlderVersions, foldhash::fast::FixedState>,
+    hasher: foldhash::fast::FixedState,
     /// Keys changed since the last [`PrimaryIndex::take_changed`] (what an
     /// incremental checkpoint writes).
     changed: ChangedKeys,
@@ -151,7 +296,6 @@ impl ChangedKeys {
 /// The version of a key a snapshot sees: `(ts, Some(row))` when live,
 /// `(ts, None)` for a tombstone.
 pub type VersionAt = (Ts, Option<RowId>);
-
 impl Default for PrimaryIndex {
     fn default() -> Self {
         Self::new()
@@ -162,7 +306,10 @@ impl PrimaryIndex {
     /// An empty index.
     pub fn new() -> Self {
         Self {
-            map: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_f0ea)),
+            table: HashTable::new(),
+            entries: Arena::default(),
+            older: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x01de_4a11)),
+            hasher: foldhash::fast::FixedState::with_seed(0x5eed_f0ea),
             changed: ChangedKeys::default(),
             changed_floor: 0,
         }
@@ -170,23 +317,83 @@ impl PrimaryIndex {
 
     /// Number of keys with at least one version.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.table.len()
     }
 
     /// True when no key is indexed.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.table.is_empty()
     }
 
     /// Reserves room for `additional` more keys.
     pub fn reserve(&mut self, additional: usize) {
-        self.map.reserve(additional);
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.table.reserve(additional, |&i| hasher.hash_one(entries.key(i)));
+    }
+
+    /// The entry of `key`.
+    #[inline]
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(key);
+        self.table.find(hash, |&i| self.entries.key(i) == key).copied()
+    }
+
+    /// A new entry for `key` (not in the index) with one version.
+    fn insert_new(&mut self, key: &[u8], hash: u64, v: Version) -> u32 {
+        let i = self.entries.alloc(key, v);
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.table.insert_unique(hash, i, |&j| hasher.hash_one(entries.key(j)));
+        i
+    }
+
+    /// Removes entry `i` and its versions.
+    fn remove_entry(&mut self, i: u32) {
+        let hash = self.hasher.hash_one(self.entries.key(i));
+        if let Ok(found) = self.table.find_entry(hash, |&j| j == i) {
+            found.remove();
+        }
+        self.older.remove(&i);
+        self.entries.release(i);
+    }
+
+    /// Sets `key`'s versions to `versions` (oldest first, not empty).
+    fn set_versions(&mut self, key: &[u8], versions: &[Version]) {
+        let Some((&newest, older)) = versions.split_last() else { return };
+        let hash = self.hasher.hash_one(key);
+        let i = match self.table.find(hash, |&i| self.entries.key(i) == key).copied() {
+            Some(i) => {
+                self.entries.entry_mut(i).newest = newest;
+                i
+            }
+            None => self.insert_new(key, hash, newest),
+        };
+        if older.is_empty() {
+            self.older.remove(&i);
+        } else {
+            self.older.insert(i, older.iter().copied().collect());
+        }
+    }
+
+    /// Entry `i`'s newest version at or below `ts`.
+    #[inline]
+    fn version_at(&self, i: u32, ts: u64) -> Option<Version> {
+        let newest = self.entries.entry(i).newest;
+        if newest.ts <= ts {
+            return Some(newest);
+        }
+        self.older.get(&i)?.iter().rev().find(|v| v.ts <= ts).copied()
+    }
+
+    /// Entry `i`'s versions, oldest first.
+    fn versions(&self, i: u32) -> impl Iterator<Item = Version> + '_ {
+        let older = self.older.get(&i).map_or(&[][..], |o| o.as_slice());
+        older.iter().copied().chain(std::iter::once(self.entries.entry(i).newest))
     }
 
     /// The row id of the newest version `≤ ts`, or `None` when there is none
     /// or it is a tombstone.
     pub fn lookup(&self, key: &[u8], ts: Ts) -> Option<RowId> {
-        let v = version_at(self.map.get(key)?, ts)?;
+        let v = self.version_at(self.find(key)?, ts.get())?;
         (v.row != TOMBSTONE).then_some(RowId(v.row))
     }
 
@@ -206,11 +413,11 @@ impl PrimaryIndex {
     /// checkpoint at `c` writes it (`None` row: removed); a key with
     /// versions above `c` joins the keys changed since.
     pub fn checkpoint_version(&mut self, key: &[u8], c: Ts) -> VersionAt {
-        let Some(versions) = self.map.get(key) else { return (c, None) };
-        if versions.last().is_some_and(|v| v.ts > c.get()) {
+        let Some(i) = self.find(key) else { return (c, None) };
+        if self.entries.entry(i).newest.ts > c.get() {
             self.changed.push(key);
         }
-        version_at(versions, c).map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
+        self.version_at(i, c.get()).map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
     }
 
     /// Gives back keys [`Self::take_changed`] handed over, when what they
@@ -221,15 +428,15 @@ impl PrimaryIndex {
 
     /// Counts every key as changed (the next checkpoint writes them all).
     pub fn mark_all_changed(&mut self) {
-        for k in self.map.keys() {
-            self.changed.push(k);
+        for (_, e) in self.entries.used() {
+            self.changed.push(self.entries.key_of(e));
         }
     }
 
     /// The row id of the newest version, if live (the writer's view).
     #[inline]
     pub fn latest(&self, key: &[u8]) -> Option<RowId> {
-        let v = self.map.get(key)?.last()?;
+        let v = self.entries.entry(self.find(key)?).newest;
         (v.row != TOMBSTONE).then_some(RowId(v.row))
     }
 
@@ -247,26 +454,30 @@ impl PrimaryIndex {
 
     #[inline]
     fn push(&mut self, key: &[u8], v: Version) -> Result<()> {
-        let versions = self.map.entry_ref(key).or_default();
+        let hash = self.hasher.hash_one(key);
+        let Some(i) = self.table.find(hash, |&i| self.entries.key(i) == key).copied() else {
+            self.changed.push(key);
+            self.insert_new(key, hash, v);
+            return Ok(());
+        };
+        let entry = self.entries.entry_mut(i);
+        let last = entry.newest;
         // A key whose newest version is above the floor was pushed since
         // `changed` was taken, so it is in it already.
-        if versions.last().is_none_or(|l| l.ts <= self.changed_floor) {
+        if last.ts <= self.changed_floor {
             self.changed.push(key);
         }
-        if let Some(last) = versions.last_mut() {
-            if last.ts > v.ts {
-                return Err(Error::invariant(format!(
-                    "index version at ts{} after one at ts{}: a shard applies in timestamp order",
-                    v.ts, last.ts
-                )));
-            }
-            if last.ts == v.ts {
-                // Same transaction touched the key again: the last write wins.
-                *last = v;
-                return Ok(());
-            }
+        if last.ts > v.ts {
+            return Err(Error::invariant(format!(
+                "index version at ts{} after one at ts{}: a shard applies in timestamp order",
+                v.ts, last.ts
+            )));
         }
-        versions.push(v);
+        entry.newest = v;
+        // The same transaction touching the key again: the last write wins.
+        if last.ts < v.ts {
+            self.older.entry(i).or_default().push(last);
+        }
         Ok(())
     }
 
@@ -276,23 +487,35 @@ impl PrimaryIndex {
     pub fn purge(&mut self, lwm: Ts) -> usize {
         let lwm = lwm.get();
         let mut dropped = 0;
-        self.map.retain(|_, versions| {
-            let Some(keep_from) = versions.iter().rposition(|v| v.ts <= lwm) else {
-                return true;
-            };
-            dropped += keep_from;
-            if keep_from > 0 {
-                versions.drain(..keep_from);
-            }
-            if versions.len() == 1 && versions[0].row == TOMBSTONE {
-                dropped += 1;
+        let entries = &self.entries;
+        self.older.retain(|&i, older| {
+            if entries.entry(i).newest.ts <= lwm {
+                dropped += older.len();
                 return false;
             }
-            if versions.spilled() && versions.len() <= versions.inline_size() {
-                versions.shrink_to_fit();
+            let Some(keep_from) = older.iter().rposition(|v| v.ts <= lwm) else { return true };
+            dropped += keep_from;
+            if keep_from > 0 {
+                older.drain(..keep_from);
+                if older.spilled() && older.len() <= older.inline_size() {
+                    older.shrink_to_fit();
+                }
             }
             true
         });
+        // Keys whose one version left is a tombstone no snapshot sees past.
+        let gone: Vec<u32> = entries
+            .used()
+            .filter(|(i, e)| e.newest.row == TOMBSTONE && e.newest.ts <= lwm && !self.older.contains_key(i))
+            .map(|(i, _)| i)
+            .collect();
+        dropped += gone.len();
+        for i in gone {
+            self.remove_entry(i);
+        }
+        if self.older.capacity() > 4 * self.older.len().max(1024) {
+            self.older.shrink_to_fit();
+        }
         dropped
     }
 
@@ -300,12 +523,13 @@ impl PrimaryIndex {
     /// `ts`, nothing newer (checkpoints are images at one timestamp).
     pub fn live_at(&self, ts: Ts) -> PrimaryIndex {
         let mut out = PrimaryIndex::new();
-        out.map.reserve(self.map.len());
-        for (k, versions) in &self.map {
-            if let Some(v) = version_at(versions, ts)
+        out.reserve(self.len());
+        for (i, e) in self.entries.used() {
+            if let Some(v) = self.version_at(i, ts.get())
                 && v.row != TOMBSTONE
             {
-                out.map.insert(k.clone(), std::iter::once(*v).collect());
+                let key = self.entries.key_of(e);
+                out.insert_new(key, out.hasher.hash_one(key), v);
             }
         }
         out
@@ -314,40 +538,50 @@ impl PrimaryIndex {
     /// Every row id some version points at (tombstones left out), for
     /// checks before [`Self::remap_rows`].
     pub fn rows(&self) -> impl Iterator<Item = RowId> + '_ {
-        self.map.values().flatten().filter(|v| v.row != TOMBSTONE).map(|v| RowId(v.row))
+        self.entries.used().flat_map(|(i, _)| self.versions(i)).filter(|v| v.row != TOMBSTONE).map(|v| RowId(v.row))
     }
 
     /// Moves every version pointing at a row id `moved` maps to the row id
     /// it returns (storage GC moved the row to a new file); the others stay.
     pub fn remap_rows(&mut self, moved: impl Fn(RowId) -> Option<RowId>) {
-        for (k, versions) in self.map.iter_mut() {
-            let mut any = false;
-            for v in versions.iter_mut() {
-                if v.row != TOMBSTONE
-                    && let Some(to) = moved(RowId(v.row))
-                {
-                    v.row = to.0;
-                    any = true;
+        let remap = |v: &mut Version| {
+            if v.row != TOMBSTONE
+                && let Some(to) = moved(RowId(v.row))
+            {
+                v.row = to.0;
+                return true;
+            }
+            false
+        };
+        for i in 0..self.entries.next {
+            let entry = self.entries.entry_mut(i);
+            if !entry.is_used() {
+                continue;
+            }
+            let mut any = remap(&mut entry.newest);
+            let newest_ts = entry.newest.ts;
+            if let Some(older) = self.older.get_mut(&i) {
+                for v in older.iter_mut() {
+                    any |= remap(v);
                 }
             }
-            if any && versions.last().is_none_or(|l| l.ts <= self.changed_floor) {
-                self.changed.push(k);
+            if any && newest_ts <= self.changed_floor {
+                self.changed.push(self.entries.key(i));
             }
         }
     }
 
     /// Approximate bytes used.
     pub fn memory_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(KeyBytes, Versions)>() + 1;
-        let spilled: usize = self
-            .map
-            .iter()
-            .map(|(k, v)| {
-                (if k.spilled() { k.capacity() } else { 0 })
-                    + if v.spilled() { v.capacity() * std::mem::size_of::<Version>() } else { 0 }
-            })
-            .sum();
-        self.map.capacity() * slot + spilled + self.changed.memory_bytes()
+        // A table bucket is an entry number and a control byte.
+        let older_slot = std::mem::size_of::<(u32, OlderVersions)>() + 1;
+        let spilled: usize =
+            self.older.values().filter(|o| o.spilled()).map(|o| o.capacity() * std::mem::size_of::<Version>()).sum();
+        self.table.capacity() * 5
+            + self.entries.memory_bytes()
+            + self.older.capacity() * older_slot
+            + spilled
+            + self.changed.memory_bytes()
     }
 
     /// Serialises every version of every key (format 1, which older
@@ -356,12 +590,14 @@ impl PrimaryIndex {
         let start = out.len();
         out.extend_from_slice(INDEX_MAGIC);
         out.extend_from_slice(&INDEX_FORMAT.to_le_bytes());
-        out.extend_from_slice(&(self.map.len() as u64).to_le_bytes());
-        for (k, versions) in &self.map {
+        out.extend_from_slice(&(self.len() as u64).to_le_bytes());
+        for (i, e) in self.entries.used() {
+            let k = self.entries.key_of(e);
             out.extend_from_slice(&(k.len() as u32).to_le_bytes());
             out.extend_from_slice(k);
-            out.extend_from_slice(&(versions.len() as u32).to_le_bytes());
-            for v in versions {
+            let n = self.older.get(&i).map_or(0, |o| o.len()) + 1;
+            out.extend_from_slice(&(n as u32).to_le_bytes());
+            for v in self.versions(i) {
                 out.extend_from_slice(&v.ts.to_le_bytes());
                 out.extend_from_slice(&v.row.to_le_bytes());
             }
@@ -375,7 +611,7 @@ impl PrimaryIndex {
     pub fn read_from(bytes: &[u8]) -> Result<Self> {
         let (format, n, mut r) = open_image(bytes)?;
         let mut index = PrimaryIndex::new();
-        index.map.reserve(n.min(r.bytes.len() / 8));
+        index.reserve(n.min(r.bytes.len() / 8));
         if format == IMAGE_FORMAT {
             for _ in 0..n {
                 let (key, ts, row) = r.entry()?;
@@ -384,11 +620,12 @@ impl PrimaryIndex {
                 }
             }
         } else {
+            let mut versions = Vec::new();
             for _ in 0..n {
                 let klen = r.u32().ok_or_else(|| image_corrupt("truncated key"))? as usize;
-                let key = KeyBytes::from_slice(r.take(klen).ok_or_else(|| image_corrupt("truncated key"))?);
+                let key = r.take(klen).ok_or_else(|| image_corrupt("truncated key"))?;
                 let vlen = r.u32().ok_or_else(|| image_corrupt("truncated versions"))? as usize;
-                let mut versions = Versions::with_capacity(vlen.min(1024));
+                versions.clear();
                 for _ in 0..vlen {
                     let ts = r.u64().ok_or_else(|| image_corrupt("truncated version"))?;
                     let row = r.u64().ok_or_else(|| image_corrupt("truncated version"))?;
@@ -396,7 +633,10 @@ impl PrimaryIndex {
                     index.changed_floor = index.changed_floor.max(ts);
                     versions.push(Version { ts, row });
                 }
-                index.map.insert(key, versions);
+                if versions.is_empty() {
+                    return Err(image_corrupt("a key without versions"));
+                }
+                index.set_versions(key, &versions);
             }
         }
         if r.pos != r.bytes.len() {
@@ -408,7 +648,7 @@ impl PrimaryIndex {
     fn insert_restored(&mut self, key: &[u8], v: Version) {
         // Restored versions are none of the changes since.
         self.changed_floor = self.changed_floor.max(v.ts);
-        self.map.insert(KeyBytes::from_slice(key), std::iter::once(v).collect());
+        self.set_versions(key, &[v]);
     }
 
     /// Applies a delta [`write_image`] wrote (with removals): each key
@@ -421,7 +661,9 @@ impl PrimaryIndex {
         for _ in 0..n {
             let (key, ts, row) = r.entry()?;
             if row == TOMBSTONE {
-                self.map.remove(key);
+                if let Some(i) = self.find(key) {
+                    self.remove_entry(i);
+                }
             } else {
                 self.insert_restored(key, Version { ts, row });
             }
@@ -430,6 +672,12 @@ impl PrimaryIndex {
             return Err(image_corrupt("trailing bytes"));
         }
         Ok(())
+    }
+
+    /// Every key with its newest version's ts (tests).
+    #[cfg(test)]
+    fn newest_versions(&self) -> Vec<(Vec<u8>, u64)> {
+        self.entries.used().map(|(_, e)| (self.entries.key_of(e).to_vec(), e.newest.ts)).collect()
     }
 }
 
@@ -741,8 +989,14 @@ mod tests {
             let mut oracle: BTreeMap<i64, Vec<(u64, Option<u64>)>> = BTreeMap::new();
             let mut ts = 0u64;
             let mut lwm = 0u64;
+            // Every third key is too long to sit in its entry.
+            let key_of = |k: i64| if k % 3 == 0 {
+                encode_key(TableId(3), &[Value::Utf8("a long key ".repeat(k as usize + 2))])
+            } else {
+                encode_key(TableId(3), &[Value::Int(k)])
+            };
             for (k, action) in ops {
-                let key = encode_key(TableId(3), &[Value::Int(k)]);
+                let key = key_of(k);
                 match action {
                     0 => { ts += 1; index.put(&key, Ts(ts), RowId(ts * 10)).unwrap(); oracle.entry(k).or_default().push((ts, Some(ts * 10))); }
                     1 => { ts += 1; index.tombstone(&key, Ts(ts)).unwrap(); oracle.entry(k).or_default().push((ts, None)); }
@@ -753,8 +1007,9 @@ mod tests {
                         index = PrimaryIndex::read_from(&bytes).unwrap();
                     }
                 }
+                prop_assert_eq!(index.len(), oracle.len() - removed(&oracle, lwm));
                 for (&k, versions) in &oracle {
-                    let key = encode_key(TableId(3), &[Value::Int(k)]);
+                    let key = key_of(k);
                     for q in lwm..=ts {
                         let expect = versions.iter().rev().find(|v| v.0 <= q).and_then(|v| v.1).map(RowId);
                         prop_assert_eq!(index.lookup(&key, Ts(q)), expect, "key {} at {}", k, q);
@@ -762,6 +1017,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Keys of the oracle memory GC has dropped from the index (their
+    /// newest version is a tombstone at or below `lwm`).
+    fn removed(oracle: &BTreeMap<i64, Vec<(u64, Option<u64>)>>, lwm: u64) -> usize {
+        oracle.values().filter(|v| v.last().is_some_and(|l| l.1.is_none() && l.0 <= lwm)).count()
+    }
+
+    /// An index of integer keys takes about 40 bytes a key (entry + table
+    /// bucket at its load factor), whatever the number of keys; entries
+    /// memory GC empties are filled again before the arena grows.
+    #[test]
+    fn an_integer_key_takes_about_forty_bytes() {
+        let mut index = PrimaryIndex::new();
+        let key = |k: i64| encode_key(TableId(7), &[Value::Int(k)]);
+        for n in [100_000i64, 200_000, 300_000] {
+            for k in 0..n {
+                index.put(&key(k), Ts(1), RowId(k as u64)).unwrap();
+            }
+            // What a checkpoint would take (the changed keys' list).
+            drop(index.take_changed(Ts(1)));
+            let per_key = index.memory_bytes() as f64 / index.len() as f64;
+            assert!(per_key <= 48.0, "{per_key} bytes a key with {n} keys");
+        }
+        let arena = index.entries.chunks.len();
+        for k in 0..100_000 {
+            index.tombstone(&key(k), Ts(2)).unwrap();
+        }
+        assert_eq!(index.purge(Ts(2)), 100_000 * 2);
+        assert_eq!(index.len(), 200_000);
+        for k in 300_000..400_000 {
+            index.put(&key(k), Ts(3), RowId(k as u64)).unwrap();
+        }
+        assert_eq!(index.entries.chunks.len(), arena, "freed entries are taken again");
+        assert_eq!(index.lookup(&key(5), Ts(3)), None);
+        assert_eq!(index.lookup(&key(5), Ts(1)), None, "purged below the LWM");
+        assert_eq!(index.lookup(&key(150_000), Ts(3)), Some(RowId(150_000)));
+        assert_eq!(index.lookup(&key(350_000), Ts(3)), Some(RowId(350_000)));
     }
 
     /// Images of changed keys, in chains of deltas and merged, restore what
@@ -813,8 +1106,8 @@ mod tests {
                 assert_eq!(restored.latest(&key), live.latest(&key), "key {k} at checkpoint {checkpoint}");
             }
             // The changes after `c` are in the next set of changed keys.
-            for (k, v) in &index.map {
-                if v.last().is_some_and(|v| v.ts > c.get()) {
+            for (k, newest) in index.newest_versions() {
+                if newest > c.get() {
                     assert!(index.changed.sorted().contains(&k.as_slice()), "{k:?} changed after {c:?}");
                 }
             }
