@@ -34,7 +34,7 @@ use crate::buffer::{Block, BlockData, FileKind, LakeFile};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
-use crate::index::{ChangedKeys, PrimaryIndex, write_image};
+use crate::index::{ChangedKeys, ImageWriter, PrimaryIndex};
 use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
@@ -398,14 +398,20 @@ impl PendingCheckpoint {
             let previous = committed.as_ref().and_then(|m| m.shards.get(s));
             let began = std::time::Instant::now();
             let keys = changed.sorted();
-            let mut versions = Vec::with_capacity(keys.len());
+            let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
+            let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
+            // Without a chain to extend every key is in `changed`, and the
+            // image is a base (removed keys left out); else a delta.
+            let mut image = ImageWriter::new(chain.is_some(), ImageWriter::size_of(keys.iter().copied()));
             for chunk in keys.chunks(LOOKUPS_PER_LOCK) {
                 let mut shard = lock(&engine.shards[s]);
-                versions.extend(chunk.iter().map(|k| shard.index.checkpoint_version(k, c)));
+                for k in chunk {
+                    image.push(k, shard.index.checkpoint_version(k, c));
+                }
             }
             // (The lookups above also carry keys changed above `c` into the
             // next set: they are owed even when nothing is written here.)
-            let entries = || keys.iter().copied().zip(versions.iter().copied());
+            let image = image.finish();
             // A base image starts a new chain.
             let put_base = |image: Vec<u8>| -> Result<(String, Vec<String>, Vec<u64>)> {
                 let path = format!("{dir}/index-{s}.bin");
@@ -413,16 +419,13 @@ impl PendingCheckpoint {
                 lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
                 Ok((path, Vec::new(), vec![size]))
             };
-            let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
-            let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
             let (index, index_deltas, index_sizes) = match chain {
                 // The committed checkpoint is an image at `c` already (no
                 // commit since): its objects serve, none is overwritten.
                 Some(p) if since == c.get() => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
-                // No chain to extend: every key is in `changed`.
-                None => put_base(write_image(entries(), false))?,
+                None => put_base(image)?,
                 Some(p) => {
-                    let delta = write_image(entries(), true);
+                    let delta = image;
                     let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + delta.len() as u64;
                     if p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
                         || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)

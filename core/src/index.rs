@@ -8,8 +8,9 @@
 //!   newest version — in an arena of 8,192-entry chunks, found through a
 //!   hash table (foldhash) of 4-byte entry numbers: about 40 bytes a key
 //!   with the table's load factor. Older versions (an update's old row,
-//!   until memory GC, [`PrimaryIndex::purge`], drops it) sit in a side map
-//!   by entry number, so only keys changed since the last GC pay for them.
+//!   until memory GC, [`PrimaryIndex::purge`], drops it) are appended to a
+//!   log of displaced versions (32 bytes each, no second hash lookup per
+//!   update); only checkpoints, for keys changed after their ts, read it.
 //!   A hash map of whole slots (a 64-byte key and two versions inline)
 //!   took 110–136 bytes a key.
 //! * **Main index (MI)**: row-id ranges → (file, row offset). Every write-buffer
@@ -87,9 +88,44 @@ struct Version {
     row: u64,
 }
 
-/// Versions of a key older than its newest, oldest first (kept until
-/// memory GC drops what no snapshot sees; mostly one, an update's old row).
-type OlderVersions = SmallVec<[Version; 1]>;
+/// A version an update displaced: entry `entry` had `version` until
+/// `until` (the ts of the version after it).
+#[derive(Clone, Copy, Debug)]
+struct Displaced {
+    entry: u32,
+    until: u64,
+    version: Version,
+}
+
+/// The versions a checkpoint at `c` reads of the keys changed after it:
+/// per entry, its first displaced version with `until > c` (of
+/// `older[..scanned]`).
+struct VersionsAt {
+    c: u64,
+    scanned: usize,
+    first: HashMap<u32, Version, foldhash::fast::FixedState>,
+}
+
+impl VersionsAt {
+    fn new(c: u64) -> Self {
+        VersionsAt { c, scanned: 0, first: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x01de_4a11)) }
+    }
+
+    /// Takes in the displaced versions after the ones scanned so far.
+    fn scan(&mut self, older: &[Displaced]) {
+        for d in &older[self.scanned..] {
+            if d.until > self.c {
+                self.first.entry(d.entry).or_insert(d.version);
+            }
+        }
+        self.scanned = older.len();
+    }
+
+    /// Entry `i`'s version at `c`, given that its newest is above `c`.
+    fn get(&self, i: u32) -> Option<Version> {
+        self.first.get(&i).copied().filter(|v| v.ts <= self.c)
+    }
+}
 
 /// Entries per chunk of the entry arena (256 KiB).
 const CHUNK_BITS: u32 = 13;
@@ -236,8 +272,12 @@ pub struct PrimaryIndex {
     /// Entry numbers, by the hash of their key.
     table: HashTable<u32>,
     entries: Arena,
-    /// The older versions of the entries that have any.
-    older: HashMap<u32, OlderVersions, foldhash::fast::FixedState>,
+    /// The versions updates displaced, in the order they were displaced
+    /// (so a key's are in ts order), until memory GC drops those no
+    /// snapshot sees: an append, not a second hash lookup, per update.
+    older: Vec<Displaced>,
+    /// What the checkpoint being captured has read of `older`.
+    versions_at: Option<VersionsAt>,
     hasher: foldhash::fast::FixedState,
     /// Keys changed since the last [`PrimaryIndex::take_changed`] (what an
     /// incremental checkpoint writes).
@@ -280,7 +320,8 @@ impl ChangedKeys {
 
     /// The distinct keys, in byte order.
     pub fn sorted(&self) -> Vec<&[u8]> {
-        let mut keys = Vec::new();
+        // At most this many (a key takes its length and at least a byte).
+        let mut keys = Vec::with_capacity(self.bytes.len() / 5);
         let mut rest = self.bytes.as_slice();
         while rest.len() >= 4 {
             let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
@@ -308,7 +349,8 @@ impl PrimaryIndex {
         Self {
             table: HashTable::new(),
             entries: Arena::default(),
-            older: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x01de_4a11)),
+            older: Vec::new(),
+            versions_at: None,
             hasher: foldhash::fast::FixedState::with_seed(0x5eed_f0ea),
             changed: ChangedKeys::default(),
             changed_floor: 0,
@@ -352,7 +394,10 @@ impl PrimaryIndex {
         if let Ok(found) = self.table.find_entry(hash, |&j| j == i) {
             found.remove();
         }
-        self.older.remove(&i);
+        if self.older.iter().any(|d| d.entry == i) {
+            self.older.retain(|d| d.entry != i);
+            self.versions_at = None;
+        }
         self.entries.release(i);
     }
 
@@ -362,32 +407,38 @@ impl PrimaryIndex {
         let hash = self.hasher.hash_one(key);
         let i = match self.table.find(hash, |&i| self.entries.key(i) == key).copied() {
             Some(i) => {
+                if self.older.iter().any(|d| d.entry == i) {
+                    self.older.retain(|d| d.entry != i);
+                    self.versions_at = None;
+                }
                 self.entries.entry_mut(i).newest = newest;
                 i
             }
             None => self.insert_new(key, hash, newest),
         };
-        if older.is_empty() {
-            self.older.remove(&i);
-        } else {
-            self.older.insert(i, older.iter().copied().collect());
+        for (v, next) in older.iter().zip(versions.iter().skip(1)) {
+            self.older.push(Displaced { entry: i, until: next.ts, version: *v });
         }
     }
 
-    /// Entry `i`'s newest version at or below `ts`.
-    #[inline]
+    /// Entry `i`'s newest version at or below `ts` (older ones are looked
+    /// for in every displaced version: not a path of the writer's).
     fn version_at(&self, i: u32, ts: u64) -> Option<Version> {
         let newest = self.entries.entry(i).newest;
         if newest.ts <= ts {
             return Some(newest);
         }
-        self.older.get(&i)?.iter().rev().find(|v| v.ts <= ts).copied()
+        let first = self.older.iter().find(|d| d.entry == i && d.until > ts)?;
+        Some(first.version).filter(|v| v.ts <= ts)
     }
 
-    /// Entry `i`'s versions, oldest first.
-    fn versions(&self, i: u32) -> impl Iterator<Item = Version> + '_ {
-        let older = self.older.get(&i).map_or(&[][..], |o| o.as_slice());
-        older.iter().copied().chain(std::iter::once(self.entries.entry(i).newest))
+    /// Every entry's older versions, oldest first.
+    fn older_by_entry(&self) -> std::collections::HashMap<u32, Vec<Version>> {
+        let mut by_entry: std::collections::HashMap<u32, Vec<Version>> = std::collections::HashMap::new();
+        for d in &self.older {
+            by_entry.entry(d.entry).or_default().push(d.version);
+        }
+        by_entry
     }
 
     /// The row id of the newest version `≤ ts`, or `None` when there is none
@@ -414,10 +465,19 @@ impl PrimaryIndex {
     /// versions above `c` joins the keys changed since.
     pub fn checkpoint_version(&mut self, key: &[u8], c: Ts) -> VersionAt {
         let Some(i) = self.find(key) else { return (c, None) };
-        if self.entries.entry(i).newest.ts > c.get() {
+        let newest = self.entries.entry(i).newest;
+        let v = if newest.ts <= c.get() {
+            Some(newest)
+        } else {
             self.changed.push(key);
-        }
-        self.version_at(i, c.get()).map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
+            let at = match &mut self.versions_at {
+                Some(at) if at.c == c.get() => at,
+                slot => slot.insert(VersionsAt::new(c.get())),
+            };
+            at.scan(&self.older);
+            at.get(i)
+        };
+        v.map_or((c, None), |v| (Ts(v.ts), (v.row != TOMBSTONE).then_some(RowId(v.row))))
     }
 
     /// Gives back keys [`Self::take_changed`] handed over, when what they
@@ -476,7 +536,7 @@ impl PrimaryIndex {
         entry.newest = v;
         // The same transaction touching the key again: the last write wins.
         if last.ts < v.ts {
-            self.older.entry(i).or_default().push(last);
+            self.older.push(Displaced { entry: i, until: v.ts, version: last });
         }
         Ok(())
     }
@@ -486,35 +546,27 @@ impl PrimaryIndex {
     /// with nothing newer.
     pub fn purge(&mut self, lwm: Ts) -> usize {
         let lwm = lwm.get();
-        let mut dropped = 0;
-        let entries = &self.entries;
-        self.older.retain(|&i, older| {
-            if entries.entry(i).newest.ts <= lwm {
-                dropped += older.len();
-                return false;
-            }
-            let Some(keep_from) = older.iter().rposition(|v| v.ts <= lwm) else { return true };
-            dropped += keep_from;
-            if keep_from > 0 {
-                older.drain(..keep_from);
-                if older.spilled() && older.len() <= older.inline_size() {
-                    older.shrink_to_fit();
-                }
-            }
-            true
-        });
-        // Keys whose one version left is a tombstone no snapshot sees past.
-        let gone: Vec<u32> = entries
+        // A version displaced at or below the LWM is one no snapshot sees.
+        let window = self.older.len();
+        self.older.retain(|d| d.until > lwm);
+        self.versions_at = None;
+        let mut dropped = window - self.older.len();
+        // Keys whose one version left is a tombstone no snapshot sees past
+        // (their displaced versions went above).
+        let gone: Vec<u32> = self
+            .entries
             .used()
-            .filter(|(i, e)| e.newest.row == TOMBSTONE && e.newest.ts <= lwm && !self.older.contains_key(i))
+            .filter(|(_, e)| e.newest.row == TOMBSTONE && e.newest.ts <= lwm)
             .map(|(i, _)| i)
             .collect();
         dropped += gone.len();
         for i in gone {
             self.remove_entry(i);
         }
-        if self.older.capacity() > 4 * self.older.len().max(1024) {
-            self.older.shrink_to_fit();
+        // The room the window since the last GC needed stays (the next one
+        // likely needs it again); a burst's goes back.
+        if self.older.capacity() > 4 * window.max(4096) {
+            self.older.shrink_to(2 * window.max(4096));
         }
         dropped
     }
@@ -524,8 +576,11 @@ impl PrimaryIndex {
     pub fn live_at(&self, ts: Ts) -> PrimaryIndex {
         let mut out = PrimaryIndex::new();
         out.reserve(self.len());
+        let mut older = VersionsAt::new(ts.get());
+        older.scan(&self.older);
         for (i, e) in self.entries.used() {
-            if let Some(v) = self.version_at(i, ts.get())
+            let v = if e.newest.ts <= ts.get() { Some(e.newest) } else { older.get(i) };
+            if let Some(v) = v
                 && v.row != TOMBSTONE
             {
                 let key = self.entries.key_of(e);
@@ -538,7 +593,8 @@ impl PrimaryIndex {
     /// Every row id some version points at (tombstones left out), for
     /// checks before [`Self::remap_rows`].
     pub fn rows(&self) -> impl Iterator<Item = RowId> + '_ {
-        self.entries.used().flat_map(|(i, _)| self.versions(i)).filter(|v| v.row != TOMBSTONE).map(|v| RowId(v.row))
+        let newest = self.entries.used().map(|(_, e)| e.newest);
+        newest.chain(self.older.iter().map(|d| d.version)).filter(|v| v.row != TOMBSTONE).map(|v| RowId(v.row))
     }
 
     /// Moves every version pointing at a row id `moved` maps to the row id
@@ -553,19 +609,23 @@ impl PrimaryIndex {
             }
             false
         };
+        let mut moved_entries = Vec::new();
         for i in 0..self.entries.next {
             let entry = self.entries.entry_mut(i);
-            if !entry.is_used() {
-                continue;
+            if entry.is_used() && remap(&mut entry.newest) {
+                moved_entries.push(i);
             }
-            let mut any = remap(&mut entry.newest);
-            let newest_ts = entry.newest.ts;
-            if let Some(older) = self.older.get_mut(&i) {
-                for v in older.iter_mut() {
-                    any |= remap(v);
-                }
+        }
+        for d in &mut self.older {
+            if remap(&mut d.version) {
+                moved_entries.push(d.entry);
             }
-            if any && newest_ts <= self.changed_floor {
+        }
+        self.versions_at = None;
+        moved_entries.sort_unstable();
+        moved_entries.dedup();
+        for i in moved_entries {
+            if self.entries.entry(i).newest.ts <= self.changed_floor {
                 self.changed.push(self.entries.key(i));
             }
         }
@@ -574,13 +634,11 @@ impl PrimaryIndex {
     /// Approximate bytes used.
     pub fn memory_bytes(&self) -> usize {
         // A table bucket is an entry number and a control byte.
-        let older_slot = std::mem::size_of::<(u32, OlderVersions)>() + 1;
-        let spilled: usize =
-            self.older.values().filter(|o| o.spilled()).map(|o| o.capacity() * std::mem::size_of::<Version>()).sum();
+        let versions_at = self.versions_at.as_ref().map_or(0, |v| v.first.capacity() * 21);
         self.table.capacity() * 5
             + self.entries.memory_bytes()
-            + self.older.capacity() * older_slot
-            + spilled
+            + self.older.capacity() * std::mem::size_of::<Displaced>()
+            + versions_at
             + self.changed.memory_bytes()
     }
 
@@ -591,13 +649,14 @@ impl PrimaryIndex {
         out.extend_from_slice(INDEX_MAGIC);
         out.extend_from_slice(&INDEX_FORMAT.to_le_bytes());
         out.extend_from_slice(&(self.len() as u64).to_le_bytes());
+        let older = self.older_by_entry();
         for (i, e) in self.entries.used() {
             let k = self.entries.key_of(e);
             out.extend_from_slice(&(k.len() as u32).to_le_bytes());
             out.extend_from_slice(k);
-            let n = self.older.get(&i).map_or(0, |o| o.len()) + 1;
-            out.extend_from_slice(&(n as u32).to_le_bytes());
-            for v in self.versions(i) {
+            let older = older.get(&i).map_or(&[][..], Vec::as_slice);
+            out.extend_from_slice(&(older.len() as u32 + 1).to_le_bytes());
+            for v in older.iter().chain([&e.newest]) {
                 out.extend_from_slice(&v.ts.to_le_bytes());
                 out.extend_from_slice(&v.row.to_le_bytes());
             }
@@ -690,19 +749,50 @@ const IMAGE_FORMAT: u32 = 2;
 /// a delta keeps them). Magic, format, count, entries (key length u32,
 /// key, ts u64, row u64 with `u64::MAX` for removed), CRC32; all LE.
 pub fn write_image<'a>(entries: impl IntoIterator<Item = (&'a [u8], VersionAt)>, keep_removed: bool) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(INDEX_MAGIC);
-    out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
-    let mut count = 0u64;
-    for (key, (ts, row)) in entries {
-        if row.is_none() && !keep_removed {
-            continue;
-        }
-        push_entry(&mut out, key, ts.get(), row.map_or(TOMBSTONE, |r| r.0));
-        count += 1;
+    let mut image = ImageWriter::new(keep_removed, 0);
+    for (key, version) in entries {
+        image.push(key, version);
     }
-    finish_image(out, count)
+    image.finish()
+}
+
+/// Writes an image as [`write_image`] does, an entry at a time (a
+/// checkpoint looks versions up in chunks and writes them straight in).
+pub struct ImageWriter {
+    out: Vec<u8>,
+    count: u64,
+    keep_removed: bool,
+}
+
+impl ImageWriter {
+    /// An image that keeps removed keys or not, `capacity` bytes reserved
+    /// ([`ImageWriter::size_of`] of its keys: no copies as it grows).
+    pub fn new(keep_removed: bool, capacity: usize) -> Self {
+        let mut out = Vec::with_capacity(capacity.max(INDEX_MAGIC.len() + 16));
+        out.extend_from_slice(INDEX_MAGIC);
+        out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        ImageWriter { out, count: 0, keep_removed }
+    }
+
+    /// The bytes an image of `keys` takes at most.
+    pub fn size_of<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> usize {
+        INDEX_MAGIC.len() + 16 + keys.into_iter().map(|k| 20 + k.len()).sum::<usize>()
+    }
+
+    /// Appends a key (keys in strictly ascending byte order).
+    pub fn push(&mut self, key: &[u8], (ts, row): VersionAt) {
+        if row.is_none() && !self.keep_removed {
+            return;
+        }
+        push_entry(&mut self.out, key, ts.get(), row.map_or(TOMBSTONE, |r| r.0));
+        self.count += 1;
+    }
+
+    /// The image.
+    pub fn finish(self) -> Vec<u8> {
+        finish_image(self.out, self.count)
+    }
 }
 
 fn push_entry(out: &mut Vec<u8>, key: &[u8], ts: u64, row: u64) {
@@ -1088,8 +1178,19 @@ mod tests {
             let c = Ts(ts - 5);
             let changed = index.take_changed(c);
             let keys = changed.sorted();
-            let versions: Vec<VersionAt> = keys.iter().map(|k| index.checkpoint_version(k, c)).collect();
-            let image = write_image(keys.iter().copied().zip(versions), checkpoint > 0);
+            // The writer goes on between the checkpoint's look-ups (it
+            // reads in chunks, the shard applying in between).
+            let keys: Vec<Vec<u8>> = keys.into_iter().map(<[u8]>::to_vec).collect();
+            let mut versions: Vec<VersionAt> = Vec::new();
+            for part in keys.chunks(keys.len() / 3 + 1) {
+                versions.extend(part.iter().map(|k| index.checkpoint_version(k, c)));
+                for _ in 0..5 {
+                    ts += 1;
+                    let key = encode_key(TableId(1), &[Value::Int((next() % 150) as i64)]);
+                    index.put(&key, Ts(ts), RowId(ts)).unwrap();
+                }
+            }
+            let image = write_image(keys.iter().map(Vec::as_slice).zip(versions), checkpoint > 0);
             runs.push(image);
             if runs.len() == 4 {
                 let slices: Vec<&[u8]> = runs.iter().map(Vec::as_slice).collect();
