@@ -11,7 +11,7 @@
 //!   until memory GC, [`PrimaryIndex::purge`], drops it) are appended to a
 //!   log of displaced versions (32 bytes each, no second hash lookup per
 //!   update); only checkpoints, for keys changed after their ts, read it.
-//!   A hash map of whole slots (a 64-byte key and two versions inline)
+//!   A hash map of 64-byte slots (the key and two versions inline)
 //!   took 110–136 bytes a key.
 //! * **Main index (MI)**: row-id ranges → (file, row offset). Every write-buffer
 //!   block reserves a contiguous range of row ids, so one MI entry per block.
