@@ -719,6 +719,13 @@ impl Engine {
         Ok(pending)
     }
 
+    /// True while a captured checkpoint is being written. A maintenance
+    /// loop waits for it before a round: the two at once add their memory
+    /// peaks (a checkpoint's index images, combine's blocks) and their CPU.
+    pub fn checkpoint_being_written(&self) -> bool {
+        *lock(&self.image)
+    }
+
     /// Waits until no checkpoint is being written and returns the guard
     /// that keeps a new one from being captured: storage GC swaps hold it
     /// (a swap moves rows a checkpoint being written reads).

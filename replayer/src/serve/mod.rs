@@ -243,7 +243,10 @@ fn maintenance_loop(
                 tracing::error!("visibility checkpoint failed: {e}");
             }
         }
-        if last_gc.elapsed() < gc_every {
+        // A round falling due while a checkpoint is written waits for it
+        // (for at most one more period): their memory peaks do not add up.
+        let due = last_gc.elapsed();
+        if due < gc_every || (engine.checkpoint_being_written() && due < 2 * gc_every) {
             continue;
         }
         last_gc = Instant::now();
