@@ -414,28 +414,77 @@ pub fn ts_range(create_ts: &arrow::array::Int64Array) -> (Ts, Ts) {
 /// `combine`: the blocks of a virtual file (in order) → one regular file with
 /// the same file id and row order. Returns the file and its encoded size.
 pub fn combine(lake: &Lake, path: Path, blocks: &[RecordBatch], row_group_rows: usize) -> Result<RegularFile> {
-    let bytes = encode_parquet(blocks, row_group_rows, Compression::SNAPPY)?;
-    let metadata = load_metadata(&bytes)?;
-    let mut row_groups = Vec::with_capacity(blocks.len());
-    let mut offset = 0;
+    let mut file = RegularFileWriter::new(row_group_rows);
     for b in blocks {
-        let create_ts = create_ts_column(b)?;
-        let (min_ts, max_ts) = ts_range(create_ts);
-        row_groups.push(RowGroupInfo { offset, rows: b.num_rows(), min_ts, max_ts });
-        offset += b.num_rows();
+        file.push(b)?;
     }
-    if metadata.metadata().num_row_groups() != blocks.len() {
-        return Err(Error::invariant(format!(
-            "combine wrote {} row groups for {} blocks",
-            metadata.metadata().num_row_groups(),
-            blocks.len()
-        )));
+    file.put(lake, path)
+}
+
+/// Writes a regular file a block at a time, each block one row group: a
+/// combine or rewrite holds the encoded file and one block, not every
+/// block decoded at once.
+pub struct RegularFileWriter {
+    writer: Option<ArrowWriter<Vec<u8>>>,
+    row_group_rows: usize,
+    row_groups: Vec<RowGroupInfo>,
+    rows: usize,
+}
+
+impl RegularFileWriter {
+    /// A file of row groups of at most `row_group_rows` rows.
+    pub fn new(row_group_rows: usize) -> Self {
+        RegularFileWriter { writer: None, row_group_rows, row_groups: Vec::new(), rows: 0 }
     }
-    let file = RegularFile::new(path, row_groups, footer_range(&bytes));
-    // Parsed already: readers of this process need no request for it.
-    let _ = file.metadata.set(metadata);
-    lake.put(&file.path, bytes)?;
-    Ok(file)
+
+    /// Appends `block` as the next row group (the first block's schema is
+    /// the file's).
+    pub fn push(&mut self, block: &RecordBatch) -> Result<()> {
+        let writer = match &mut self.writer {
+            Some(w) => w,
+            None => self.writer.insert(ArrowWriter::try_new(
+                Vec::new(),
+                block.schema(),
+                Some(writer_properties(self.row_group_rows, Compression::SNAPPY)),
+            )?),
+        };
+        writer.write(block)?;
+        // One row group per block keeps row groups aligned with blocks.
+        writer.flush()?;
+        let (min_ts, max_ts) = ts_range(create_ts_column(block)?);
+        self.row_groups.push(RowGroupInfo { offset: self.rows, rows: block.num_rows(), min_ts, max_ts });
+        self.rows += block.num_rows();
+        Ok(())
+    }
+
+    /// Rows pushed.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The encoded file, footer included.
+    pub fn finish(self) -> Result<(Bytes, Vec<RowGroupInfo>)> {
+        let writer = self.writer.ok_or_else(|| Error::invariant("a regular file needs at least one block"))?;
+        Ok((Bytes::from(writer.into_inner()?), self.row_groups))
+    }
+
+    /// Finishes the file and writes it to `path` of `lake`.
+    pub fn put(self, lake: &Lake, path: Path) -> Result<RegularFile> {
+        let (bytes, row_groups) = self.finish()?;
+        let metadata = load_metadata(&bytes)?;
+        if metadata.metadata().num_row_groups() != row_groups.len() {
+            return Err(Error::invariant(format!(
+                "combine wrote {} row groups for {} blocks",
+                metadata.metadata().num_row_groups(),
+                row_groups.len()
+            )));
+        }
+        let file = RegularFile::new(path, row_groups, footer_range(&bytes));
+        // Parsed already: readers of this process need no request for it.
+        let _ = file.metadata.set(metadata);
+        lake.put(&file.path, bytes)?;
+        Ok(file)
+    }
 }
 
 /// The hidden create_ts column of a file batch (always the last column).

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::ids::{FileId, TableId, Ts};
-use crate::lake::{Lake, RegularFile, RowGroupInfo};
+use crate::lake::{Lake, RegularFile, RegularFileWriter, RowGroupInfo};
 use crate::metered::{MeteredStore, StoreMeter};
 use crate::scan_worker::{SplitFailure, SplitFailureKind};
 
@@ -236,8 +236,11 @@ pub fn run_rewrite_killed_at(
     }
     let meter = Arc::new(StoreMeter::default());
     let metered = Lake::new(Arc::new(MeteredStore::new(Arc::clone(lake.store()), Arc::clone(&meter))));
-    let groups = read_groups(&metered, request, &output)?;
-    let rows: usize = groups.iter().map(RecordBatch::num_rows).sum();
+    let fail = |e: Error| SplitFailure::of(&e);
+    // Each group is encoded as it is read: one decoded block in memory.
+    let mut file = RegularFileWriter::new(request.row_group_rows);
+    for_each_group(&metered, request, &output, &mut |group| file.push(&group).map_err(fail))?;
+    let rows = file.rows();
     let die = |phase: KillPhase| {
         if kill == Some(phase) {
             tracing::error!(?phase, output = %output, "FOVEA_KILL_AT: aborting");
@@ -252,14 +255,13 @@ pub fn run_rewrite_killed_at(
             ..Default::default()
         });
     }
-    let fail = |e: Error| SplitFailure::of(&e);
     if kill == Some(KillPhase::MidWrite) {
-        let bytes = crate::lake::encode_parquet(&groups, request.row_group_rows, parquet::basic::Compression::SNAPPY)
-            .map_err(fail)?;
+        let (bytes, _) = file.finish().map_err(fail)?;
         lake.put(&output, bytes.slice(..bytes.len() / 2)).map_err(fail)?;
         die(KillPhase::MidWrite);
+        return Err(SplitFailure::new(SplitFailureKind::Failed, "FOVEA_KILL_AT mid-write did not abort"));
     }
-    let file = crate::lake::combine(lake, output.clone(), &groups, request.row_group_rows).map_err(fail)?;
+    let file = file.put(lake, output.clone()).map_err(fail)?;
     die(KillPhase::AfterWrite);
     let footer = file
         .footer_range
@@ -279,12 +281,14 @@ pub fn run_rewrite_killed_at(
     })
 }
 
-/// The row groups `request` writes, read from `lake`.
-fn read_groups(
+/// Reads the row groups `request` writes from `lake`, in order, handing
+/// each to `group` as it is read.
+fn for_each_group(
     lake: &Lake,
     request: &RewriteRequest,
     output: &Path,
-) -> std::result::Result<Vec<RecordBatch>, SplitFailure> {
+    group: &mut dyn FnMut(RecordBatch) -> std::result::Result<(), SplitFailure>,
+) -> std::result::Result<(), SplitFailure> {
     let fail = |e: Error| SplitFailure::of(&e);
     let bad = |m: String| SplitFailure::new(SplitFailureKind::BadRequest, m);
     match &request.job {
@@ -292,15 +296,14 @@ fn read_groups(
             if blocks.is_empty() {
                 return Err(bad("a combine names no block".into()));
             }
-            let mut batches = Vec::with_capacity(blocks.len());
             for b in blocks {
                 let path = Path::parse(b).map_err(|e| bad(format!("block {b:?}: {e}")))?;
                 if &path == output {
                     return Err(bad("a combine's output is one of its blocks".into()));
                 }
-                batches.push(lake.read_block(&path).map_err(fail)?);
+                group(lake.read_block(&path).map_err(fail)?)?;
             }
-            Ok(batches)
+            Ok(())
         }
         RewriteJob::DropRows { source, rows, dropped } => {
             let source_path = data_file_path("source", source)?;
@@ -315,7 +318,10 @@ fn read_groups(
             let kept = arrow::compute::filter_record_batch(&batch, &keep).map_err(|e| fail(e.into()))?;
             drop(batch);
             let n = request.row_group_rows;
-            Ok((0..kept.num_rows()).step_by(n).map(|o| kept.slice(o, n.min(kept.num_rows() - o))).collect())
+            for o in (0..kept.num_rows()).step_by(n) {
+                group(kept.slice(o, n.min(kept.num_rows() - o)))?;
+            }
+            Ok(())
         }
     }
 }
