@@ -194,7 +194,7 @@ impl AppliedWindow {
     fn new(capacity: usize) -> Self {
         AppliedWindow {
             capacity: capacity.max(1),
-            set: hashbrown::HashSet::with_hasher(foldhash::fast::FixedState::with_seed(0xd3d_0b)),
+            set: hashbrown::HashSet::with_hasher(foldhash::fast::FixedState::with_seed(0xd3d0_0b5e)),
             order: VecDeque::new(),
         }
     }
