@@ -299,17 +299,21 @@ pub struct PrimaryIndex {
 #[derive(Default)]
 pub struct ChangedKeys {
     bytes: Vec<u8>,
+    /// Keys in `bytes` (repeats counted).
+    count: usize,
 }
 
 impl ChangedKeys {
     fn push(&mut self, key: &[u8]) {
         self.bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
         self.bytes.extend_from_slice(key);
+        self.count += 1;
     }
 
     /// Appends every key of `other`.
     pub fn append(&mut self, other: &ChangedKeys) {
         self.bytes.extend_from_slice(&other.bytes);
+        self.count += other.count;
     }
 
     /// True when no key changed.
@@ -324,8 +328,7 @@ impl ChangedKeys {
 
     /// The distinct keys, in byte order.
     pub fn sorted(&self) -> Vec<&[u8]> {
-        // At most this many (a key takes its length and at least a byte).
-        let mut keys = Vec::with_capacity(self.bytes.len() / 5);
+        let mut keys = Vec::with_capacity(self.count);
         let mut rest = self.bytes.as_slice();
         while rest.len() >= 4 {
             let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
@@ -394,13 +397,18 @@ impl PrimaryIndex {
 
     /// Removes entry `i` and its versions.
     fn remove_entry(&mut self, i: u32) {
-        let hash = self.hasher.hash_one(self.entries.key(i));
-        if let Ok(found) = self.table.find_entry(hash, |&j| j == i) {
-            found.remove();
-        }
         if self.older.iter().any(|d| d.entry == i) {
             self.older.retain(|d| d.entry != i);
             self.versions_at = None;
+        }
+        self.forget_entry(i);
+    }
+
+    /// Removes entry `i`, which has no displaced versions left.
+    fn forget_entry(&mut self, i: u32) {
+        let hash = self.hasher.hash_one(self.entries.key(i));
+        if let Ok(found) = self.table.find_entry(hash, |&j| j == i) {
+            found.remove();
         }
         self.entries.release(i);
     }
@@ -556,7 +564,8 @@ impl PrimaryIndex {
         self.versions_at = None;
         let mut dropped = window - self.older.len();
         // Keys whose one version left is a tombstone no snapshot sees past
-        // (their displaced versions went above).
+        // (their displaced versions, until at most that tombstone's ts,
+        // went above: no walk of the log per key).
         let gone: Vec<u32> = self
             .entries
             .used()
@@ -565,7 +574,7 @@ impl PrimaryIndex {
             .collect();
         dropped += gone.len();
         for i in gone {
-            self.remove_entry(i);
+            self.forget_entry(i);
         }
         // The room the window since the last GC needed stays (the next one
         // likely needs it again); a burst's goes back.
@@ -638,7 +647,8 @@ impl PrimaryIndex {
     /// Approximate bytes used (constant time: metrics read it often).
     pub fn memory_bytes(&self) -> usize {
         // A table bucket is an entry number and a control byte.
-        let versions_at = self.versions_at.as_ref().map_or(0, |v| v.first.capacity() * 21);
+        let versions_at =
+            self.versions_at.as_ref().map_or(0, |v| v.first.capacity() * (std::mem::size_of::<(u32, Version)>() + 1));
         self.table.capacity() * 5
             + self.entries.memory_bytes()
             + self.older.capacity() * std::mem::size_of::<Displaced>()
