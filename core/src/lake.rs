@@ -411,19 +411,10 @@ pub fn ts_range(create_ts: &arrow::array::Int64Array) -> (Ts, Ts) {
     (Ts(min as u64), Ts(max as u64))
 }
 
-/// `combine`: the blocks of a virtual file (in order) → one regular file with
-/// the same file id and row order. Returns the file and its encoded size.
-pub fn combine(lake: &Lake, path: Path, blocks: &[RecordBatch], row_group_rows: usize) -> Result<RegularFile> {
-    let mut file = RegularFileWriter::new(row_group_rows);
-    for b in blocks {
-        file.push(b)?;
-    }
-    file.put(lake, path)
-}
-
-/// Writes a regular file a block at a time, each block one row group: a
-/// combine or rewrite holds the encoded file and one block, not every
-/// block decoded at once.
+/// Writes a regular file a block at a time, each block one row group (a
+/// combine: the blocks of a virtual file, in order, make one regular file
+/// with the same file id and row order): a combine or rewrite holds the
+/// encoded file and one block, not every block decoded at once.
 pub struct RegularFileWriter {
     writer: Option<ArrowWriter<Vec<u8>>>,
     row_group_rows: usize,

@@ -24,7 +24,7 @@
 //!   pinned. Folding never changes an answer: a folded entry is in the new
 //!   base, and re-applying an entry that is already in the base is a no-op.
 //! * **Blocks are reused**: memory GC hands the blocks it unlinks back to
-//!   the file ([`SpareBlocks`]) once no reader can hold them, and the writer
+//!   the file (`SpareBlocks`) once no reader can hold them, and the writer
 //!   appends into those before it allocates: steady replay writes deletes
 //!   into memory already resident instead of allocating (and, for fresh
 //!   pages, faulting in) one block per 8 deletes. A file keeps at most what

@@ -52,19 +52,23 @@ struct Queue {
 
 struct Shared {
     queues: Vec<Queue>,
-    /// Jobs pushed and not yet finished.
-    inflight: Mutex<usize>,
-    /// Notified when `inflight` falls to 0, or to `wake_at` or below.
+    inflight: Mutex<Inflight>,
+    /// Notified when the jobs in flight fall to 0, or to `wake_at` or below.
     drained: Condvar,
-    /// The in-flight count a waiter in [`ShardPool::flush_and_wait_for`]
-    /// waits for (0 when none waits: only a drain is woken).
-    wake_at: AtomicUsize,
     /// Smallest ts a worker failed on (`u64::MAX`: none). Work below it
     /// goes on, so transactions before the failure still commit.
     failed_ts: AtomicU64,
     failed: AtomicBool,
     error: Mutex<Option<WorkerError>>,
     stop: AtomicBool,
+}
+
+struct Inflight {
+    /// Jobs pushed and not yet finished.
+    jobs: usize,
+    /// The count a waiter in [`ShardPool::flush_and_wait_for`] waits for
+    /// (0 when none waits: only a drain is woken).
+    wake_at: usize,
 }
 
 struct Pending {
@@ -89,9 +93,8 @@ impl ShardPool {
         let n = engine.config().shards;
         let shared = Arc::new(Shared {
             queues: (0..n).map(|_| Queue { jobs: Mutex::new(VecDeque::new()), ready: Condvar::new() }).collect(),
-            inflight: Mutex::new(0),
+            inflight: Mutex::new(Inflight { jobs: 0, wake_at: 0 }),
             drained: Condvar::new(),
-            wake_at: AtomicUsize::new(0),
             failed_ts: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -170,7 +173,7 @@ impl ShardPool {
         if p.count == 0 {
             return;
         }
-        *lock(&self.shared.inflight) += p.count;
+        lock(&self.shared.inflight).jobs += p.count;
         p.count = 0;
         for (s, jobs) in p.jobs.iter_mut().enumerate() {
             if jobs.is_empty() {
@@ -189,23 +192,22 @@ impl ShardPool {
     pub fn flush_and_wait_for(&self, max_inflight: usize) {
         self.flush();
         let mut inflight = lock(&self.shared.inflight);
-        if *inflight <= max_inflight {
+        if inflight.jobs <= max_inflight {
             return;
         }
-        // Relaxed: read and written only under the `inflight` mutex.
-        self.shared.wake_at.store(max_inflight, Ordering::Relaxed);
+        inflight.wake_at = max_inflight;
         // A failed pool skips its jobs, so they still finish.
-        while *inflight > max_inflight {
+        while inflight.jobs > max_inflight {
             inflight = self.shared.drained.wait(inflight).unwrap_or_else(|p| p.into_inner());
         }
-        self.shared.wake_at.store(0, Ordering::Relaxed);
+        inflight.wake_at = 0;
     }
 
     /// Flushes and waits until every job is done. Returns a worker's error.
     pub fn drain(&self) -> std::result::Result<(), WorkerError> {
         self.flush();
         let mut inflight = lock(&self.shared.inflight);
-        while *inflight > 0 {
+        while inflight.jobs > 0 {
             inflight = self.shared.drained.wait(inflight).unwrap_or_else(|p| p.into_inner());
         }
         drop(inflight);
@@ -298,9 +300,8 @@ fn work(s: usize, engine: &Engine, shared: &Shared) {
             }
         }
         let mut inflight = lock(&shared.inflight);
-        *inflight -= n;
-        // Relaxed: `wake_at` is only touched under the `inflight` mutex.
-        if *inflight == 0 || *inflight <= shared.wake_at.load(Ordering::Relaxed) {
+        inflight.jobs -= n;
+        if inflight.jobs <= inflight.wake_at {
             shared.drained.notify_all();
         }
     }
