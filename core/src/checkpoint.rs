@@ -402,10 +402,10 @@ impl PendingCheckpoint {
             let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
             // Without a chain to extend every key is in `changed`, and the
             // image is a base (removed keys left out); else a delta.
-            let mut image = ImageWriter::new(chain.is_some(), ImageWriter::size_of(keys.iter().copied()));
-            for chunk in keys.chunks(LOOKUPS_PER_LOCK) {
+            let mut image = ImageWriter::new(chain.is_some(), ImageWriter::size_of(keys.iter()));
+            for chunk in (0..keys.len()).step_by(LOOKUPS_PER_LOCK) {
                 let mut shard = lock(&engine.shards[s]);
-                for k in chunk {
+                for k in (chunk..keys.len().min(chunk + LOOKUPS_PER_LOCK)).map(|i| keys.get(i)) {
                     image.push(k, shard.index.checkpoint_version(k, c));
                 }
             }

@@ -64,6 +64,12 @@ id_type!(
     RowId(u64),
     "row"
 );
+impl RowId {
+    /// Row ids are below this (2^60 - 1): an index entry packs a row id in
+    /// 60 bits beside a 52-bit timestamp, all ones meaning "deleted".
+    pub const LIMIT: u64 = (1 << 60) - 1;
+}
+
 id_type!(
     /// A lake file id: assigned when a virtual file opens and kept when it
     /// becomes a regular file (so row locations are stable).

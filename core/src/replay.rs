@@ -382,6 +382,12 @@ impl Shard {
                 }
             };
             let row_id_start = self.next_row_id;
+            if row_id_start + cfg.block_rows as u64 > RowId::LIMIT {
+                return Err(Error::invariant(format!(
+                    "the row ids of a shard are used up (next {row_id_start}, limit {})",
+                    RowId::LIMIT
+                )));
+            }
             self.next_row_id += cfg.block_rows as u64;
             self.main.add_range(RowId(row_id_start), cfg.block_rows as u32, file, slot, offset as u32)?;
             let vis = Arc::clone(self.writers[slot as usize].visibility());

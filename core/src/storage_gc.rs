@@ -268,6 +268,12 @@ impl Engine {
                 .visibility(),
         );
         let start = shard.next_row_id;
+        if start + u64::from(kept) > RowId::LIMIT {
+            return Err(Error::invariant(format!(
+                "the row ids of a shard are used up (next {start}, limit {})",
+                RowId::LIMIT
+            )));
+        }
         // The new row id of an old one in `file` (`Some(None)`: a dropped row).
         let moved = |row: RowId| -> Option<Option<RowId>> {
             let i = ranges.partition_point(|r| r.start <= row.0).checked_sub(1)?;
