@@ -311,6 +311,10 @@ const MERGE_BYTES: u64 = 1 << 20;
 /// Changed keys looked up per hold of a shard's lock.
 const LOOKUPS_PER_LOCK: usize = 4096;
 
+/// Bytes of an index image handed to the store at a time (the store
+/// uploads them in parts of 8 MiB).
+const IMAGE_PIECE: usize = 1 << 20;
+
 /// What a checkpoint keeps of one shard at its timestamp.
 struct ShardCapture {
     next_row_id: u64,
@@ -401,48 +405,63 @@ impl PendingCheckpoint {
             let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
             let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
             // Without a chain to extend every key is in `changed`, and the
-            // image is a base (removed keys left out); else a delta.
-            let mut image = ImageWriter::new(chain.is_some(), ImageWriter::size_of(keys.iter()));
+            // image is a base; else a delta. The committed checkpoint may
+            // be an image at `c` already (no commit since): its objects
+            // serve, none is written (the look-ups still are made: they
+            // carry keys changed above `c` into the next set).
+            let base_path = format!("{dir}/index-{s}.bin");
+            let (path, write) = match chain {
+                None => (base_path.clone(), true),
+                // Named by both ends: whoever writes it writes the
+                // changes between the same two images.
+                Some(_) => (format!("{dir}/index-{s}-since-{since}.delta"), since != c.get()),
+            };
+            // Streamed to the store as the look-ups go: one part of the
+            // image in memory, not the image.
+            let mut object = write.then(|| lake.writer(&Path::from(path.as_str())));
+            let mut image = ImageWriter::new(keys.len() as u64);
             for chunk in (0..keys.len()).step_by(LOOKUPS_PER_LOCK) {
-                let mut shard = lock(&engine.shards[s]);
-                for k in (chunk..keys.len().min(chunk + LOOKUPS_PER_LOCK)).map(|i| keys.get(i)) {
-                    image.push(k, shard.index.checkpoint_version(k, c));
+                {
+                    let mut shard = lock(&engine.shards[s]);
+                    for k in (chunk..keys.len().min(chunk + LOOKUPS_PER_LOCK)).map(|i| keys.get(i)) {
+                        image.push(k, shard.index.checkpoint_version(k, c));
+                    }
+                }
+                if let Some(piece) = image.take_piece(IMAGE_PIECE)
+                    && let Some(object) = &mut object
+                {
+                    object.write(&piece)?;
                 }
             }
-            // (The lookups above also carry keys changed above `c` into the
-            // next set: they are owed even when nothing is written here.)
-            let image = image.finish();
-            // A base image starts a new chain.
-            let put_base = |image: Vec<u8>| -> Result<(String, Vec<String>, Vec<u64>)> {
-                let path = format!("{dir}/index-{s}.bin");
-                let size = image.len() as u64;
-                lake.put(&Path::from(path.as_str()), Bytes::from(image))?;
-                Ok((path, Vec::new(), vec![size]))
+            let last = image.finish()?;
+            let size = match object {
+                Some(mut object) => {
+                    object.write(&last)?;
+                    object.finish()?
+                }
+                None => 0,
             };
             let (index, index_deltas, index_sizes) = match chain {
-                // The committed checkpoint is an image at `c` already (no
-                // commit since): its objects serve, none is overwritten.
-                Some(p) if since == c.get() => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
-                None => put_base(image)?,
+                Some(p) if !write => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
+                None => (path, Vec::new(), vec![size]),
                 Some(p) => {
-                    let delta = image;
-                    let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + delta.len() as u64;
+                    let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + size;
                     if p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
                         || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)
                     {
+                        // (The delta just written is named by no manifest:
+                        // the next vacuum deletes it.)
                         let mut runs = vec![lake.get(&Path::from(p.index.as_str()))?];
-                        for d in &p.index_deltas {
+                        for d in p.index_deltas.iter().chain([&path]) {
                             runs.push(lake.get(&Path::from(d.as_str()))?);
                         }
-                        let mut slices: Vec<&[u8]> = runs.iter().map(|b| b.as_ref()).collect();
-                        slices.push(&delta);
-                        put_base(crate::index::merge_images(&slices)?)?
+                        let slices: Vec<&[u8]> = runs.iter().map(|b| b.as_ref()).collect();
+                        let merged = crate::index::merge_images(&slices)?;
+                        drop(runs);
+                        let size = merged.len() as u64;
+                        lake.put(&Path::from(base_path.as_str()), Bytes::from(merged))?;
+                        (base_path, Vec::new(), vec![size])
                     } else {
-                        // Named by both ends: whoever writes it writes
-                        // the changes between the same two images.
-                        let path = format!("{dir}/index-{s}-since-{since}.delta");
-                        let size = delta.len() as u64;
-                        lake.put(&Path::from(path.as_str()), Bytes::from(delta))?;
                         let mut deltas = p.index_deltas.clone();
                         deltas.push(path);
                         let mut sizes = p.index_sizes.clone();

@@ -888,53 +888,75 @@ const IMAGE_FORMAT: u32 = 2;
 
 /// Writes an index image of format 2: for each key, in strictly
 /// ascending byte order, the version a snapshot sees (`None` row: the key
-/// is removed; a base image leaves those out with `keep_removed` false,
-/// a delta keeps them). Magic, format, count, entries (key length u32,
-/// key, ts u64, row u64 with `u64::MAX` for removed), CRC32; all LE.
+/// is removed; `keep_removed` false leaves those out, as a base needs no
+/// removals, a delta keeps them). Magic, format, count, entries (key
+/// length u32, key, ts u64, row u64 with `u64::MAX` for removed), CRC32;
+/// all LE. Readers skip the removals a base holds (a checkpoint's
+/// [`ImageWriter`] keeps them: it fixes the count first).
 pub fn write_image<'a>(entries: impl IntoIterator<Item = (&'a [u8], VersionAt)>, keep_removed: bool) -> Vec<u8> {
-    let mut image = ImageWriter::new(keep_removed, 0);
-    for (key, version) in entries {
-        image.push(key, version);
+    let mut out = image_header(0);
+    let mut count = 0;
+    for (key, (ts, row)) in entries {
+        if row.is_some() || keep_removed {
+            push_entry(&mut out, key, ts.get(), row.map_or(TOMBSTONE, |r| r.0));
+            count += 1;
+        }
     }
-    image.finish()
+    finish_image(out, count)
 }
 
-/// Writes an image as [`write_image`] does, an entry at a time (a
-/// checkpoint looks versions up in chunks and writes them straight in).
+fn image_header(count: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(INDEX_MAGIC.len() + 16);
+    out.extend_from_slice(INDEX_MAGIC);
+    out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out
+}
+
+/// Writes an image as [`write_image`] does (removals kept), an entry at a
+/// time, its entry count fixed first, so that it can leave in pieces as it
+/// is written: a checkpoint looks versions up in chunks and streams the
+/// image to the store, holding one piece, not the image.
 pub struct ImageWriter {
+    /// Bytes not yet taken.
     out: Vec<u8>,
+    /// CRC32 of the bytes taken.
+    crc: crc32fast::Hasher,
     count: u64,
-    keep_removed: bool,
+    pushed: u64,
 }
 
 impl ImageWriter {
-    /// An image that keeps removed keys or not, `capacity` bytes reserved
-    /// ([`ImageWriter::size_of`] of its keys: no copies as it grows).
-    pub fn new(keep_removed: bool, capacity: usize) -> Self {
-        let mut out = Vec::with_capacity(capacity.max(INDEX_MAGIC.len() + 16));
-        out.extend_from_slice(INDEX_MAGIC);
-        out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
-        out.extend_from_slice(&0u64.to_le_bytes());
-        ImageWriter { out, count: 0, keep_removed }
-    }
-
-    /// The bytes an image of `keys` takes at most.
-    pub fn size_of<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> usize {
-        INDEX_MAGIC.len() + 16 + keys.into_iter().map(|k| 20 + k.len()).sum::<usize>()
+    /// An image of `count` entries.
+    pub fn new(count: u64) -> Self {
+        ImageWriter { out: image_header(count), crc: crc32fast::Hasher::new(), count, pushed: 0 }
     }
 
     /// Appends a key (keys in strictly ascending byte order).
     pub fn push(&mut self, key: &[u8], (ts, row): VersionAt) {
-        if row.is_none() && !self.keep_removed {
-            return;
-        }
         push_entry(&mut self.out, key, ts.get(), row.map_or(TOMBSTONE, |r| r.0));
-        self.count += 1;
+        self.pushed += 1;
     }
 
-    /// The image.
-    pub fn finish(self) -> Vec<u8> {
-        finish_image(self.out, self.count)
+    /// The bytes written since the last piece, once there are at least
+    /// `min`; pieces in the order taken, then [`Self::finish`]'s, are the image.
+    pub fn take_piece(&mut self, min: usize) -> Option<Vec<u8>> {
+        (self.out.len() >= min).then(|| {
+            self.crc.update(&self.out);
+            std::mem::replace(&mut self.out, Vec::with_capacity(min + min / 8))
+        })
+    }
+
+    /// The last piece (the bytes not taken, then the CRC). Fails when the
+    /// entries pushed are not the count given.
+    pub fn finish(mut self) -> Result<Vec<u8>> {
+        if self.pushed != self.count {
+            return Err(Error::invariant(format!("an index image of {} entries got {}", self.count, self.pushed)));
+        }
+        self.crc.update(&self.out);
+        let crc = self.crc.finalize();
+        self.out.extend_from_slice(&crc.to_le_bytes());
+        Ok(self.out)
     }
 }
 
@@ -993,10 +1015,8 @@ pub fn merge_images(runs: &[&[u8]]) -> Result<Vec<u8>> {
         run.advance()?;
         heads.push(run);
     }
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(INDEX_MAGIC);
-    out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
+    let mut out = image_header(0);
+    out.reserve(size);
     let mut count = 0u64;
     loop {
         // The smallest key at a head; the newest run holding it wins.
@@ -1290,6 +1310,31 @@ mod tests {
         assert_eq!(index.lookup(&key(5), Ts(1)), None, "purged below the LWM");
         assert_eq!(index.lookup(&key(150_000), Ts(3)), Some(RowId(150_000)));
         assert_eq!(index.lookup(&key(350_000), Ts(3)), Some(RowId(350_000)));
+    }
+
+    #[test]
+    fn an_image_written_in_pieces_is_the_image_written_whole() {
+        let keys: Vec<_> = (0..5000i64).map(|k| encode_key(TableId(4), &[Value::Int(k)])).collect();
+        let version = |k: usize| (Ts(k as u64 + 1), (k % 7 != 0).then_some(RowId(k as u64)));
+        let whole = write_image(keys.iter().enumerate().map(|(k, key)| (key.as_slice(), version(k))), true);
+        let mut image = ImageWriter::new(keys.len() as u64);
+        let mut pieces = Vec::new();
+        for (k, key) in keys.iter().enumerate() {
+            image.push(key, version(k));
+            pieces.extend(image.take_piece(4096));
+        }
+        assert!(pieces.len() > 10);
+        pieces.push(image.finish().unwrap());
+        assert_eq!(pieces.concat(), whole);
+        // As a base: the removals are skipped.
+        let restored = PrimaryIndex::read_from(&whole).unwrap();
+        assert_eq!(restored.len(), keys.len() - keys.len().div_ceil(7));
+        assert_eq!(restored.lookup(&keys[7], Ts(9)), None);
+        assert_eq!(restored.lookup(&keys[8], Ts(9)), Some(RowId(8)));
+        // A count that is not kept is an error, not a corrupt image.
+        let mut short = ImageWriter::new(2);
+        short.push(&keys[0], version(0));
+        assert!(short.finish().is_err());
     }
 
     #[test]

@@ -230,6 +230,13 @@ impl Lake {
         })
     }
 
+    /// A writer of the object at `path` that uploads it in parts as its
+    /// bytes come ([`ObjectWriter`]): an object built piece by piece takes
+    /// one part of memory, not all of it.
+    pub fn writer(&self, path: &Path) -> ObjectWriter {
+        ObjectWriter { store: Arc::clone(&self.store), path: path.clone(), buf: Vec::new(), upload: None, size: 0 }
+    }
+
     /// Reads a whole object (metadata objects that are used whole).
     pub fn get(&self, path: &Path) -> Result<Bytes> {
         let path = path.clone();
@@ -478,6 +485,110 @@ impl RegularFileWriter {
     }
 }
 
+/// An object written piece by piece ([`Lake::writer`]).
+///
+/// Contract:
+/// * nothing is visible at the path until [`ObjectWriter::finish`]
+///   returns; then the whole object is (a single PUT when it stays below
+///   one part, else a multipart upload completed at once, as S3 and the
+///   local store do it);
+/// * at most one part of bytes ([`MULTIPART_PART`], 8 MiB) is held: each
+///   full part is uploaded before `write` returns, so every part but the
+///   last is at least that large (S3 asks for 5 MiB);
+/// * an error leaves nothing at the path, and an upload begun is aborted;
+///   so is one whose writer is dropped unfinished.
+pub struct ObjectWriter {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    buf: Vec<u8>,
+    upload: Option<Box<dyn object_store::MultipartUpload>>,
+    size: u64,
+}
+
+impl ObjectWriter {
+    /// Appends `bytes`, uploading a part when one is full.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.buf.extend_from_slice(bytes);
+        self.size += bytes.len() as u64;
+        if self.buf.len() >= MULTIPART_PART {
+            self.send_part()?;
+        }
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn send_part(&mut self) -> Result<()> {
+        let part = Bytes::from(std::mem::take(&mut self.buf));
+        if self.upload.is_none() {
+            let (store, path) = (Arc::clone(&self.store), self.path.clone());
+            self.upload = Some(block_on_io(async move { store.put_multipart(&path).await })??);
+        }
+        let upload = self.upload.as_mut().ok_or_else(|| Error::invariant("multipart upload begun above"))?;
+        let sent = block_on_io(upload.put_part(PutPayload::from(part)))?;
+        if let Err(e) = sent {
+            self.abort();
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Writes what is left and makes the object visible; returns its size.
+    pub fn finish(mut self) -> Result<u64> {
+        let rest = Bytes::from(std::mem::take(&mut self.buf));
+        match self.upload.take() {
+            None => {
+                let (store, path) = (Arc::clone(&self.store), self.path.clone());
+                block_on_io(async move { store.put(&path, PutPayload::from(rest)).await })??;
+            }
+            Some(mut upload) => {
+                let path = self.path.clone();
+                let done = block_on_io(async move {
+                    let sent = async {
+                        if !rest.is_empty() {
+                            upload.put_part(PutPayload::from(rest)).await?;
+                        }
+                        upload.complete().await.map(|_| ())
+                    }
+                    .await;
+                    if sent.is_err()
+                        && let Err(e) = upload.abort().await
+                    {
+                        // The caller hears of the first error; parts left
+                        // behind expire by the bucket's lifecycle rules.
+                        tracing::warn!(%path, error = %e, "could not abort a multipart upload");
+                    }
+                    sent
+                });
+                done??;
+            }
+        }
+        Ok(self.size)
+    }
+
+    /// Aborts an upload begun (best effort, in the background: parts a
+    /// failed abort leaves behind expire by the bucket's lifecycle rules).
+    fn abort(&mut self) {
+        if let Some(mut upload) = self.upload.take() {
+            let path = self.path.clone();
+            io_runtime().spawn(async move {
+                if let Err(e) = upload.abort().await {
+                    tracing::warn!(%path, error = %e, "could not abort a multipart upload");
+                }
+            });
+        }
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
 /// The hidden create_ts column of a file batch (always the last column).
 pub fn create_ts_column(batch: &RecordBatch) -> Result<&arrow::array::Int64Array> {
     batch
@@ -485,4 +596,52 @@ pub fn create_ts_column(batch: &RecordBatch) -> Result<&arrow::array::Int64Array
         .last()
         .and_then(|c| c.as_any().downcast_ref::<arrow::array::Int64Array>())
         .ok_or_else(|| Error::invariant("a file batch lacks its _fovea_create_ts column"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metered::{MeteredStore, StoreMeter};
+    use object_store::memory::InMemory;
+
+    fn metered_lake() -> (Lake, Arc<StoreMeter>) {
+        let meter = Arc::new(StoreMeter::default());
+        (Lake::new(Arc::new(MeteredStore::new(Arc::new(InMemory::new()), Arc::clone(&meter)))), meter)
+    }
+
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    #[test]
+    fn an_object_written_in_pieces_appears_whole_at_finish() {
+        for (pieces, piece, puts) in [(3, 100, 1), (20, 1 << 20, 4)] {
+            let (lake, meter) = metered_lake();
+            let path = Path::from("a/b.bin");
+            let mut writer = lake.writer(&path);
+            let mut expected = Vec::new();
+            for i in 0..pieces {
+                let b = bytes(piece, i as u8);
+                writer.write(&b).unwrap();
+                expected.extend_from_slice(&b);
+                assert!(lake.get(&path).is_err(), "nothing visible before finish");
+            }
+            assert_eq!(writer.size(), expected.len() as u64);
+            assert_eq!(writer.finish().unwrap(), expected.len() as u64);
+            assert_eq!(lake.get(&path).unwrap().as_ref(), expected.as_slice());
+            // One PUT below a part; else a part per 8 MiB and the completion.
+            assert_eq!(meter.counts().puts, puts, "{pieces} pieces of {piece} bytes");
+        }
+    }
+
+    #[test]
+    fn an_object_writer_dropped_unfinished_leaves_nothing() {
+        let (lake, _) = metered_lake();
+        let path = Path::from("a/c.bin");
+        let mut writer = lake.writer(&path);
+        writer.write(&bytes(MULTIPART_PART + 10, 1)).unwrap();
+        drop(writer);
+        assert!(lake.get(&path).is_err());
+        assert!(lake.list(&Path::from("a")).unwrap().is_empty());
+    }
 }
