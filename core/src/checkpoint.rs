@@ -456,10 +456,11 @@ impl PendingCheckpoint {
                             runs.push(lake.get(&Path::from(d.as_str()))?);
                         }
                         let slices: Vec<&[u8]> = runs.iter().map(|b| b.as_ref()).collect();
-                        let merged = crate::index::merge_images(&slices)?;
-                        drop(runs);
-                        let size = merged.len() as u64;
-                        lake.put(&Path::from(base_path.as_str()), Bytes::from(merged))?;
+                        // Streamed too: the runs are in memory, the merged
+                        // image one part at a time.
+                        let mut object = lake.writer(&Path::from(base_path.as_str()));
+                        crate::index::merge_images_into(&slices, IMAGE_PIECE, |piece| object.write(piece))?;
+                        let size = object.finish()?;
                         (base_path, Vec::new(), vec![size])
                     } else {
                         let mut deltas = p.index_deltas.clone();

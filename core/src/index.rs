@@ -979,68 +979,112 @@ fn finish_image(mut out: Vec<u8>, count: u64) -> Vec<u8> {
 /// format 2, so in key order) into one base image, in one streaming pass:
 /// for a key in several, the newest wins; removed keys are left out.
 pub fn merge_images(runs: &[&[u8]]) -> Result<Vec<u8>> {
-    struct Run<'a> {
-        reader: Reader<'a>,
-        left: usize,
-        head: Option<(&'a [u8], u64, u64)>,
-    }
-    impl<'a> Run<'a> {
-        fn advance(&mut self) -> Result<()> {
-            let previous = self.head.map(|h| h.0);
-            self.head = if self.left == 0 {
-                if self.reader.pos != self.reader.bytes.len() {
-                    return Err(image_corrupt("trailing bytes"));
-                }
-                None
-            } else {
-                self.left -= 1;
-                let e = self.reader.entry()?;
-                if previous.is_some_and(|p| p >= e.0) {
-                    return Err(image_corrupt("keys out of order"));
-                }
-                Some(e)
-            };
-            Ok(())
-        }
-    }
-    let mut heads = Vec::with_capacity(runs.len());
-    let mut size = 0;
-    for bytes in runs {
-        let (format, n, reader) = open_image(bytes)?;
-        if format != IMAGE_FORMAT {
-            return Err(image_corrupt(&format!("only images of format {IMAGE_FORMAT} merge, not {format}")));
-        }
-        size += bytes.len();
-        let mut run = Run { reader, left: n, head: None };
-        run.advance()?;
-        heads.push(run);
-    }
-    let mut out = image_header(0);
-    out.reserve(size);
+    let mut pieces = Vec::new();
+    merge_images_into(runs, usize::MAX, |piece| {
+        pieces.extend_from_slice(piece);
+        Ok(())
+    })?;
+    Ok(pieces)
+}
+
+/// [`merge_images`], handing the merged image to `sink` in pieces of about
+/// `piece` bytes as it is written, so it is never whole in memory (a
+/// checkpoint streams it to the store). The runs are walked twice: first
+/// to count the entries (an image's count comes first), then to write
+/// them. Returns the image's size.
+pub fn merge_images_into(runs: &[&[u8]], piece: usize, mut sink: impl FnMut(&[u8]) -> Result<()>) -> Result<u64> {
     let mut count = 0u64;
-    loop {
-        // The smallest key at a head; the newest run holding it wins.
-        let mut best: Option<(usize, &[u8])> = None;
-        for (i, run) in heads.iter().enumerate() {
-            if let Some((key, ..)) = run.head
-                && best.is_none_or(|(_, b)| key <= b)
-            {
-                best = Some((i, key));
+    MergedRuns::new(runs)?.for_each(|_, _, _| {
+        count += 1;
+        Ok(())
+    })?;
+    let mut image = ImageWriter::new(count);
+    let mut size = 0u64;
+    MergedRuns::new(runs)?.for_each(|key, ts, row| {
+        image.push(key, (Ts(ts), Some(RowId(row))));
+        if let Some(p) = image.take_piece(piece) {
+            size += p.len() as u64;
+            sink(&p)?;
+        }
+        Ok(())
+    })?;
+    let last = image.finish()?;
+    size += last.len() as u64;
+    sink(&last)?;
+    Ok(size)
+}
+
+/// The merge of image runs (see [`merge_images`]).
+struct MergedRuns<'a> {
+    heads: Vec<Run<'a>>,
+}
+
+struct Run<'a> {
+    reader: Reader<'a>,
+    left: usize,
+    head: Option<(&'a [u8], u64, u64)>,
+}
+
+impl Run<'_> {
+    fn advance(&mut self) -> Result<()> {
+        let previous = self.head.map(|h| h.0);
+        self.head = if self.left == 0 {
+            if self.reader.pos != self.reader.bytes.len() {
+                return Err(image_corrupt("trailing bytes"));
             }
+            None
+        } else {
+            self.left -= 1;
+            let e = self.reader.entry()?;
+            if previous.is_some_and(|p| p >= e.0) {
+                return Err(image_corrupt("keys out of order"));
+            }
+            Some(e)
+        };
+        Ok(())
+    }
+}
+
+impl<'a> MergedRuns<'a> {
+    fn new(runs: &[&'a [u8]]) -> Result<Self> {
+        let mut heads = Vec::with_capacity(runs.len());
+        for bytes in runs {
+            let (format, n, reader) = open_image(bytes)?;
+            if format != IMAGE_FORMAT {
+                return Err(image_corrupt(&format!("only images of format {IMAGE_FORMAT} merge, not {format}")));
+            }
+            let mut run = Run { reader, left: n, head: None };
+            run.advance()?;
+            heads.push(run);
         }
-        let Some((winner, key)) = best else { break };
-        let (_, ts, row) = heads[winner].head.ok_or_else(|| Error::invariant("merge head vanished"))?;
-        if row != TOMBSTONE {
-            push_entry(&mut out, key, ts, row);
-            count += 1;
-        }
-        for run in &mut heads {
-            if run.head.is_some_and(|h| h.0 == key) {
-                run.advance()?;
+        Ok(MergedRuns { heads })
+    }
+
+    /// Calls `f` with every key the merge keeps, in key order, with its
+    /// version (ts, row).
+    fn for_each(mut self, mut f: impl FnMut(&[u8], u64, u64) -> Result<()>) -> Result<()> {
+        loop {
+            // The smallest key at a head; the newest run holding it wins.
+            let mut best: Option<(usize, &[u8])> = None;
+            for (i, run) in self.heads.iter().enumerate() {
+                if let Some((key, ..)) = run.head
+                    && best.is_none_or(|(_, b)| key <= b)
+                {
+                    best = Some((i, key));
+                }
+            }
+            let Some((winner, key)) = best else { return Ok(()) };
+            let (_, ts, row) = self.heads[winner].head.ok_or_else(|| Error::invariant("merge head vanished"))?;
+            if row != TOMBSTONE {
+                f(key, ts, row)?;
+            }
+            for run in &mut self.heads {
+                if run.head.is_some_and(|h| h.0 == key) {
+                    run.advance()?;
+                }
             }
         }
     }
-    Ok(finish_image(out, count))
 }
 
 fn image_corrupt(reason: &str) -> Error {
@@ -1430,7 +1474,18 @@ mod tests {
             runs.push(image);
             if runs.len() == 4 {
                 let slices: Vec<&[u8]> = runs.iter().map(Vec::as_slice).collect();
-                runs = vec![merge_images(&slices).unwrap()];
+                let merged = merge_images(&slices).unwrap();
+                // In pieces, as a checkpoint streams it: the same bytes.
+                let (mut streamed, mut pieces) = (Vec::new(), 0);
+                let size = merge_images_into(&slices, 64, |p| {
+                    streamed.extend_from_slice(p);
+                    pieces += 1;
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!((streamed.as_slice(), size), (merged.as_slice(), merged.len() as u64));
+                assert!(pieces > 1 || merged.len() < 64);
+                runs = vec![merged];
             }
             let mut restored = PrimaryIndex::read_from(&runs[0]).unwrap();
             for d in &runs[1..] {
