@@ -1359,7 +1359,7 @@ mod tests {
     #[test]
     fn an_image_written_in_pieces_is_the_image_written_whole() {
         let keys: Vec<_> = (0..5000i64).map(|k| encode_key(TableId(4), &[Value::Int(k)])).collect();
-        let version = |k: usize| (Ts(k as u64 + 1), (k % 7 != 0).then_some(RowId(k as u64)));
+        let version = |k: usize| (Ts(k as u64 + 1), (!k.is_multiple_of(7)).then_some(RowId(k as u64)));
         let whole = write_image(keys.iter().enumerate().map(|(k, key)| (key.as_slice(), version(k))), true);
         let mut image = ImageWriter::new(keys.len() as u64);
         let mut pieces = Vec::new();
