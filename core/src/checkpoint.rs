@@ -34,7 +34,7 @@ use crate::buffer::{Block, BlockData, FileKind, LakeFile};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
-use crate::index::{ChangedKeys, ImageWriter, PrimaryIndex};
+use crate::index::{ChangedKeys, ImageRun, ImageWriter, PrimaryIndex};
 use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
@@ -450,16 +450,20 @@ impl PendingCheckpoint {
                         || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)
                     {
                         // (The delta just written is named by no manifest:
-                        // the next vacuum deletes it.)
-                        let mut runs = vec![lake.get(&Path::from(p.index.as_str()))?];
-                        for d in p.index_deltas.iter().chain([&path]) {
-                            runs.push(lake.get(&Path::from(d.as_str()))?);
-                        }
-                        let slices: Vec<&[u8]> = runs.iter().map(|b| b.as_ref()).collect();
-                        // Streamed too: the runs are in memory, the merged
-                        // image one part at a time.
+                        // the next vacuum deletes it.) Streamed: the runs
+                        // are read a range at a time, the merged image
+                        // written a part at a time.
+                        let runs_at = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
+                        let sizes = p.index_sizes.iter().copied().chain([size]);
+                        let mut runs: Vec<ImageRun<'_>> = runs_at
+                            .zip(sizes)
+                            .map(|(at, size)| {
+                                let at = Path::from(at.as_str());
+                                ImageRun::new(size, IMAGE_PIECE, move |range| lake.get_range(&at, range))
+                            })
+                            .collect();
                         let mut object = lake.writer(&Path::from(base_path.as_str()));
-                        crate::index::merge_images_into(&slices, IMAGE_PIECE, |piece| object.write(piece))?;
+                        crate::index::merge_images_into(&mut runs, IMAGE_PIECE, |piece| object.write(piece))?;
                         let size = object.finish()?;
                         (base_path, Vec::new(), vec![size])
                     } else {

@@ -23,6 +23,9 @@
 //! byte-wise compares the keys column by column.
 
 use std::hash::BuildHasher;
+use std::ops::Range;
+
+use bytes::Bytes;
 
 use hashbrown::{HashMap, HashTable};
 use smallvec::SmallVec;
@@ -979,28 +982,34 @@ fn finish_image(mut out: Vec<u8>, count: u64) -> Vec<u8> {
 /// format 2, so in key order) into one base image, in one streaming pass:
 /// for a key in several, the newest wins; removed keys are left out.
 pub fn merge_images(runs: &[&[u8]]) -> Result<Vec<u8>> {
-    let mut pieces = Vec::new();
-    merge_images_into(runs, usize::MAX, |piece| {
-        pieces.extend_from_slice(piece);
+    let mut runs: Vec<ImageRun<'_>> = runs.iter().map(|r| ImageRun::in_memory(r)).collect();
+    let mut merged = Vec::new();
+    merge_images_into(&mut runs, usize::MAX, |piece| {
+        merged.extend_from_slice(piece);
         Ok(())
     })?;
-    Ok(pieces)
+    Ok(merged)
 }
 
-/// [`merge_images`], handing the merged image to `sink` in pieces of about
-/// `piece` bytes as it is written, so it is never whole in memory (a
-/// checkpoint streams it to the store). The runs are walked twice: first
-/// to count the entries (an image's count comes first), then to write
-/// them. Returns the image's size.
-pub fn merge_images_into(runs: &[&[u8]], piece: usize, mut sink: impl FnMut(&[u8]) -> Result<()>) -> Result<u64> {
+/// [`merge_images`] of runs read in pieces ([`ImageRun`]), handing the
+/// merged image to `sink` in pieces of about `piece` bytes as it is
+/// written: neither the runs nor the merged image are whole in memory (a
+/// checkpoint reads them from the store and writes to it). The runs are
+/// walked twice, first to count the entries (an image's count comes
+/// first), then to write them. Returns the merged image's size.
+pub fn merge_images_into(
+    runs: &mut [ImageRun<'_>],
+    piece: usize,
+    mut sink: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<u64> {
     let mut count = 0u64;
-    MergedRuns::new(runs)?.for_each(|_, _, _| {
+    merge_runs(runs, |_, _, _| {
         count += 1;
         Ok(())
     })?;
     let mut image = ImageWriter::new(count);
     let mut size = 0u64;
-    MergedRuns::new(runs)?.for_each(|key, ts, row| {
+    merge_runs(runs, |key, ts, row| {
         image.push(key, (Ts(ts), Some(RowId(row))));
         if let Some(p) = image.take_piece(piece) {
             size += p.len() as u64;
@@ -1014,74 +1023,161 @@ pub fn merge_images_into(runs: &[&[u8]], piece: usize, mut sink: impl FnMut(&[u8
     Ok(size)
 }
 
-/// The merge of image runs (see [`merge_images`]).
-struct MergedRuns<'a> {
-    heads: Vec<Run<'a>>,
+/// One image run of a merge, read front to back a range at a time
+/// through `read` (the bytes of a range of the image), its CRC checked
+/// as it goes (a corrupt run fails the merge when its end is reached).
+pub struct ImageRun<'r> {
+    size: u64,
+    read: Box<dyn FnMut(Range<u64>) -> Result<Bytes> + 'r>,
+    /// Bytes fetched per read.
+    fetch: u64,
+    /// Fetched bytes from `pos` on.
+    buf: Bytes,
+    pos: u64,
+    crc: crc32fast::Hasher,
+    /// Entries left; the head entry (key in `key`).
+    left: u64,
+    key: Vec<u8>,
+    head: Option<(u64, u64)>,
 }
 
-struct Run<'a> {
-    reader: Reader<'a>,
-    left: usize,
-    head: Option<(&'a [u8], u64, u64)>,
-}
+impl<'r> ImageRun<'r> {
+    /// A run of `size` bytes fetched `fetch` bytes at a time with `read`.
+    pub fn new(size: u64, fetch: usize, read: impl FnMut(Range<u64>) -> Result<Bytes> + 'r) -> Self {
+        ImageRun {
+            size,
+            read: Box::new(read),
+            fetch: fetch.max(1) as u64,
+            buf: Bytes::new(),
+            pos: 0,
+            crc: crc32fast::Hasher::new(),
+            left: 0,
+            key: Vec::new(),
+            head: None,
+        }
+    }
 
-impl Run<'_> {
+    /// A run in memory.
+    pub fn in_memory(bytes: &'r [u8]) -> Self {
+        ImageRun::new(bytes.len() as u64, usize::MAX, move |r| {
+            Ok(Bytes::copy_from_slice(&bytes[r.start as usize..r.end as usize]))
+        })
+    }
+
+    /// Appends the next `n` bytes of the run's body (before the CRC) to
+    /// `out`, hashing them.
+    fn take(&mut self, n: usize, out: &mut Vec<u8>) -> Result<()> {
+        let end = self.pos.checked_add(n as u64).filter(|&e| e + 4 <= self.size);
+        let end = end.ok_or_else(|| image_corrupt("truncated"))?;
+        let at = out.len();
+        while self.pos < end {
+            if self.buf.is_empty() {
+                let to = self.pos.saturating_add(self.fetch).min(self.size);
+                self.buf = (self.read)(self.pos..to)?;
+                if self.buf.len() as u64 != to - self.pos {
+                    return Err(image_corrupt("shorter than its manifest says"));
+                }
+            }
+            let k = (end - self.pos).min(self.buf.len() as u64) as usize;
+            out.extend_from_slice(&self.buf.split_to(k));
+            self.pos += k as u64;
+        }
+        self.crc.update(&out[at..]);
+        Ok(())
+    }
+
+    fn u32(&mut self, scratch: &mut Vec<u8>) -> Result<u32> {
+        scratch.clear();
+        self.take(4, scratch)?;
+        Ok(u32::from_le_bytes([scratch[0], scratch[1], scratch[2], scratch[3]]))
+    }
+
+    fn u64(&mut self, scratch: &mut Vec<u8>) -> Result<u64> {
+        scratch.clear();
+        self.take(8, scratch)?;
+        let mut b = [0; 8];
+        b.copy_from_slice(scratch);
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Back to the start; reads the header and the first entry.
+    fn open(&mut self) -> Result<()> {
+        self.buf = Bytes::new();
+        self.pos = 0;
+        self.crc = crc32fast::Hasher::new();
+        let mut scratch = Vec::new();
+        self.take(INDEX_MAGIC.len(), &mut scratch)?;
+        if scratch != INDEX_MAGIC {
+            return Err(image_corrupt("bad magic"));
+        }
+        let format = self.u32(&mut scratch)?;
+        if format != IMAGE_FORMAT {
+            return Err(image_corrupt(&format!("only images of format {IMAGE_FORMAT} merge, not {format}")));
+        }
+        self.left = self.u64(&mut scratch)?;
+        self.head = None;
+        self.advance()
+    }
+
+    /// The next entry into the head (keys strictly ascending); past the
+    /// last, checks the CRC and that nothing follows it.
     fn advance(&mut self) -> Result<()> {
-        let previous = self.head.map(|h| h.0);
-        self.head = if self.left == 0 {
-            if self.reader.pos != self.reader.bytes.len() {
+        let mut scratch = Vec::new();
+        if self.left == 0 {
+            self.head = None;
+            if self.pos + 4 != self.size {
                 return Err(image_corrupt("trailing bytes"));
             }
-            None
-        } else {
-            self.left -= 1;
-            let e = self.reader.entry()?;
-            if previous.is_some_and(|p| p >= e.0) {
-                return Err(image_corrupt("keys out of order"));
+            let mut crc = self.buf.to_vec();
+            if crc.len() < 4 {
+                let mut rest = (self.read)(self.pos + crc.len() as u64..self.size)?.to_vec();
+                crc.append(&mut rest);
             }
-            Some(e)
-        };
+            let expected = std::mem::replace(&mut self.crc, crc32fast::Hasher::new()).finalize();
+            if crc != expected.to_le_bytes() {
+                return Err(image_corrupt("checksum mismatch"));
+            }
+            return Ok(());
+        }
+        self.left -= 1;
+        let len = self.u32(&mut scratch)? as usize;
+        let mut key = Vec::with_capacity(len.min(self.size as usize));
+        self.take(len, &mut key)?;
+        if self.head.is_some() && self.key >= key {
+            return Err(image_corrupt("keys out of order"));
+        }
+        self.key = key;
+        let ts = self.u64(&mut scratch)?;
+        let row = self.u64(&mut scratch)?;
+        self.head = Some((ts, row));
         Ok(())
     }
 }
 
-impl<'a> MergedRuns<'a> {
-    fn new(runs: &[&'a [u8]]) -> Result<Self> {
-        let mut heads = Vec::with_capacity(runs.len());
-        for bytes in runs {
-            let (format, n, reader) = open_image(bytes)?;
-            if format != IMAGE_FORMAT {
-                return Err(image_corrupt(&format!("only images of format {IMAGE_FORMAT} merge, not {format}")));
-            }
-            let mut run = Run { reader, left: n, head: None };
-            run.advance()?;
-            heads.push(run);
-        }
-        Ok(MergedRuns { heads })
+/// Calls `f` with every key the merge of `runs` keeps, in key order, with
+/// its version (ts, row); reads the runs from their start.
+fn merge_runs(runs: &mut [ImageRun<'_>], mut f: impl FnMut(&[u8], u64, u64) -> Result<()>) -> Result<()> {
+    for run in runs.iter_mut() {
+        run.open()?;
     }
-
-    /// Calls `f` with every key the merge keeps, in key order, with its
-    /// version (ts, row).
-    fn for_each(mut self, mut f: impl FnMut(&[u8], u64, u64) -> Result<()>) -> Result<()> {
-        loop {
-            // The smallest key at a head; the newest run holding it wins.
-            let mut best: Option<(usize, &[u8])> = None;
-            for (i, run) in self.heads.iter().enumerate() {
-                if let Some((key, ..)) = run.head
-                    && best.is_none_or(|(_, b)| key <= b)
-                {
-                    best = Some((i, key));
-                }
+    let mut key = Vec::new();
+    loop {
+        // The smallest key at a head; the newest run holding it wins.
+        let mut best: Option<usize> = None;
+        for (i, run) in runs.iter().enumerate() {
+            if run.head.is_some() && best.is_none_or(|b| run.key <= runs[b].key) {
+                best = Some(i);
             }
-            let Some((winner, key)) = best else { return Ok(()) };
-            let (_, ts, row) = self.heads[winner].head.ok_or_else(|| Error::invariant("merge head vanished"))?;
-            if row != TOMBSTONE {
-                f(key, ts, row)?;
-            }
-            for run in &mut self.heads {
-                if run.head.is_some_and(|h| h.0 == key) {
-                    run.advance()?;
-                }
+        }
+        let Some(winner) = best else { return Ok(()) };
+        let (ts, row) = runs[winner].head.ok_or_else(|| Error::invariant("merge head vanished"))?;
+        key.clone_from(&runs[winner].key);
+        if row != TOMBSTONE {
+            f(&key, ts, row)?;
+        }
+        for run in runs.iter_mut() {
+            if run.head.is_some() && run.key == key {
+                run.advance()?;
             }
         }
     }
@@ -1475,9 +1571,20 @@ mod tests {
             if runs.len() == 4 {
                 let slices: Vec<&[u8]> = runs.iter().map(Vec::as_slice).collect();
                 let merged = merge_images(&slices).unwrap();
-                // In pieces, as a checkpoint streams it: the same bytes.
+                // Read and written in pieces, as a checkpoint streams it:
+                // the same bytes.
                 let (mut streamed, mut pieces) = (Vec::new(), 0);
-                let size = merge_images_into(&slices, 64, |p| {
+                let fetched = std::cell::Cell::new(0);
+                let mut in_pieces: Vec<ImageRun<'_>> = slices
+                    .iter()
+                    .map(|r| {
+                        ImageRun::new(r.len() as u64, 7, |range| {
+                            fetched.set(fetched.get() + 1);
+                            Ok(Bytes::copy_from_slice(&r[range.start as usize..range.end as usize]))
+                        })
+                    })
+                    .collect();
+                let size = merge_images_into(&mut in_pieces, 64, |p| {
                     streamed.extend_from_slice(p);
                     pieces += 1;
                     Ok(())
@@ -1485,6 +1592,10 @@ mod tests {
                 .unwrap();
                 assert_eq!((streamed.as_slice(), size), (merged.as_slice(), merged.len() as u64));
                 assert!(pieces > 1 || merged.len() < 64);
+                // Two passes, 7 bytes a fetch.
+                let total: usize = slices.iter().map(|r| r.len()).sum();
+                assert!(fetched.get() >= 2 * total / 7, "{} fetches of {total} bytes", fetched.get());
+                drop(in_pieces);
                 runs = vec![merged];
             }
             let mut restored = PrimaryIndex::read_from(&runs[0]).unwrap();
@@ -1504,6 +1615,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn merge_refuses_a_corrupt_or_short_run() {
+        let keys: Vec<_> = (0..100i64).map(|k| encode_key(TableId(1), &[Value::Int(k)])).collect();
+        let image = write_image(keys.iter().map(|k| (k.as_slice(), (Ts(1), Some(RowId(1))))), false);
+        assert!(merge_images(&[&image]).is_ok());
+        let mut flipped = image.clone();
+        flipped[image.len() / 2] ^= 0x10;
+        let err = merge_images(&[&image, &flipped]).err().unwrap().to_string();
+        assert!(err.contains("checksum") || err.contains("order") || err.contains("truncated"), "{err}");
+        for cut in [1, 4, 5, image.len() / 2, image.len() - 3] {
+            assert!(merge_images(&[&image[..image.len() - cut]]).is_err(), "cut {cut}");
+        }
+        // A run longer than the manifest said, read by ranges.
+        let mut short = [ImageRun::new(image.len() as u64 + 8, 16, |r| {
+            Ok(Bytes::copy_from_slice(&image[r.start as usize..(r.end as usize).min(image.len())]))
+        })];
+        assert!(merge_images_into(&mut short, 64, |_| Ok(())).is_err());
     }
 
     #[test]

@@ -243,6 +243,12 @@ impl Lake {
         self.run(move |store| async move { store.get(&path).await?.bytes().await })
     }
 
+    /// Reads a byte range of an object.
+    pub fn get_range(&self, path: &Path, range: Range<u64>) -> Result<Bytes> {
+        let path = path.clone();
+        self.run(move |store| async move { store.get_range(&path, range).await })
+    }
+
     /// Reads byte ranges of an object in one call.
     pub fn get_ranges(&self, path: &Path, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
         let path = path.clone();
