@@ -530,10 +530,14 @@ impl PrimaryIndex {
     /// version that does not fit an entry is a corrupt image).
     fn set_versions(&mut self, key: &[u8], versions: &[Version]) -> Result<()> {
         let Some((&newest, older)) = versions.split_last() else { return Ok(()) };
-        if let Some(v) = versions.iter().find(|v| !v.fits()) {
-            return Err(image_corrupt(&format!("version at ts{} of row {} is out of range", v.ts, v.row)));
+        let out_of_range =
+            |v: &Version| image_corrupt(&format!("version at ts{} of row {} is out of range", v.ts, v.row));
+        // Older versions are kept unpacked, but pack when they come up
+        // again (`live_at`): every version fits, as pushed ones do.
+        if let Some(v) = older.iter().find(|v| !v.fits()) {
+            return Err(out_of_range(v));
         }
-        let newest = PackedVersion::new(newest).ok_or_else(|| Error::invariant("checked above"))?;
+        let newest = PackedVersion::new(newest).ok_or_else(|| out_of_range(&newest))?;
         let hash = self.hasher.hash_one(key);
         let i = match self.table.find(hash, |&i| self.entries.key(i) == key).copied() {
             Some(i) => {
@@ -718,6 +722,8 @@ impl PrimaryIndex {
         older.scan(&self.older);
         for (i, e) in self.entries.used() {
             let newest = e.newest();
+            // A displaced version always packs: it was an entry's newest,
+            // or was checked when restored (`set_versions`).
             let v = if newest.ts <= ts.get() { Some(e.newest) } else { older.get(i).and_then(PackedVersion::new) };
             if let Some(v) = v
                 && v.get().row != TOMBSTONE
@@ -909,7 +915,7 @@ pub fn write_image<'a>(entries: impl IntoIterator<Item = (&'a [u8], VersionAt)>,
 }
 
 fn image_header(count: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(INDEX_MAGIC.len() + 16);
+    let mut out = Vec::with_capacity(IMAGE_HEADER);
     out.extend_from_slice(INDEX_MAGIC);
     out.extend_from_slice(&IMAGE_FORMAT.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
@@ -1039,6 +1045,8 @@ pub struct ImageRun<'r> {
     left: u64,
     key: Vec<u8>,
     head: Option<(u64, u64)>,
+    /// The buffer the next key is read into (swapped with `key`).
+    next_key: Vec<u8>,
 }
 
 impl<'r> ImageRun<'r> {
@@ -1054,6 +1062,7 @@ impl<'r> ImageRun<'r> {
             left: 0,
             key: Vec::new(),
             head: None,
+            next_key: Vec::new(),
         }
     }
 
@@ -1064,39 +1073,50 @@ impl<'r> ImageRun<'r> {
         })
     }
 
-    /// Appends the next `n` bytes of the run's body (before the CRC) to
-    /// `out`, hashing them.
-    fn take(&mut self, n: usize, out: &mut Vec<u8>) -> Result<()> {
-        let end = self.pos.checked_add(n as u64).filter(|&e| e + 4 <= self.size);
-        let end = end.ok_or_else(|| image_corrupt("truncated"))?;
-        let at = out.len();
-        while self.pos < end {
+    /// Fills `out` with the bytes from `pos` on, fetching as needed.
+    fn fill(&mut self, out: &mut [u8]) -> Result<()> {
+        let mut filled = 0;
+        while filled < out.len() {
             if self.buf.is_empty() {
                 let to = self.pos.saturating_add(self.fetch).min(self.size);
                 self.buf = (self.read)(self.pos..to)?;
-                if self.buf.len() as u64 != to - self.pos {
+                if self.buf.len() as u64 != to - self.pos || to == self.pos {
                     return Err(image_corrupt("shorter than its manifest says"));
                 }
             }
-            let k = (end - self.pos).min(self.buf.len() as u64) as usize;
-            out.extend_from_slice(&self.buf.split_to(k));
+            let k = (out.len() - filled).min(self.buf.len());
+            out[filled..filled + k].copy_from_slice(&self.buf.split_to(k));
+            filled += k;
             self.pos += k as u64;
         }
-        self.crc.update(&out[at..]);
         Ok(())
     }
 
-    fn u32(&mut self, scratch: &mut Vec<u8>) -> Result<u32> {
-        scratch.clear();
-        self.take(4, scratch)?;
-        Ok(u32::from_le_bytes([scratch[0], scratch[1], scratch[2], scratch[3]]))
+    /// Fails unless `n` more bytes of the body (before the CRC) are left.
+    fn check_room(&self, n: usize) -> Result<()> {
+        match self.pos.checked_add(n as u64) {
+            Some(end) if end <= self.size.saturating_sub(4) => Ok(()),
+            _ => Err(image_corrupt("truncated")),
+        }
     }
 
-    fn u64(&mut self, scratch: &mut Vec<u8>) -> Result<u64> {
-        scratch.clear();
-        self.take(8, scratch)?;
+    /// Fills `out` with the next bytes of the body, hashing them.
+    fn take(&mut self, out: &mut [u8]) -> Result<()> {
+        self.check_room(out.len())?;
+        self.fill(out)?;
+        self.crc.update(out);
+        Ok(())
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        let mut b = [0; 4];
+        self.take(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
         let mut b = [0; 8];
-        b.copy_from_slice(scratch);
+        self.take(&mut b)?;
         Ok(u64::from_le_bytes(b))
     }
 
@@ -1105,16 +1125,13 @@ impl<'r> ImageRun<'r> {
         self.buf = Bytes::new();
         self.pos = 0;
         self.crc = crc32fast::Hasher::new();
-        let mut scratch = Vec::new();
-        self.take(INDEX_MAGIC.len(), &mut scratch)?;
-        if scratch != INDEX_MAGIC {
-            return Err(image_corrupt("bad magic"));
-        }
-        let format = self.u32(&mut scratch)?;
+        let mut header = [0; IMAGE_HEADER];
+        self.take(&mut header)?;
+        let (format, count) = image_header_fields(&header)?;
         if format != IMAGE_FORMAT {
             return Err(image_corrupt(&format!("only images of format {IMAGE_FORMAT} merge, not {format}")));
         }
-        self.left = self.u64(&mut scratch)?;
+        self.left = count;
         self.head = None;
         self.advance()
     }
@@ -1122,17 +1139,13 @@ impl<'r> ImageRun<'r> {
     /// The next entry into the head (keys strictly ascending); past the
     /// last, checks the CRC and that nothing follows it.
     fn advance(&mut self) -> Result<()> {
-        let mut scratch = Vec::new();
         if self.left == 0 {
             self.head = None;
             if self.pos + 4 != self.size {
                 return Err(image_corrupt("trailing bytes"));
             }
-            let mut crc = self.buf.to_vec();
-            if crc.len() < 4 {
-                let mut rest = (self.read)(self.pos + crc.len() as u64..self.size)?.to_vec();
-                crc.append(&mut rest);
-            }
+            let mut crc = [0; 4];
+            self.fill(&mut crc)?;
             let expected = std::mem::replace(&mut self.crc, crc32fast::Hasher::new()).finalize();
             if crc != expected.to_le_bytes() {
                 return Err(image_corrupt("checksum mismatch"));
@@ -1140,15 +1153,18 @@ impl<'r> ImageRun<'r> {
             return Ok(());
         }
         self.left -= 1;
-        let len = self.u32(&mut scratch)? as usize;
-        let mut key = Vec::with_capacity(len.min(self.size as usize));
-        self.take(len, &mut key)?;
+        let len = self.u32()? as usize;
+        // Checked before the buffer grows: a corrupt length allocates nothing.
+        self.check_room(len)?;
+        let mut key = std::mem::take(&mut self.next_key);
+        key.resize(len, 0);
+        self.take(&mut key)?;
         if self.head.is_some() && self.key >= key {
             return Err(image_corrupt("keys out of order"));
         }
-        self.key = key;
-        let ts = self.u64(&mut scratch)?;
-        let row = self.u64(&mut scratch)?;
+        self.next_key = std::mem::replace(&mut self.key, key);
+        let ts = self.u64()?;
+        let row = self.u64()?;
         self.head = Some((ts, row));
         Ok(())
     }
@@ -1190,7 +1206,7 @@ fn image_corrupt(reason: &str) -> Error {
 /// Checks magic, CRC and format; returns the format, the entry count and a
 /// reader at the first entry (over the bytes before the CRC).
 fn open_image(bytes: &[u8]) -> Result<(u32, usize, Reader<'_>)> {
-    if bytes.len() < INDEX_MAGIC.len() + 4 + 8 + 4 {
+    if bytes.len() < IMAGE_HEADER + 4 {
         return Err(image_corrupt("too short"));
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
@@ -1198,17 +1214,30 @@ fn open_image(bytes: &[u8]) -> Result<(u32, usize, Reader<'_>)> {
         return Err(image_corrupt("checksum mismatch"));
     }
     let mut r = Reader { bytes: body, pos: 0 };
-    if r.take(INDEX_MAGIC.len()).ok_or_else(|| image_corrupt("truncated"))? != INDEX_MAGIC {
+    let header = r.take(IMAGE_HEADER).ok_or_else(|| image_corrupt("truncated"))?;
+    let (format, n) = image_header_fields(header)?;
+    Ok((format, n as usize, r))
+}
+
+/// Bytes of an image's header: magic, format (u32), entry count (u64).
+const IMAGE_HEADER: usize = INDEX_MAGIC.len() + 4 + 8;
+
+/// The format and entry count of an image's header, whose magic and
+/// format are checked (formats 1 and 2 are read).
+fn image_header_fields(header: &[u8]) -> Result<(u32, u64)> {
+    let (magic, rest) = header.split_at(INDEX_MAGIC.len());
+    if magic != INDEX_MAGIC {
         return Err(image_corrupt("bad magic"));
     }
-    let format = r.u32().ok_or_else(|| image_corrupt("truncated"))?;
+    let format = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
     if format != INDEX_FORMAT && format != IMAGE_FORMAT {
         return Err(image_corrupt(&format!(
             "format {format} is not supported (expected {INDEX_FORMAT} or {IMAGE_FORMAT})"
         )));
     }
-    let n = r.u64().ok_or_else(|| image_corrupt("truncated"))? as usize;
-    Ok((format, n, r))
+    let mut count = [0; 8];
+    count.copy_from_slice(&rest[4..12]);
+    Ok((format, u64::from_le_bytes(count)))
 }
 
 const INDEX_MAGIC: &[u8; 8] = b"FOVEAIDX";

@@ -529,11 +529,13 @@ impl ObjectWriter {
 
     fn send_part(&mut self) -> Result<()> {
         let part = Bytes::from(std::mem::take(&mut self.buf));
-        if self.upload.is_none() {
-            let (store, path) = (Arc::clone(&self.store), self.path.clone());
-            self.upload = Some(block_on_io(async move { store.put_multipart(&path).await })??);
-        }
-        let upload = self.upload.as_mut().ok_or_else(|| Error::invariant("multipart upload begun above"))?;
+        let upload = match &mut self.upload {
+            Some(upload) => upload,
+            None => {
+                let (store, path) = (Arc::clone(&self.store), self.path.clone());
+                self.upload.insert(block_on_io(async move { store.put_multipart(&path).await })??)
+            }
+        };
         let sent = block_on_io(upload.put_part(PutPayload::from(part)))?;
         if let Err(e) = sent {
             self.abort();

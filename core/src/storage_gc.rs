@@ -267,13 +267,8 @@ impl Engine {
                 .ok_or_else(|| Error::invariant(format!("slot {slot} is not the visibility writer of {file}")))?
                 .visibility(),
         );
+        crate::replay::check_row_ids(shard.next_row_id, u64::from(kept))?;
         let start = shard.next_row_id;
-        if start + u64::from(kept) > RowId::LIMIT {
-            return Err(Error::invariant(format!(
-                "the row ids of a shard are used up (next {start}, limit {})",
-                RowId::LIMIT
-            )));
-        }
         // The new row id of an old one in `file` (`Some(None)`: a dropped row).
         let moved = |row: RowId| -> Option<Option<RowId>> {
             let i = ranges.partition_point(|r| r.start <= row.0).checked_sub(1)?;
