@@ -597,16 +597,17 @@ impl Engine {
         for (i, op) in ops.into_iter().enumerate() {
             let table_of =
                 |t: TableId| tables.get(t.0 as usize).cloned().ok_or_else(|| Error::UnknownTable(t.to_string()));
-            for s in ShardOp::from_op(op, table_of).map_err(|e| match e {
+            ShardOp::from_op(op, table_of, |s| {
+                let shard = self.shard_of(s.key());
+                routed[shard].push(s);
+                origins[shard].push(i);
+            })
+            .map_err(|e| match e {
                 Error::Schema { table, column, message } => {
                     Error::Schema { table, column, message: format!("{message} (operation {i})") }
                 }
                 other => other,
-            })? {
-                let shard = self.shard_of(s.key());
-                routed[shard].push(s);
-                origins[shard].push(i);
-            }
+            })?;
         }
         Ok((routed, origins))
     }

@@ -47,6 +47,12 @@ const TOMBSTONE: u64 = u64::MAX;
 /// as 16 bytes, strings and bytes with `0x00` escaped as `0x00 0xFF` and
 /// terminated by `0x00 0x00`.
 pub fn encode_key(table: TableId, key: &[Value]) -> KeyBytes {
+    encode_key_values(table, key)
+}
+
+/// [`encode_key`] of the values `key` yields (a row's key columns, read in
+/// place: `row_key_values`).
+pub fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
     let mut out = KeyBytes::new();
     out.extend_from_slice(&table.0.to_be_bytes());
     for v in key {

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, PartState, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, ShardId, TableId, Ts};
-use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key};
+use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key, encode_key_values};
 use crate::lake::ts_range;
 use crate::mvcc::lock;
 use crate::schema::{Row, TableDef, Value, render_key};
@@ -119,44 +119,48 @@ impl ShardOp {
         }
     }
 
-    /// Splits an [`Op`] into shard operations: checks types and keys, and
+    /// Splits an [`Op`] into shard operations, handed to `emit`: checks
+    /// types and keys (nothing is emitted for an op that fails them), and
     /// turns a key-changing update into a delete and an insert.
-    pub fn from_op(op: Op, table_of: impl Fn(TableId) -> Result<Arc<TableDef>>) -> Result<Vec<ShardOp>> {
-        Ok(match op {
+    pub fn from_op(
+        op: Op,
+        table_of: impl Fn(TableId) -> Result<Arc<TableDef>>,
+        mut emit: impl FnMut(ShardOp),
+    ) -> Result<()> {
+        match op {
             Op::Insert { table, row } => {
                 let table = table_of(table)?;
                 table.check_row(&row)?;
-                let key = encode_key(table.id, &table.key_of(&row));
-                vec![ShardOp::Insert { table, key, row }]
+                let key = encode_key_values(table.id, table.key_values(&row));
+                emit(ShardOp::Insert { table, key, row });
             }
             Op::Upsert { table, row } => {
                 let table = table_of(table)?;
                 table.check_row(&row)?;
-                let key = encode_key(table.id, &table.key_of(&row));
-                vec![ShardOp::Upsert { table, key, row }]
+                let key = encode_key_values(table.id, table.key_values(&row));
+                emit(ShardOp::Upsert { table, key, row });
             }
             Op::Delete { table, key } => {
                 let table = table_of(table)?;
                 table.check_key(&key)?;
                 let encoded = encode_key(table.id, &key);
-                vec![ShardOp::Delete { table, key: encoded, values: key }]
+                emit(ShardOp::Delete { table, key: encoded, values: key });
             }
             Op::Update { table, key, row } => {
                 let table = table_of(table)?;
                 table.check_key(&key)?;
                 table.check_row(&row)?;
                 let old = encode_key(table.id, &key);
-                let new = encode_key(table.id, &table.key_of(&row));
+                let new = encode_key_values(table.id, table.key_values(&row));
                 if old == new {
-                    vec![ShardOp::Update { table, key: new, row }]
+                    emit(ShardOp::Update { table, key: new, row });
                 } else {
-                    vec![
-                        ShardOp::Delete { table: Arc::clone(&table), key: old, values: key },
-                        ShardOp::Insert { table, key: new, row },
-                    ]
+                    emit(ShardOp::Delete { table: Arc::clone(&table), key: old, values: key });
+                    emit(ShardOp::Insert { table, key: new, row });
                 }
             }
-        })
+        }
+        Ok(())
     }
 }
 

@@ -113,7 +113,12 @@ impl TableDef {
 
     /// The primary-key values of a full row.
     pub fn key_of(&self, row: &[Value]) -> Row {
-        self.primary_key.iter().map(|&i| row[i].clone()).collect()
+        self.key_values(row).cloned().collect()
+    }
+
+    /// The primary-key values of a full row, in key order, in place.
+    pub fn key_values<'r>(&'r self, row: &'r [Value]) -> impl Iterator<Item = &'r Value> + 'r {
+        self.primary_key.iter().map(|&i| &row[i])
     }
 
     /// Checks arity, nullability and types of a full row.

@@ -147,19 +147,22 @@ impl Catalog for SqliteCatalog {
                 now
             ],
         )?;
+        // One statement for the transaction's history rows (a checkpoint
+        // carries one per source transaction: tens of thousands).
+        let mut insert_history = tx.prepare_cached(
+            "INSERT INTO history (ts, source_txid, commit_us, tables, rows, replayed_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
         for h in &commit.history {
-            tx.execute(
-                "INSERT INTO history (ts, source_txid, commit_us, tables, rows, replayed_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    h.ts.get() as i64,
-                    h.source_txid,
-                    h.commit_us,
-                    to_json("history tables", &h.tables)?,
-                    h.rows as i64,
-                    h.replayed_us
-                ],
-            )?;
+            insert_history.execute(params![
+                h.ts.get() as i64,
+                h.source_txid,
+                h.commit_us,
+                to_json("history tables", &h.tables)?,
+                h.rows as i64,
+                h.replayed_us
+            ])?;
         }
+        drop(insert_history);
         for op in &commit.operations {
             tx.execute(
                 "INSERT INTO catalog_operations (version, description, actions, ts) VALUES (?1, ?2, ?3, ?4)",

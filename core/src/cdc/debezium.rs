@@ -93,10 +93,11 @@ struct Fields<'a> {
     schema: Option<&'a RawValue>,
     #[serde(borrow)]
     payload: Option<&'a RawValue>,
+    /// Row images, read once the table is known (typed, or as columns).
     #[serde(borrow)]
-    before: Option<Image<'a>>,
+    before: Option<&'a RawValue>,
     #[serde(borrow)]
-    after: Option<Image<'a>>,
+    after: Option<&'a RawValue>,
     #[serde(borrow)]
     source: Option<FastSource<'a>>,
     #[serde(borrow)]
@@ -172,8 +173,9 @@ fn transaction_record(
     }
 }
 
-/// A Kafka record's key as an image (`null`: none).
-fn key_image(raw: Option<&RawValue>) -> std::result::Result<Option<Image<'_>>, serde_json::Error> {
+/// A raw image (a Kafka record's key, a before or after image) as its
+/// columns (`null`: none).
+fn raw_image(raw: Option<&RawValue>) -> std::result::Result<Option<Image<'_>>, serde_json::Error> {
     raw.map(|r| serde_json::from_str::<Option<Image<'_>>>(r.get())).transpose().map(Option::flatten)
 }
 
@@ -267,19 +269,21 @@ fn decode_fields(
     let bad = |e: serde_json::Error| {
         input_error(position, Some(&table), txid.as_deref(), format!("malformed row image: {e}"))
     };
-    let key = key_image(key).map_err(bad)?;
     let typed = tables.and_then(|t| t.shape(&table)).and_then(|shape| {
-        let (key, row) = shape.decode(op, key.as_ref(), payload.before.as_ref(), payload.after.as_ref())?;
+        let (key, row) = shape.decode(op, key, payload.before, payload.after)?;
         Some((Arc::clone(&shape.def), key, row))
     });
     // A typed row needs no JSON images (the line is kept to decode again).
     let (key, before, after) = match typed {
         Some(_) => (None, None, None),
-        None => (
-            key.map(Image::into_columns),
-            payload.before.map(Image::into_columns),
-            payload.after.map(Image::into_columns),
-        ),
+        None => {
+            let key = raw_image(key).map_err(bad)?;
+            // An image that is no object is the general path's to refuse.
+            let (Ok(before), Ok(after)) = (raw_image(payload.before), raw_image(payload.after)) else {
+                return general();
+            };
+            (key.map(Image::into_columns), before.map(Image::into_columns), after.map(Image::into_columns))
+        }
     };
     let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect());
     let record = ChangeRecord::Row(Box::new(RowChange {

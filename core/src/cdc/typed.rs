@@ -35,8 +35,10 @@ use std::sync::Arc;
 
 use arrow::datatypes::DataType;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::de::{Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
+use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
@@ -109,35 +111,32 @@ impl TableShape {
         self.index_of(name)
     }
 
-    /// The typed row of a record with these images, or `None` where the
-    /// general path must decide (see the module's contract).
+    /// The typed row of a record with these images (raw JSON, as the
+    /// record's one pass found them), or `None` where the general path must
+    /// decide (see the module's contract). The images are read straight
+    /// into the row: no column list is built.
     pub(crate) fn decode(
         &self,
         op: RowOp,
-        key: Option<&Image<'_>>,
-        before: Option<&Image<'_>>,
-        after: Option<&Image<'_>>,
+        key: Option<&RawValue>,
+        before: Option<&RawValue>,
+        after: Option<&RawValue>,
     ) -> Option<(Row, Row)> {
+        // A key that is no object is an error on the general path, even
+        // where the key is not needed.
+        if key.is_some_and(|k| !k.get().starts_with('{')) {
+            return None;
+        }
         let row = match op {
             RowOp::Delete => Vec::new(),
-            _ => self.full_image(after?)?,
+            _ => read_image(after?, FullImage { shape: self })?,
         };
         if op == RowOp::Insert || op == RowOp::SnapshotRead {
             return Some((Vec::new(), row));
         }
-        let fields = self.def.schema.fields();
-        let mut found: Vec<Option<Value>> = vec![None; self.def.primary_key.len()];
+        let mut found: SmallVec<[Option<Value>; 2]> = smallvec::smallvec![None; self.def.primary_key.len()];
         for image in [key, before].into_iter().flatten() {
-            for (hint, (name, value)) in image.0.iter().enumerate() {
-                let Some((i, k)) = self.column(hint, name).and_then(|i| Some((i, self.key_position[i]?))) else {
-                    continue;
-                };
-                if matches!(value, Scalar::Null) || found[k].is_some() {
-                    continue;
-                }
-                // A key of another type: the general path's to refuse.
-                found[k] = Some(value.to_value(fields[i].data_type())?);
-            }
+            read_image(image, KeyColumns { shape: self, found: &mut found })?;
         }
         for (k, slot) in found.iter_mut().enumerate() {
             if slot.is_none() {
@@ -148,20 +147,89 @@ impl TableShape {
         }
         Some((found.into_iter().flatten().collect(), row))
     }
+}
 
-    /// Every column's value from an after image that names each column once.
-    fn full_image(&self, image: &Image<'_>) -> Option<Row> {
-        let fields = self.def.schema.fields();
-        let mut row: Vec<Option<Value>> = vec![None; fields.len()];
-        for (hint, (name, value)) in image.0.iter().enumerate() {
-            let i = self.column(hint, name)?;
+/// Reads a raw image with `visitor` (a JSON object, all of it); `None`
+/// where it does not read as a typed row.
+fn read_image<'de, V: Visitor<'de>>(raw: &'de RawValue, visitor: V) -> Option<V::Value> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    let out = serde::Deserializer::deserialize_map(&mut de, visitor).ok()?;
+    de.end().ok()?;
+    Some(out)
+}
+
+/// Not a typed row: the general path decides (never shown to a user).
+const UNTYPED: &str = "not a typed row";
+
+/// An after image naming every column of the table once: the row.
+struct FullImage<'s> {
+    shape: &'s TableShape,
+}
+
+impl<'de> Visitor<'de> for FullImage<'_> {
+    type Value = Row;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object of columns")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Row, A::Error> {
+        let fields = self.shape.def.schema.fields();
+        let mut row = vec![Value::Null; fields.len()];
+        // The columns named so far: each must be named once.
+        let mut named: SmallVec<[u64; 2]> = smallvec::smallvec![0; fields.len().div_ceil(64)];
+        let mut hint = 0;
+        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
+            let value: Scalar<'de> = m.next_value()?;
+            let i = self.shape.column(hint, &name).ok_or_else(|| A::Error::custom(UNTYPED))?;
+            let (word, bit) = (i / 64, 1u64 << (i % 64));
+            if named[word] & bit != 0 {
+                return Err(A::Error::custom(UNTYPED));
+            }
+            named[word] |= bit;
             let t = fields[i].data_type();
-            let v = value.to_value(t).filter(|v| accepts(t, v).is_ok())?;
-            if row[i].replace(v).is_some() {
-                return None;
+            row[i] = value.to_value(t).filter(|v| accepts(t, v).is_ok()).ok_or_else(|| A::Error::custom(UNTYPED))?;
+            hint += 1;
+        }
+        if hint != fields.len() {
+            return Err(A::Error::custom(UNTYPED));
+        }
+        Ok(row)
+    }
+}
+
+/// The primary-key columns of a key or before image, into `found` (key
+/// order) where a column there has no value yet; other columns are
+/// skipped without being read into values.
+struct KeyColumns<'s, 'f> {
+    shape: &'s TableShape,
+    found: &'f mut [Option<Value>],
+}
+
+impl<'de> Visitor<'de> for KeyColumns<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object of columns")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+        let fields = self.shape.def.schema.fields();
+        let mut hint = 0;
+        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
+            let key = self.shape.column(hint, &name).and_then(|i| Some((i, self.shape.key_position[i]?)));
+            hint += 1;
+            match key {
+                Some((i, k)) if self.found[k].is_none() => match m.next_value::<Scalar<'de>>()? {
+                    Scalar::Null => {}
+                    // A key of another type: the general path's to refuse.
+                    value => {
+                        let v = value.to_value(fields[i].data_type()).ok_or_else(|| A::Error::custom(UNTYPED))?;
+                        self.found[k] = Some(v);
+                    }
+                },
+                _ => {
+                    m.next_value::<IgnoredAny>()?;
+                }
             }
         }
-        row.into_iter().collect()
+        Ok(())
     }
 }
 

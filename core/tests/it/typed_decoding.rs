@@ -236,6 +236,8 @@ fn errors_are_the_same_typed() {
         // Malformed images.
         vec![rec(2, "u", r#"{"id":1}"#, "null", r#"{"id":1,"a":[}"#)],
         vec![rec(2, "c", r#"{"id":3}"#, "null", "7")],
+        // A key that is no object, where an insert does not need it.
+        vec![rec(2, "c", "5", "null", r#"{"id":3,"a":"z"}"#)],
         // An insert with an unchanged TOAST marker.
         vec![rec(2, "c", r#"{"id":3}"#, "null", r#"{"id":3,"a":"__debezium_unavailable_value"}"#)],
         // A delete of a key with no value.
@@ -247,6 +249,18 @@ fn errors_are_the_same_typed() {
         let lines: Vec<String> = base().into_iter().chain(case).collect();
         let (outcome, _) = same_both_ways(&lines, SinkConfig::default);
         assert!(outcome.error.is_some(), "{lines:?} replayed without an error");
+    }
+    // Odd images that are no error: whatever they do, both ways do it.
+    let odd = [
+        // A before image that is no object.
+        rec(2, "u", r#"{"id":1}"#, "[1]", r#"{"id":1,"a":"z"}"#),
+        // A column named twice.
+        rec(2, "c", r#"{"id":3}"#, "null", r#"{"id":3,"a":"z","a":"w"}"#),
+        rec(2, "u", r#"{"id":1}"#, r#"{"id":1,"id":2}"#, r#"{"id":1,"a":"z"}"#),
+    ];
+    for line in odd {
+        let lines: Vec<String> = base().into_iter().chain([line]).collect();
+        same_both_ways(&lines, SinkConfig::default);
     }
 }
 
