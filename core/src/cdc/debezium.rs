@@ -21,7 +21,9 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use super::typed::{Image, TypedRow, TypedTables};
-use super::{ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error, object_columns};
+use super::{
+    ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SourcePosition, input_error, object_columns,
+};
 use crate::error::Result;
 use crate::schema::{Row, TableDef};
 
@@ -192,12 +194,12 @@ pub fn decode_str(line: &str, position: SourcePosition) -> Result<ChangeRecord> 
 /// its top is decoded by [`super::decode_line`], which tells AWS DMS
 /// records from Debezium's.
 pub fn decode_typed(
-    line: String,
+    line: SharedLine,
     position: SourcePosition,
     tables: &mut TypedTables,
     dms_possible: bool,
 ) -> Result<ChangeRecord> {
-    let (mut record, typed) = decode_fields(&line, position, Some(tables), dms_possible)?;
+    let (mut record, typed) = decode_fields(line.as_str(), position, Some(tables), dms_possible)?;
     if let (ChangeRecord::Row(row), Some((def, key, values))) = (&mut record, typed) {
         row.typed = Some(TypedRow { def, key, row: values, line });
     }

@@ -9,6 +9,7 @@
 //! gets there, so a line is applied a poll interval after it is written at
 //! most.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use super::source::{ChangeSource, Lag, LineSource, Polled};
 use super::typed::{CurrentTables, TypedTables};
-use super::{ChangeRecord, InputFormat, SourcePosition, decode_owned_line};
+use super::{ChangeRecord, InputFormat, SharedLine, SourcePosition, decode_owned_line};
 use crate::catalog::CheckpointRecord;
 use crate::error::{Error, Result};
 use crate::sink::Sink;
@@ -27,10 +28,11 @@ const DECODERS: usize = 2;
 /// Lines per batch handed between threads.
 const BATCH_LINES: usize = 512;
 
-/// Raw lines with their positions; `end` is set on the last batch, or
-/// `error` when reading failed.
+/// Raw lines with their positions (ranges of `text`, the batch's one
+/// buffer); `end` is set on the last batch, or `error` when reading failed.
 struct LineBatch {
-    lines: Vec<(SourcePosition, SourcePosition, String)>,
+    text: Arc<String>,
+    lines: Vec<(SourcePosition, SourcePosition, Range<usize>)>,
     end: Option<SourcePosition>,
     error: Option<Error>,
 }
@@ -183,35 +185,37 @@ fn read_loop(mut source: LineSource, to: Vec<SyncSender<LineBatch>>, follow: boo
         turn += 1;
         sent
     };
+    // A batch's lines are read into one buffer, sized like the last one.
+    let mut capacity = 0;
+    let mut text = String::new();
     let mut lines = Vec::with_capacity(BATCH_LINES);
-    let mut line = String::new();
+    let mut take = |text: &mut String, lines: &mut Vec<_>, end: Option<SourcePosition>, error: Option<Error>| {
+        capacity = capacity.max(text.len() + text.len() / 8);
+        let text = Arc::new(std::mem::replace(text, String::with_capacity(capacity)));
+        LineBatch { text, lines: std::mem::replace(lines, Vec::with_capacity(BATCH_LINES)), end, error }
+    };
     // Acquire: pairs with the Release store of `FileSource::drop`.
     while !stop.load(Ordering::Acquire) {
-        match source.next_line(&mut line) {
-            Ok(Some(pos)) => {
-                // The next line's buffer is sized like this one: reading
-                // into an empty one grows it several times.
-                let hint = line.len() + line.len() / 4 + 16;
-                lines.push((pos, source.position(), std::mem::replace(&mut line, String::with_capacity(hint))));
-                if lines.len() == BATCH_LINES
-                    && !send(LineBatch { lines: std::mem::take(&mut lines), end: None, error: None })
-                {
+        match source.append_line(&mut text) {
+            Ok(Some((pos, range))) => {
+                lines.push((pos, source.position(), range));
+                if lines.len() == BATCH_LINES && !send(take(&mut text, &mut lines, None, None)) {
                     return;
                 }
             }
             Ok(None) if follow => {
                 // At the end for now: hand over what arrived, then wait.
-                if !lines.is_empty() && !send(LineBatch { lines: std::mem::take(&mut lines), end: None, error: None }) {
+                if !lines.is_empty() && !send(take(&mut text, &mut lines, None, None)) {
                     return;
                 }
                 std::thread::sleep(poll);
             }
             Ok(None) => {
-                send(LineBatch { lines, end: Some(source.position()), error: None });
+                send(take(&mut text, &mut lines, Some(source.position()), None));
                 return;
             }
             Err(e) => {
-                send(LineBatch { lines, end: None, error: Some(e) });
+                send(take(&mut text, &mut lines, None, Some(e)));
                 return;
             }
         }
@@ -226,14 +230,18 @@ fn decode_loop(
 ) {
     for batch in from {
         // A decoder panic is that line's error, not a dead thread.
-        let mut decode = |pos: SourcePosition, line: String| {
+        let mut decode = |pos: SourcePosition, range: Range<usize>| {
             crate::error::catch_panic(
                 || format!("decoding input line {}", pos.line),
-                || decode_owned_line(line, pos, format, typed.as_mut()),
+                || {
+                    let line = SharedLine::new(Arc::clone(&batch.text), range)
+                        .ok_or_else(|| Error::invariant("a line is no range of its batch"))?;
+                    decode_owned_line(line, pos, format, typed.as_mut())
+                },
             )
         };
         let mut records: Vec<_> =
-            batch.lines.into_iter().map(|(pos, next, line)| (pos, next, decode(pos, line))).collect();
+            batch.lines.into_iter().map(|(pos, next, range)| (pos, next, decode(pos, range))).collect();
         // Nothing after a decoding error is applied: the sink stops there.
         if let Some(i) = records.iter().position(|r| r.2.is_err()) {
             records.truncate(i + 1);

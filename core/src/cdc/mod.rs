@@ -119,7 +119,7 @@ impl RowChange {
     /// returned as it is.
     pub fn untyped(self: Box<Self>, position: SourcePosition) -> Result<Box<RowChange>> {
         let Some(typed) = &self.typed else { return Ok(self) };
-        match debezium::decode_str(&typed.line, position)? {
+        match debezium::decode_str(typed.line.as_str(), position)? {
             ChangeRecord::Row(row) => Ok(row),
             _ => Err(input_error(position, Some(&self.table), self.txid.as_deref(), "a row decoded twice is no row")),
         }
@@ -209,21 +209,66 @@ pub fn decode_line(line: &str, position: SourcePosition, format: InputFormat) ->
     }
 }
 
-/// [`decode_line`] for a line the caller gives away: with `tables`, the
-/// row images of a Debezium record whose table exists are read straight
-/// into typed values (see [`typed`]).
+/// An input line that a decoded record may keep (a typed row keeps its
+/// line to decode it again): a range of a buffer of lines read together,
+/// which the lines of the buffer share.
+#[derive(Clone)]
+pub struct SharedLine {
+    text: std::sync::Arc<String>,
+    range: std::ops::Range<usize>,
+}
+
+impl SharedLine {
+    /// The line at `range` of `text`; `None` if `range` is not a range of
+    /// whole characters of `text`.
+    pub fn new(text: std::sync::Arc<String>, range: std::ops::Range<usize>) -> Option<SharedLine> {
+        text.get(range.clone())?;
+        Some(SharedLine { text, range })
+    }
+
+    /// The line's text.
+    pub fn as_str(&self) -> &str {
+        // Checked in `new` (and `trim` keeps it whole).
+        &self.text[self.range.clone()]
+    }
+
+    /// The line without leading and trailing whitespace.
+    fn trim(mut self) -> SharedLine {
+        let line = self.as_str();
+        let start = self.range.start + (line.len() - line.trim_start().len());
+        let end = self.range.start + line.trim_end().len();
+        self.range = start..end.max(start);
+        self
+    }
+}
+
+impl From<String> for SharedLine {
+    fn from(line: String) -> SharedLine {
+        let range = 0..line.len();
+        SharedLine { text: std::sync::Arc::new(line), range }
+    }
+}
+
+impl std::fmt::Debug for SharedLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SharedLine").field(&self.as_str()).finish()
+    }
+}
+
+/// [`decode_line`] for a line a record may keep: with `tables`, the row
+/// images of a Debezium record whose table exists are read straight into
+/// typed values (see [`typed`]).
 pub fn decode_owned_line(
-    line: String,
+    line: SharedLine,
     position: SourcePosition,
     format: InputFormat,
     tables: Option<&mut typed::TypedTables>,
 ) -> Result<ChangeRecord> {
-    let Some(tables) = tables else { return decode_line(&line, position, format) };
-    let trimmed = line.trim();
-    if trimmed.is_empty() || format == InputFormat::Dms {
-        return decode_line(&line, position, format);
+    let Some(tables) = tables else { return decode_line(line.as_str(), position, format) };
+    let line = line.trim();
+    if line.as_str().is_empty() || format == InputFormat::Dms {
+        return decode_line(line.as_str(), position, format);
     }
-    let line = if trimmed.len() == line.len() { line } else { trimmed.to_owned() };
     // Detected per line: a DMS record has `metadata` at its top, which
     // the Debezium decoder sees without a scan of its own.
     debezium::decode_typed(line, position, tables, format == InputFormat::Auto)
@@ -242,4 +287,23 @@ pub fn input_error(
 /// The columns of a JSON object, in order.
 pub(crate) fn object_columns(v: &Json) -> Option<Columns> {
     v.as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_line_is_a_whole_range_of_its_buffer_trimmed_in_place() {
+        let text = std::sync::Arc::new(String::from("x  {\"é\":1}\t\ny"));
+        // Not on a character boundary (inside `é`), or beyond the end.
+        assert!(SharedLine::new(text.clone(), 0..6).is_none());
+        assert!(SharedLine::new(text.clone(), 13..20).is_none());
+        assert_eq!(SharedLine::new(text.clone(), 13..14).unwrap().as_str(), "y");
+        let line = SharedLine::new(text.clone(), 1..13).unwrap();
+        assert_eq!(line.as_str(), "  {\"é\":1}\t\n");
+        assert_eq!(line.trim().as_str(), "{\"é\":1}");
+        assert_eq!(SharedLine::new(text, 1..3).unwrap().trim().as_str(), "");
+        assert_eq!(SharedLine::from(String::from(" a ")).trim().as_str(), "a");
+    }
 }

@@ -190,6 +190,19 @@ impl LineSource {
     /// Reads the next line into `buf` (without the newline); `None` at the end.
     pub fn next_line(&mut self, buf: &mut String) -> Result<Option<SourcePosition>> {
         buf.clear();
+        let line = self.append_line(buf)?;
+        Ok(line.map(|(pos, range)| {
+            buf.truncate(range.end);
+            pos
+        }))
+    }
+
+    /// Appends the next line to `buf` (with its newline, which the range
+    /// leaves out): the line's position and its range in `buf`; `None` at
+    /// the end (`buf` is then as it was). Many lines read into one buffer
+    /// take one allocation, not one each.
+    pub fn append_line(&mut self, buf: &mut String) -> Result<Option<(SourcePosition, std::ops::Range<usize>)>> {
+        let start = buf.len();
         let pos = self.next;
         let n = self.reader.read_line(buf).map_err(|e| Error::Input {
             position: pos,
@@ -199,22 +212,20 @@ impl LineSource {
         })?;
         if self.follow {
             if !self.partial.is_empty() {
-                buf.insert_str(0, &self.partial);
+                buf.insert_str(start, &self.partial);
             }
             if !buf.ends_with('\n') {
-                self.partial = std::mem::take(buf);
+                self.partial = buf.split_off(start);
                 return Ok(None);
             }
             self.partial.clear();
         } else if n == 0 {
             return Ok(None);
         }
-        let n = buf.len();
+        let n = buf.len() - start;
         self.next = SourcePosition { line: pos.line + 1, offset: pos.offset + n as u64 };
-        while buf.ends_with('\n') || buf.ends_with('\r') {
-            buf.pop();
-        }
-        Ok(Some(SourcePosition { line: pos.line + 1, offset: pos.offset }))
+        let end = start + buf[start..].trim_end_matches(['\n', '\r']).len();
+        Ok(Some((SourcePosition { line: pos.line + 1, offset: pos.offset }, start..end)))
     }
 }
 
@@ -307,6 +318,30 @@ mod tests {
         assert_eq!(src.next_line(&mut buf).unwrap(), Some(SourcePosition { line: 3, offset: 8 }));
         assert_eq!(src.next_line(&mut buf).unwrap(), None);
         assert_eq!(src.position(), SourcePosition { line: 3, offset: 14 });
+    }
+
+    #[test]
+    fn lines_appended_to_one_buffer_keep_their_ranges_and_positions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        let mut f = File::create(&path).unwrap();
+        f.write_all("a\r\nbé\n\nc".as_bytes()).unwrap();
+        f.flush().unwrap();
+        let mut src = LineSource::open(&path, SourcePosition::default()).unwrap().follow();
+        let mut text = String::from("kept");
+        let mut got = Vec::new();
+        while let Some((pos, range)) = src.append_line(&mut text).unwrap() {
+            got.push((pos, text[range].to_owned()));
+        }
+        let at = |line, offset| SourcePosition { line, offset };
+        assert_eq!(got, [(at(1, 0), "a".to_owned()), (at(2, 3), "bé".to_owned()), (at(3, 7), String::new())]);
+        // The partial last line is not in the buffer until its newline.
+        assert_eq!(text, "kepta\r\nbé\n\n");
+        f.write_all(b"d\n").unwrap();
+        f.flush().unwrap();
+        let (pos, range) = src.append_line(&mut text).unwrap().unwrap();
+        assert_eq!((pos, &text[range]), (at(4, 8), "cd"));
+        assert_eq!(src.position(), at(4, 11));
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub struct TypedRow {
     pub row: Row,
     /// The record's input line, to decode again on the general path if
     /// `def` is no longer the table's definition when the record is applied.
-    pub line: String,
+    pub line: super::SharedLine,
 }
 
 /// A table's definition with its columns indexed by name: what typed

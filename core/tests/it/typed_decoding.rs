@@ -55,7 +55,7 @@ fn replay(lines: &[String], config: SinkConfig, ahead: Option<usize>) -> (Outcom
             .iter()
             .zip(positions)
             .map(|(l, (pos, _))| match ahead {
-                Some(_) => decode_owned_line(l.clone(), *pos, InputFormat::Auto, Some(&mut typed_tables)),
+                Some(_) => decode_owned_line(l.clone().into(), *pos, InputFormat::Auto, Some(&mut typed_tables)),
                 None => decode_line(l, *pos, InputFormat::Auto),
             })
             .collect();
