@@ -591,8 +591,11 @@ impl Engine {
     /// Splits operations by shard; `origins[s][i]` is the index in `ops` of
     /// shard `s`'s `i`-th operation.
     pub(crate) fn route(&self, ops: Vec<Op>) -> Result<Routed> {
-        let mut routed: Vec<Vec<ShardOp>> = vec![Vec::new(); self.shards.len()];
-        let mut origins: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
+        // Sized for an even spread (keys hash evenly), so that a shard's
+        // list rarely grows while it is filled.
+        let even = ops.len() / self.shards.len() + 1;
+        let mut routed: Vec<Vec<ShardOp>> = (0..self.shards.len()).map(|_| Vec::with_capacity(even)).collect();
+        let mut origins: Vec<Vec<usize>> = (0..self.shards.len()).map(|_| Vec::with_capacity(even)).collect();
         let tables = self.tables();
         for (i, op) in ops.into_iter().enumerate() {
             let table_of =

@@ -1091,7 +1091,9 @@ impl<'r> ImageRun<'r> {
                 }
             }
             let k = (out.len() - filled).min(self.buf.len());
-            out[filled..filled + k].copy_from_slice(&self.buf.split_to(k));
+            // Copied out, then skipped: no reference-counted slice per field.
+            out[filled..filled + k].copy_from_slice(&self.buf[..k]);
+            bytes::Buf::advance(&mut self.buf, k);
             filled += k;
             self.pos += k as u64;
         }

@@ -435,7 +435,12 @@ pub fn replay(
         records += 1;
     }
     let decode_s = started.elapsed().as_secs_f64();
+    let cpu_before = crate::serve::metrics::cpu_seconds();
     let local = replay_into(crate::lakes::LakeArgs::local(&dir.join("lake")), &input, !json_out)?;
+    // CPU of every thread of the process (decoders, shards, flush, checkpoints) per row replayed.
+    let cpu_us_per_row = cpu_before
+        .zip(crate::serve::metrics::cpu_seconds())
+        .map(|(before, after)| ((after - before) * 1e6 / local.rows.max(1) as f64 * 100.0).round() / 100.0);
     let rows_per_s = local.rows as f64 / local.seconds;
     let mut result = json!({
         "workload": format!("{workload:?}").to_lowercase(),
@@ -446,6 +451,7 @@ pub fn replay(
         "rows_per_s": rows_per_s.round(),
         "txns_per_s": (local.txns as f64 / local.seconds).round(),
         "decode_share": ((decode_s / local.seconds) * 1000.0).round() / 1000.0,
+        "cpu_us_per_row": cpu_us_per_row,
         "records": records,
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
