@@ -31,7 +31,13 @@ const NO_TABLE: &str = "row record without source.schema/source.table";
 
 /// `schema.table` (MySQL records name the database instead of a schema).
 fn qualified(namespace: Option<&str>, table: Option<&str>) -> Option<String> {
-    Some(format!("{}.{}", namespace?, table?))
+    let (namespace, table) = (namespace?, table?);
+    // Built directly: once per record, without the formatting machinery.
+    let mut name = String::with_capacity(namespace.len() + 1 + table.len());
+    name.push_str(namespace);
+    name.push('.');
+    name.push_str(table);
+    Some(name)
 }
 
 /// The row operation of a Debezium `op` code that carries a row.

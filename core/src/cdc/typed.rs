@@ -33,7 +33,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, TimeUnit};
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
@@ -42,7 +42,7 @@ use smallvec::SmallVec;
 
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
-use super::types::to_value;
+use super::types::{parse_date, parse_decimal, parse_timestamp, to_value};
 use crate::schema::{Row, TableDef, Value, accepts};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -330,6 +330,21 @@ impl Scalar<'_> {
             (Scalar::Str(s), _) if s == UNAVAILABLE => None,
             (Scalar::Str(s), DataType::Utf8) => Some(Value::Utf8(s.to_string())),
             (Scalar::Null, _) => Some(Value::Null),
+            // The common cases without building JSON: what `to_value` does
+            // with a number for an integer column, and with text for a
+            // decimal, a timestamp or a date (the rest goes through it).
+            (
+                Scalar::Number(n),
+                DataType::Int8
+                | DataType::Int16
+                | DataType::Int32
+                | DataType::Int64
+                | DataType::Date32
+                | DataType::Timestamp(TimeUnit::Microsecond, _),
+            ) => n.as_i64().map(Value::Int),
+            (Scalar::Str(s), DataType::Decimal128(_, scale)) => parse_decimal(s, *scale).ok().map(Value::Decimal),
+            (Scalar::Str(s), DataType::Timestamp(TimeUnit::Microsecond, _)) => parse_timestamp(s).map(Value::Int),
+            (Scalar::Str(s), DataType::Date32) => parse_date(s).map(|d| Value::Int(d.into())),
             (Scalar::Bool(b), _) => to_value(&Json::Bool(*b), t).ok(),
             (Scalar::Number(n), _) => to_value(&Json::Number(n.clone()), t).ok(),
             (Scalar::Str(s), _) => to_value(&Json::String(s.to_string()), t).ok(),
@@ -354,7 +369,7 @@ impl Scalar<'_> {
 pub struct TypedTables {
     source: Arc<dyn CurrentTables>,
     generation: u64,
-    shapes: FastMap<String, Option<Arc<TableShape>>>,
+    shapes: FastMap<String, Option<TableShape>>,
 }
 
 impl TypedTables {
@@ -363,19 +378,20 @@ impl TypedTables {
         TypedTables { source, generation: u64::MAX, shapes: FastMap::default() }
     }
 
-    /// The shape of table `name`, if it exists.
-    pub(crate) fn shape(&mut self, name: &str) -> Option<Arc<TableShape>> {
+    /// The shape of table `name`, if it exists. Borrowed: the shapes are
+    /// this decoder's own, so no reference count shared with other
+    /// threads changes per record.
+    pub(crate) fn shape(&mut self, name: &str) -> Option<&TableShape> {
         let generation = self.source.generation();
         if generation != self.generation {
             self.shapes.clear();
             self.generation = generation;
         }
-        if let Some(s) = self.shapes.get(name) {
-            return s.clone();
+        if !self.shapes.contains_key(name) {
+            let shape = self.source.current(name).map(TableShape::new);
+            self.shapes.insert(name.to_owned(), shape);
         }
-        let shape = self.source.current(name).map(|d| Arc::new(TableShape::new(d)));
-        self.shapes.insert(name.to_owned(), shape.clone());
-        shape
+        self.shapes.get(name).and_then(Option::as_ref)
     }
 }
 
@@ -390,5 +406,70 @@ impl TypedRow {
     /// Whether `current` is the definition this row was read against.
     pub fn is_for(&self, current: &Arc<TableDef>) -> bool {
         Arc::ptr_eq(&self.def, current)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scalar read straight into a value converts exactly as
+    /// [`to_value`] converts the same JSON (NaN compared as NaN).
+    #[test]
+    fn scalars_convert_as_json_does() {
+        let texts = [
+            "null",
+            "true",
+            "false",
+            "0",
+            "-7",
+            "42",
+            "9223372036854775807",
+            "18446744073709551615",
+            "1.5",
+            "-0.25",
+            "1e3",
+            r#""""#,
+            r#""12.50""#,
+            r#""-3""#,
+            r#""1e2""#,
+            r#""abc""#,
+            r#""2026-12-04""#,
+            r#""2026-12-04T10:11:12.123456Z""#,
+            r#""2026-12-04 10:11:12+02""#,
+            r#""t""#,
+            r#""NaN""#,
+            r#""AAEC""#,
+            r#"" 5 ""#,
+            r#""\u00e9t\u00e9""#,
+        ];
+        let types = [
+            DataType::Boolean,
+            DataType::Int8,
+            DataType::Int16,
+            DataType::Int32,
+            DataType::Int64,
+            DataType::Float32,
+            DataType::Float64,
+            DataType::Decimal128(12, 2),
+            DataType::Decimal128(38, 0),
+            DataType::Date32,
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            DataType::Binary,
+            DataType::Utf8,
+        ];
+        let same = |a: &Option<Value>, b: &Option<Value>| match (a, b) {
+            (Some(Value::Float(x)), Some(Value::Float(y))) => x == y || (x.is_nan() && y.is_nan()),
+            _ => a == b,
+        };
+        for text in texts {
+            let scalar: Scalar<'_> = serde_json::from_str(text).unwrap();
+            let json: Json = serde_json::from_str(text).unwrap();
+            for t in &types {
+                let (got, want) = (scalar.to_value(t), to_value(&json, t).ok());
+                assert!(same(&got, &want), "{text} as {t}: {got:?}, but JSON gives {want:?}");
+            }
+        }
     }
 }
