@@ -1011,21 +1011,22 @@ impl Sink {
                 self.pool.flush();
                 self.last_flush = Instant::now();
             }
+            self.applied.insert_entry(&open.identity);
+            // The transaction is done with: its names move into the entry.
+            let rows = open.rows_per_table.values().sum();
+            let mut tables: Vec<(String, u64)> = open.rows_per_table.into_iter().collect();
+            tables.sort();
             self.history.push(HistoryEntry {
                 ts,
-                source_txid: open.identity.clone(),
+                source_txid: open.identity,
                 commit_us: open.commit_us,
-                tables: {
-                    let mut tables: Vec<(String, u64)> =
-                        open.rows_per_table.iter().map(|(t, n)| (t.clone(), *n)).collect();
-                    tables.sort();
-                    tables
-                },
-                rows: open.rows_per_table.values().sum(),
+                tables,
+                rows,
                 replayed_us: now_us(),
             });
+        } else {
+            self.applied.insert_entry(&open.identity);
         }
-        self.applied.insert_entry(&open.identity);
         self.stats.applied += 1;
         self.since_checkpoint += 1;
         Ok(())
