@@ -67,7 +67,13 @@ pub struct TableDef {
     pub primary_key: Vec<usize>,
     /// Schema of stored files: user columns + `_fovea_create_ts`.
     pub file_schema: SchemaRef,
+    /// This definition's number, which no other definition made by this
+    /// process has (see [`Self::instance`]).
+    instance: u64,
 }
+
+/// The number the next table definition gets.
+static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl TableDef {
     /// Validates and builds a table definition.
@@ -108,7 +114,18 @@ impl TableDef {
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(CREATE_TS_COLUMN, DataType::Int64, false));
         let file_schema = Arc::new(Schema::new(fields));
-        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema }))
+        // Relaxed: the number only has to be unique, and a fetch_add is.
+        let instance = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, instance }))
+    }
+
+    /// The identity of this definition: a number no other definition made
+    /// by this process has (a table whose columns change gets a new
+    /// definition, so a new number). Comparing it tells whether something
+    /// read against a definition was read against this one, as comparing
+    /// the `Arc`s would, without holding a reference to it.
+    pub fn instance(&self) -> u64 {
+        self.instance
     }
 
     /// The primary-key values of a full row.
@@ -325,6 +342,16 @@ pub fn rows_from_batch(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_definition_has_its_own_number() {
+        let schema = || Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let a = TableDef::new(TableId(1), "s.t", schema(), vec![0]).unwrap();
+        // The same table, the same columns: another definition all the same.
+        let b = TableDef::new(TableId(1), "s.t", schema(), vec![0]).unwrap();
+        assert_ne!(a.instance(), b.instance());
+        assert_eq!(Arc::clone(&a).instance(), a.instance());
+    }
 
     #[test]
     fn type_changes_widen_only_where_every_value_converts_exactly() {

@@ -1632,7 +1632,7 @@ impl Sink {
 /// The operation of a row read against its table's current definition
 /// (checked by the caller): what [`Sink::op_of`] makes of the same record.
 fn typed_op(op: RowOp, typed: crate::cdc::typed::TypedRow) -> Op {
-    let table = typed.def.id;
+    let table = typed.table;
     match op {
         RowOp::Insert => Op::Insert { table, row: typed.row },
         RowOp::SnapshotRead => Op::Upsert { table, row: typed.row },

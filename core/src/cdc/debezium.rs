@@ -18,14 +18,13 @@ use std::borrow::Cow;
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
-use std::sync::Arc;
-
 use super::typed::{Image, TypedRow, TypedTables};
 use super::{
     ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SourcePosition, input_error, object_columns,
 };
 use crate::error::Result;
-use crate::schema::{Row, TableDef};
+use crate::ids::TableId;
+use crate::schema::Row;
 
 const NO_TABLE: &str = "row record without source.schema/source.table";
 
@@ -206,14 +205,15 @@ pub fn decode_typed(
     dms_possible: bool,
 ) -> Result<ChangeRecord> {
     let (mut record, typed) = decode_fields(line.as_str(), position, Some(tables), dms_possible)?;
-    if let (ChangeRecord::Row(row), Some((def, key, values))) = (&mut record, typed) {
-        row.typed = Some(TypedRow { def, key, row: values, line });
+    if let (ChangeRecord::Row(row), Some((table, definition, key, values))) = (&mut record, typed) {
+        row.typed = Some(TypedRow { table, definition, key, row: values, line });
     }
     Ok(record)
 }
 
-/// What typed decoding read: the definition, the key and the row.
-type Typed = (Arc<TableDef>, Row, Row);
+/// What typed decoding read: the table, the number of the definition it
+/// read against, the key and the row.
+type Typed = (TableId, u64, Row, Row);
 
 fn decode_fields(
     line: &str,
@@ -279,7 +279,7 @@ fn decode_fields(
     };
     let typed = tables.and_then(|t| t.shape(&table)).and_then(|shape| {
         let (key, row) = shape.decode(op, key, payload.before, payload.after)?;
-        Some((Arc::clone(&shape.def), key, row))
+        Some((shape.def.id, shape.def.instance(), key, row))
     });
     // A typed row needs no JSON images (the line is kept to decode again).
     let (key, before, after) = match typed {

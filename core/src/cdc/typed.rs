@@ -11,7 +11,7 @@
 //!
 //! ```text
 //!  decoder thread: line ─▶ table, op ─▶ definition D (its cache of TableDefs)
-//!                          ─▶ images read against D ─▶ TypedRow { def: D, key, row, line }
+//!                          ─▶ images read against D ─▶ TypedRow { table, definition: D's number, key, row, line }
 //!  sink:           table's definition is still D?  yes ─▶ Op from key, row
 //!                                                  no  ─▶ decode `line` again, general path
 //! ```
@@ -25,9 +25,9 @@
 //! takes it). Anything else (an unknown column, a value of another type,
 //! malformed input) makes no typed row, and the general path decides,
 //! with its errors. The sink uses a typed row only while `def` is still
-//! its table's definition, by identity ([`std::sync::Arc::ptr_eq`]), so a
-//! record decoded before a schema change that an earlier record made is
-//! decoded again.
+//! its table's definition, by identity ([`TableDef::instance`]: every
+//! definition has its own number), so a record decoded before a schema
+//! change that an earlier record made is decoded again.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -63,8 +63,12 @@ pub trait CurrentTables: Send + Sync {
 /// A row decoded against a table definition (see the module docs).
 #[derive(Clone, Debug)]
 pub struct TypedRow {
-    /// The definition the values were read against.
-    pub def: Arc<TableDef>,
+    /// The table.
+    pub table: crate::ids::TableId,
+    /// The number of the definition the values were read against
+    /// ([`TableDef::instance`]; no reference to it is held, so decoder
+    /// threads share no reference count with the sink per row).
+    pub definition: u64,
     /// Primary-key values in key order (updates and deletes; empty for
     /// inserts).
     pub key: Row,
@@ -72,7 +76,7 @@ pub struct TypedRow {
     /// for deletes).
     pub row: Row,
     /// The record's input line, to decode again on the general path if
-    /// `def` is no longer the table's definition when the record is applied.
+    /// the definition is no longer the table's when the record is applied.
     pub line: super::SharedLine,
 }
 
@@ -404,8 +408,8 @@ impl std::fmt::Debug for TypedTables {
 /// The definition a typed row was read against, for the sink's check.
 impl TypedRow {
     /// Whether `current` is the definition this row was read against.
-    pub fn is_for(&self, current: &Arc<TableDef>) -> bool {
-        Arc::ptr_eq(&self.def, current)
+    pub fn is_for(&self, current: &TableDef) -> bool {
+        self.definition == current.instance()
     }
 }
 
