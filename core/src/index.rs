@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TS_BITS_MASK, TableId, Ts};
-use crate::schema::Value;
+use crate::schema::{TableDef, Value};
 
 /// An encoded key: table id then the order-preserving key bytes.
 pub type KeyBytes = SmallVec<[u8; 16]>;
@@ -50,9 +50,14 @@ pub fn encode_key(table: TableId, key: &[Value]) -> KeyBytes {
     encode_key_values(table, key)
 }
 
-/// [`encode_key`] of the values `key` yields (a row's key columns, read in
-/// place: `row_key_values`).
-pub fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
+/// The encoded primary key of a full row of `table` ([`encode_key`] of
+/// its key columns, read in place).
+pub fn encode_row_key(table: &TableDef, row: &[Value]) -> KeyBytes {
+    encode_key_values(table.id, table.key_values(row))
+}
+
+/// [`encode_key`] of the values `key` yields.
+fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
     let mut out = KeyBytes::new();
     out.extend_from_slice(&table.0.to_be_bytes());
     for v in key {
@@ -1365,6 +1370,19 @@ impl MainIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rows_key_encodes_as_its_key_values_do() {
+        use arrow::datatypes::{DataType, Field, Schema};
+        let schema = Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("id", DataType::Int64, false),
+            Field::new("at", DataType::Int64, false),
+        ]);
+        let table = TableDef::new(TableId(3), "s.t", std::sync::Arc::new(schema), vec![2, 0]).unwrap();
+        let row = vec![Value::Utf8("a\u{0}b".into()), Value::Int(-5), Value::Int(7)];
+        assert_eq!(encode_row_key(&table, &row), encode_key(table.id, &[Value::Int(7), Value::Utf8("a\u{0}b".into())]));
+    }
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, PartState, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, ShardId, TableId, Ts};
-use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key, encode_key_values};
+use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key, encode_row_key};
 use crate::lake::ts_range;
 use crate::mvcc::lock;
 use crate::schema::{Row, TableDef, Value, render_key};
@@ -131,13 +131,13 @@ impl ShardOp {
             Op::Insert { table, row } => {
                 let table = table_of(table)?;
                 table.check_row(&row)?;
-                let key = encode_key_values(table.id, table.key_values(&row));
+                let key = encode_row_key(&table, &row);
                 emit(ShardOp::Insert { table, key, row });
             }
             Op::Upsert { table, row } => {
                 let table = table_of(table)?;
                 table.check_row(&row)?;
-                let key = encode_key_values(table.id, table.key_values(&row));
+                let key = encode_row_key(&table, &row);
                 emit(ShardOp::Upsert { table, key, row });
             }
             Op::Delete { table, key } => {
@@ -151,7 +151,7 @@ impl ShardOp {
                 table.check_key(&key)?;
                 table.check_row(&row)?;
                 let old = encode_key(table.id, &key);
-                let new = encode_key_values(table.id, table.key_values(&row));
+                let new = encode_row_key(&table, &row);
                 if old == new {
                     emit(ShardOp::Update { table, key: new, row });
                 } else {

@@ -422,7 +422,7 @@ fn typed_decode_seconds(dir: &std::path::Path, input: &std::path::Path) -> crate
     loop {
         let mut text = String::new();
         let mut lines = Vec::new();
-        while lines.len() < 512 {
+        while lines.len() < fovea_core::cdc::file::BATCH_LINES {
             match source.append_line(&mut text)? {
                 Some(line) => lines.push(line),
                 None => break,

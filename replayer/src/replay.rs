@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fovea_core::cdc::InputFormat;
 use fovea_core::cdc::ddl::parse_ddl;
 use fovea_core::cdc::types::format_value;
-use fovea_core::index::encode_key;
+use fovea_core::index::encode_row_key;
 use fovea_core::schema::rows_from_batch;
 use fovea_core::sink::{Sink, SinkConfig, SinkStats};
 use fovea_core::storage_gc::StorageGcReport;
@@ -185,7 +185,7 @@ pub fn export(lake: &crate::lakes::LakeArgs, table: &str, as_of: Option<u64>, ou
     for b in &batches {
         rows.extend(rows_from_batch(b)?);
     }
-    rows.sort_by_cached_key(|r| encode_key(def.id, &def.key_of(r)));
+    rows.sort_by_cached_key(|r| encode_row_key(&def, r));
     let names: Vec<String> = def.schema.fields().iter().map(|f| csv_field(Some(f.name()))).collect();
     writeln!(out, "{}", names.join(","))?;
     let types: Vec<_> = def.schema.fields().iter().map(|f| f.data_type().clone()).collect();

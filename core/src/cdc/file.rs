@@ -25,8 +25,8 @@ use crate::sink::Sink;
 
 /// Threads decoding lines (besides the reader and the applying thread).
 const DECODERS: usize = 2;
-/// Lines per batch handed between threads.
-const BATCH_LINES: usize = 512;
+/// Lines per batch handed between threads (they share one buffer).
+pub const BATCH_LINES: usize = 512;
 
 /// Raw lines with their positions (ranges of `text`, the batch's one
 /// buffer); `end` is set on the last batch, or `error` when reading failed.
