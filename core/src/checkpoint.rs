@@ -292,6 +292,29 @@ fn corrupt(reason: String) -> Error {
     Error::Corrupt { what: "checkpoint manifest".into(), reason }
 }
 
+/// An error of reading `objects`, naming them where it says what was
+/// corrupt (the reader of an image knows its bytes, not where they are).
+fn in_objects<'p>(objects: impl IntoIterator<Item = &'p String> + Clone + 'p) -> impl Fn(Error) -> Error + 'p {
+    move |e| match e {
+        Error::Corrupt { what, reason } => {
+            let names: Vec<&str> = objects.clone().into_iter().map(String::as_str).collect();
+            Error::Corrupt { what: format!("{what} ({})", names.join(", ")), reason }
+        }
+        other => other,
+    }
+}
+
+/// The rows a deleted-rows object lists (4-byte little-endian row numbers).
+fn deleted_rows_of(path: &String, bytes: &[u8]) -> Result<Vec<u32>> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(in_objects([path])(Error::Corrupt {
+            what: "deleted rows".into(),
+            reason: format!("{} bytes are not a whole number of 4-byte row numbers", bytes.len()),
+        }));
+    }
+    Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
 /// Rows of a file batch with `create_ts ≤ c` (a prefix: create_ts ascends).
 fn prefix_at(batch: &RecordBatch, c: Ts) -> Result<RecordBatch> {
     let ts = create_ts_column(batch)?;
@@ -463,7 +486,9 @@ impl PendingCheckpoint {
                             })
                             .collect();
                         let mut object = lake.writer(&Path::from(base_path.as_str()));
-                        crate::index::merge_images_into(&mut runs, IMAGE_PIECE, |piece| object.write(piece))?;
+                        let merged = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
+                        crate::index::merge_images_into(&mut runs, IMAGE_PIECE, |piece| object.write(piece))
+                            .map_err(in_objects(merged))?;
                         let size = object.finish()?;
                         (base_path, Vec::new(), vec![size])
                     } else {
@@ -794,10 +819,11 @@ impl Engine {
         for (s, sm) in m.shards.iter().enumerate() {
             let mut shard = lock(&engine.shards[s]);
             named.insert(sm.index.clone());
-            shard.index = PrimaryIndex::read_from(&lake.get(&Path::from(sm.index.as_str()))?)?;
+            shard.index =
+                PrimaryIndex::read_from(&lake.get(&Path::from(sm.index.as_str()))?).map_err(in_objects([&sm.index]))?;
             for d in &sm.index_deltas {
                 named.insert(d.clone());
-                shard.index.apply_delta(&lake.get(&Path::from(d.as_str()))?)?;
+                shard.index.apply_delta(&lake.get(&Path::from(d.as_str()))?).map_err(in_objects([d]))?;
             }
             if sm.index_sizes.is_empty() {
                 // No chain to extend (format 1): the next checkpoint writes
@@ -814,14 +840,12 @@ impl Engine {
                 let deleted: Vec<u32> = match &slot.deleted {
                     Some(p) => {
                         named.insert(p.clone());
-                        lake.get(&Path::from(p.as_str()))?
-                            .chunks_exact(4)
-                            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                            .collect()
+                        deleted_rows_of(p, &lake.get(&Path::from(p.as_str()))?)?
                     }
                     None => Vec::new(),
                 };
-                let (vis, writer) = FileVisibility::restore(FileId(slot.file), slot.capacity, &deleted, c)?;
+                let (vis, writer) = FileVisibility::restore(FileId(slot.file), slot.capacity, &deleted, c)
+                    .map_err(in_objects(slot.deleted.as_ref()))?;
                 vis_of.insert(slot.file, vis);
                 shard.writers.push(writer);
             }

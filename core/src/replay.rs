@@ -225,12 +225,13 @@ pub struct Shard {
     pub(crate) last_ts: Ts,
 }
 
-/// Fails unless a shard whose next row id is `next` can hand out `n`
+/// Fails unless `shard`, whose next row id is `next`, can hand out `n`
 /// more (they stay below [`RowId::LIMIT`], the index's packing).
-pub(crate) fn check_row_ids(next: u64, n: u64) -> Result<()> {
+pub(crate) fn check_row_ids(shard: ShardId, next: u64, n: u64) -> Result<()> {
     if next.checked_add(n).is_none_or(|end| end > RowId::LIMIT) {
         return Err(Error::invariant(format!(
-            "the row ids of a shard are used up (next {next}, limit {})",
+            "the row ids of shard {} are used up (next {next}, {n} more asked for, limit {})",
+            shard.0,
             RowId::LIMIT
         )));
     }
@@ -398,7 +399,7 @@ impl Shard {
                 }
             };
             let row_id_start = self.next_row_id;
-            check_row_ids(row_id_start, cfg.block_rows as u64)?;
+            check_row_ids(self.id, row_id_start, cfg.block_rows as u64)?;
             self.next_row_id += cfg.block_rows as u64;
             self.main.add_range(RowId(row_id_start), cfg.block_rows as u32, file, slot, offset as u32)?;
             let vis = Arc::clone(self.writers[slot as usize].visibility());

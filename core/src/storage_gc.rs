@@ -267,7 +267,7 @@ impl Engine {
                 .ok_or_else(|| Error::invariant(format!("slot {slot} is not the visibility writer of {file}")))?
                 .visibility(),
         );
-        crate::replay::check_row_ids(shard.next_row_id, u64::from(kept))?;
+        crate::replay::check_row_ids(shard.id(), shard.next_row_id, u64::from(kept))?;
         let start = shard.next_row_id;
         // The new row id of an old one in `file` (`Some(None)`: a dropped row).
         let moved = |row: RowId| -> Option<Option<RowId>> {
