@@ -425,6 +425,11 @@ enum BenchCommand {
         /// Transactions.
         #[arg(long, default_value_t = 200_000)]
         txns: u64,
+        /// Replays of the stream into a fresh local lake each: `rows_per_s`
+        /// and `cpu_us_per_row` are the medians, every run is listed (on a
+        /// shared host one run's figure can be off by a third).
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
         /// Also replay into this lake (s3://BUCKET/PREFIX; a fresh prefix
         /// per run) and compare with the local lake of the same run.
         #[arg(long)]
@@ -547,8 +552,8 @@ fn main() -> ExitCode {
             };
             result.map_err(Into::into)
         }
-        Command::Bench { which: BenchCommand::Replay { workload, txns, lake, state, json } } => {
-            bench::replay(workload, txns, lake.map(|lake| bench::RemoteLake { lake, state }), json)
+        Command::Bench { which: BenchCommand::Replay { workload, txns, runs, lake, state, json } } => {
+            bench::replay(workload, txns, runs.max(1), lake.map(|lake| bench::RemoteLake { lake, state }), json)
         }
         Command::Bench { which: BenchCommand::Freshness { rate, seconds, json } } => {
             bench::freshness(rate, seconds, json)

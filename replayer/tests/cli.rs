@@ -78,3 +78,20 @@ fn demo_refuses_a_directory_that_is_not_a_lake() {
     assert!(err.contains("is not a fovea lake"), "{err}");
     assert!(dir.path().join("precious.txt").is_file());
 }
+
+#[test]
+fn bench_replay_reports_the_median_of_its_runs() {
+    let out = fovea().args(["bench", "replay", "--txns", "200", "--runs", "3", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs: Vec<f64> = v["rows_per_s_runs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(runs.len(), 3, "{v}");
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(v["rows_per_s"].as_f64(), Some(sorted[1]), "{v}");
+    assert!(v["rows"].as_u64().unwrap() > 0 && v["typed_decode_us_per_record"].as_f64().unwrap() > 0.0, "{v}");
+    if let Some(cpu) = v["cpu_us_per_row"].as_f64() {
+        assert_eq!(v["cpu_us_per_row_runs"].as_array().unwrap().len(), 3, "{v}");
+        assert!(cpu > 0.0, "{v}");
+    }
+}
