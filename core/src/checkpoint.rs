@@ -381,6 +381,9 @@ pub struct PendingCheckpoint {
     changed: Vec<ChangedKeys>,
     /// Whether this checkpoint holds storage GC's swaps off.
     holds_image: bool,
+    /// Whether the shards' objects are written at the same time, each on
+    /// a thread of its own (see [`Self::write_shards_at_once`]).
+    shards_at_once: bool,
 }
 
 impl PendingCheckpoint {
@@ -392,6 +395,17 @@ impl PendingCheckpoint {
     /// The engine it is a checkpoint of.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// Has [`Self::write`] write every shard's objects at the same time,
+    /// each on a thread of its own, for a checkpoint that nothing else runs
+    /// beside (one the caller waits for, as at the end of the input): it
+    /// then takes the time of its largest shard, not of all of them in
+    /// turn. A checkpoint written beside the replay writes one shard after
+    /// another: it shares the cores with the replay anyway, and holds one
+    /// image upload's part buffer at a time, not one per shard.
+    pub fn write_shards_at_once(&mut self) {
+        self.shards_at_once = true;
     }
 
     /// Writes the checkpoint's objects and returns its manifest, which
@@ -415,141 +429,31 @@ impl PendingCheckpoint {
 
     fn write_objects(&self) -> Result<Manifest> {
         let engine = &*self.engine;
-        let lake = &engine.lake;
         let c = self.c;
         let dir = format!("{CHECKPOINTS_PREFIX}/{}", c.get());
         // The chain of the committed checkpoint, which `changed` is relative to.
         let committed = lock(&engine.last_checkpoint).clone();
-        let mut shards = Vec::with_capacity(self.shards.len());
-        for (s, (capture, changed)) in self.shards.iter().zip(&self.changed).enumerate() {
-            let previous = committed.as_ref().and_then(|m| m.shards.get(s));
-            let began = std::time::Instant::now();
-            let keys = changed.sorted();
-            let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
-            let since = committed.as_ref().map_or(0, |m| m.checkpoint_ts);
-            // Without a chain to extend every key is in `changed`, and the
-            // image is a base; else a delta. The committed checkpoint may
-            // be an image at `c` already (no commit since): its objects
-            // serve, none is written (the look-ups still are made: they
-            // carry keys changed above `c` into the next set).
-            let base_path = format!("{dir}/index-{s}.bin");
-            let (path, write) = match chain {
-                None => (base_path.clone(), true),
-                // Named by both ends: whoever writes it writes the
-                // changes between the same two images.
-                Some(_) => (format!("{dir}/index-{s}-since-{since}.delta"), since != c.get()),
-            };
-            // Streamed to the store as the look-ups go: one part of the
-            // image in memory, not the image.
-            let mut object = write.then(|| lake.writer(&Path::from(path.as_str())));
-            let mut image = ImageWriter::new(keys.len() as u64);
-            for chunk in (0..keys.len()).step_by(LOOKUPS_PER_LOCK) {
-                {
-                    let mut shard = lock(&engine.shards[s]);
-                    for k in (chunk..keys.len().min(chunk + LOOKUPS_PER_LOCK)).map(|i| keys.get(i)) {
-                        image.push(k, shard.index.checkpoint_version(k, c));
-                    }
+        let write = |s: usize| self.write_shard(s, &dir, committed.as_deref());
+        let shards = if self.shards_at_once && self.shards.len() > 1 {
+            // The shards share nothing here but the store.
+            std::thread::scope(|scope| -> Result<Vec<ShardManifest>> {
+                let others: Vec<_> = (1..self.shards.len())
+                    .map(|s| {
+                        std::thread::Builder::new()
+                            .name(format!("fovea-checkpoint-{s}"))
+                            .spawn_scoped(scope, move || write(s))
+                            .map_err(Error::Io)
+                    })
+                    .collect::<Result<_>>()?;
+                let mut shards = vec![write(0)];
+                for thread in others {
+                    shards.push(thread.join().map_err(|_| Error::invariant("a checkpoint shard writer panicked"))?);
                 }
-                if let Some(piece) = image.take_piece(IMAGE_PIECE)
-                    && let Some(object) = &mut object
-                {
-                    object.write(&piece)?;
-                }
-            }
-            let last = image.finish()?;
-            let size = match object {
-                Some(mut object) => {
-                    object.write(&last)?;
-                    object.finish()?
-                }
-                None => 0,
-            };
-            let (index, index_deltas, index_sizes) = match chain {
-                Some(p) if !write => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
-                None => (path, Vec::new(), vec![size]),
-                Some(p) => {
-                    let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + size;
-                    if p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
-                        || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)
-                    {
-                        // (The delta just written is named by no manifest:
-                        // the next vacuum deletes it.) Streamed: the runs
-                        // are read a range at a time, the merged image
-                        // written a part at a time.
-                        let runs_at = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
-                        let sizes = p.index_sizes.iter().copied().chain([size]);
-                        let mut runs: Vec<ImageRun<'_>> = runs_at
-                            .zip(sizes)
-                            .map(|(at, size)| {
-                                let at = Path::from(at.as_str());
-                                ImageRun::new(size, IMAGE_PIECE, move |range| lake.get_range(&at, range))
-                            })
-                            .collect();
-                        let mut object = lake.writer(&Path::from(base_path.as_str()));
-                        let merged = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
-                        crate::index::merge_images_into(&mut runs, IMAGE_PIECE, |piece| object.write(piece))
-                            .map_err(in_objects(merged))?;
-                        let size = object.finish()?;
-                        (base_path, Vec::new(), vec![size])
-                    } else {
-                        let mut deltas = p.index_deltas.clone();
-                        deltas.push(path);
-                        let mut sizes = p.index_sizes.clone();
-                        sizes.push(size);
-                        (p.index.clone(), deltas, sizes)
-                    }
-                }
-            };
-            tracing::debug!(
-                shard = s,
-                keys = keys.len(),
-                deltas = index_deltas.len(),
-                ms = began.elapsed().as_secs_f64() * 1e3,
-                "checkpoint index"
-            );
-            // Deleted rows only grow while a file keeps its id: the same
-            // count means the same set, and the object written then serves.
-            let written: HashMap<u64, &SlotManifest> =
-                previous.map(|p| p.slots.iter().map(|x| (x.file, x)).collect()).unwrap_or_default();
-            let mut slots = Vec::with_capacity(capture.slots.len());
-            let mut slot_of = HashMap::new();
-            for (i, vis) in capture.slots.iter().enumerate() {
-                slot_of.insert(vis.file(), i as u32);
-                let deleted = vis.deleted_rows(c)?;
-                let same = written
-                    .get(&vis.file().0)
-                    .filter(|p| p.deleted_rows == Some(deleted.len()) && p.capacity == vis.capacity());
-                let deleted_path = match same {
-                    _ if deleted.is_empty() => None,
-                    Some(p) => p.deleted.clone(),
-                    None => {
-                        let p = format!("{dir}/deleted-{}.bin", vis.file().0);
-                        let bytes: Vec<u8> = deleted.iter().flat_map(|d| d.to_le_bytes()).collect();
-                        lake.put(&Path::from(p.as_str()), Bytes::from(bytes))?;
-                        Some(p)
-                    }
-                };
-                slots.push(SlotManifest {
-                    file: vis.file().0,
-                    capacity: vis.capacity(),
-                    deleted: deleted_path,
-                    deleted_rows: Some(deleted.len()),
-                });
-            }
-            let mut parts = Vec::with_capacity(capture.parts.len());
-            for part in &capture.parts {
-                parts.push(write_part(lake, part, &slot_of, c)?);
-            }
-            shards.push(ShardManifest {
-                next_row_id: capture.next_row_id,
-                index,
-                index_deltas,
-                index_sizes,
-                ranges: capture.ranges.clone(),
-                slots,
-                parts,
-            });
-        }
+                shards.into_iter().collect()
+            })?
+        } else {
+            (0..self.shards.len()).map(write).collect::<Result<Vec<_>>>()?
+        };
         // Objects retired before this checkpoint began are left out of it:
         // once it is committed, nothing durable names them.
         lock(&engine.retired).left_out_of(self.number, c.get());
@@ -561,6 +465,143 @@ impl PendingCheckpoint {
             blocks_per_file: engine.config.blocks_per_file,
             tables: self.tables.iter().map(|t| TableManifest::of(t)).collect(),
             shards,
+        })
+    }
+
+    /// Writes shard `s`'s objects into `dir`: its index (a delta of the
+    /// keys changed since `committed`, merged into a new base now and then),
+    /// the deleted rows of files with new deletes, and what its parts need.
+    fn write_shard(&self, s: usize, dir: &str, committed: Option<&Manifest>) -> Result<ShardManifest> {
+        let engine = &*self.engine;
+        let lake = &engine.lake;
+        let c = self.c;
+        let (capture, changed) = (&self.shards[s], &self.changed[s]);
+        let previous = committed.and_then(|m| m.shards.get(s));
+        let began = std::time::Instant::now();
+        let keys = changed.sorted();
+        let chain = previous.filter(|p| p.index_sizes.len() == 1 + p.index_deltas.len());
+        let since = committed.map_or(0, |m| m.checkpoint_ts);
+        // Without a chain to extend every key is in `changed`, and the
+        // image is a base; else a delta. The committed checkpoint may
+        // be an image at `c` already (no commit since): its objects
+        // serve, none is written (the look-ups still are made: they
+        // carry keys changed above `c` into the next set).
+        let base_path = format!("{dir}/index-{s}.bin");
+        let (path, write) = match chain {
+            None => (base_path.clone(), true),
+            // Named by both ends: whoever writes it writes the
+            // changes between the same two images.
+            Some(_) => (format!("{dir}/index-{s}-since-{since}.delta"), since != c.get()),
+        };
+        // Streamed to the store as the look-ups go: one part of the
+        // image in memory, not the image.
+        let mut object = write.then(|| lake.writer(&Path::from(path.as_str())));
+        let mut image = ImageWriter::new(keys.len() as u64);
+        for chunk in (0..keys.len()).step_by(LOOKUPS_PER_LOCK) {
+            {
+                let mut shard = lock(&engine.shards[s]);
+                for k in (chunk..keys.len().min(chunk + LOOKUPS_PER_LOCK)).map(|i| keys.get(i)) {
+                    image.push(k, shard.index.checkpoint_version(k, c));
+                }
+            }
+            if let Some(piece) = image.take_piece(IMAGE_PIECE)
+                && let Some(object) = &mut object
+            {
+                object.write(&piece)?;
+            }
+        }
+        let last = image.finish()?;
+        let size = match object {
+            Some(mut object) => {
+                object.write(&last)?;
+                object.finish()?
+            }
+            None => 0,
+        };
+        let (index, index_deltas, index_sizes) = match chain {
+            Some(p) if !write => (p.index.clone(), p.index_deltas.clone(), p.index_sizes.clone()),
+            None => (path, Vec::new(), vec![size]),
+            Some(p) => {
+                let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + size;
+                if p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
+                    || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)
+                {
+                    // (The delta just written is named by no manifest:
+                    // the next vacuum deletes it.) Streamed: the runs
+                    // are read a range at a time, the merged image
+                    // written a part at a time.
+                    let runs_at = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
+                    let sizes = p.index_sizes.iter().copied().chain([size]);
+                    let mut runs: Vec<ImageRun<'_>> = runs_at
+                        .zip(sizes)
+                        .map(|(at, size)| {
+                            let at = Path::from(at.as_str());
+                            ImageRun::new(size, IMAGE_PIECE, move |range| lake.get_range(&at, range))
+                        })
+                        .collect();
+                    let mut object = lake.writer(&Path::from(base_path.as_str()));
+                    let merged = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
+                    crate::index::merge_images_into(&mut runs, IMAGE_PIECE, |piece| object.write(piece))
+                        .map_err(in_objects(merged))?;
+                    let size = object.finish()?;
+                    (base_path, Vec::new(), vec![size])
+                } else {
+                    let mut deltas = p.index_deltas.clone();
+                    deltas.push(path);
+                    let mut sizes = p.index_sizes.clone();
+                    sizes.push(size);
+                    (p.index.clone(), deltas, sizes)
+                }
+            }
+        };
+        tracing::debug!(
+            shard = s,
+            keys = keys.len(),
+            deltas = index_deltas.len(),
+            ms = began.elapsed().as_secs_f64() * 1e3,
+            "checkpoint index"
+        );
+        // Deleted rows only grow while a file keeps its id: the same
+        // count means the same set, and the object written then serves.
+        let written: HashMap<u64, &SlotManifest> =
+            previous.map(|p| p.slots.iter().map(|x| (x.file, x)).collect()).unwrap_or_default();
+        let mut slots = Vec::with_capacity(capture.slots.len());
+        let mut slot_of = HashMap::new();
+        for (i, vis) in capture.slots.iter().enumerate() {
+            slot_of.insert(vis.file(), i as u32);
+            let deleted = vis.deleted_rows(c)?;
+            let same = written
+                .get(&vis.file().0)
+                .filter(|p| p.deleted_rows == Some(deleted.len()) && p.capacity == vis.capacity());
+            let deleted_path = match same {
+                _ if deleted.is_empty() => None,
+                Some(p) => p.deleted.clone(),
+                None => {
+                    let p = format!("{dir}/deleted-{}.bin", vis.file().0);
+                    let bytes: Vec<u8> = deleted.iter().flat_map(|d| d.to_le_bytes()).collect();
+                    lake.put(&Path::from(p.as_str()), Bytes::from(bytes))?;
+                    Some(p)
+                }
+            };
+            slots.push(SlotManifest {
+                file: vis.file().0,
+                capacity: vis.capacity(),
+                deleted: deleted_path,
+                deleted_rows: Some(deleted.len()),
+            });
+        }
+        let mut parts = Vec::with_capacity(capture.parts.len());
+        for part in &capture.parts {
+            parts.push(write_part(lake, part, &slot_of, c)?);
+        }
+        Ok(ShardManifest {
+            next_row_id: capture.next_row_id,
+            index,
+            index_deltas,
+            index_sizes,
+            ranges: capture.ranges.clone(),
+            slots,
+            parts,
         })
     }
 }
@@ -728,6 +769,7 @@ impl Engine {
             shards: Vec::with_capacity(self.shards.len()),
             changed: Vec::with_capacity(self.shards.len()),
             holds_image: false,
+            shards_at_once: false,
         };
         for shard in &self.shards {
             let mut shard = lock(shard);

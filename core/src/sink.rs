@@ -1073,7 +1073,8 @@ impl Sink {
     ) -> Result<()> {
         self.take_deferred()?;
         self.finish_checkpoint(true)?;
-        self.start_checkpoint(next, state)?;
+        // Nothing runs beside it: its shards are written at once.
+        self.begin_checkpoint(next, state, true)?;
         self.finish_checkpoint(true)
     }
 
@@ -1093,6 +1094,18 @@ impl Sink {
         &mut self,
         next: SourcePosition,
         state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
+    ) -> Result<bool> {
+        self.begin_checkpoint(next, state, false)
+    }
+
+    /// [`Self::start_checkpoint`]; with `waited_for`, the caller waits for
+    /// it with nothing else to run, and its shards are written at once
+    /// ([`crate::checkpoint::PendingCheckpoint::write_shards_at_once`]).
+    fn begin_checkpoint(
+        &mut self,
+        next: SourcePosition,
+        state: &mut dyn FnMut(SourcePosition) -> Result<Option<String>>,
+        waited_for: bool,
     ) -> Result<bool> {
         if self.writing.is_some() {
             return Ok(false);
@@ -1119,7 +1132,10 @@ impl Sink {
             self.source_state = Some(at);
         }
         let began = Instant::now();
-        let pending = self.engine.capture_checkpoint()?;
+        let mut pending = self.engine.capture_checkpoint()?;
+        if waited_for {
+            pending.write_shards_at_once();
+        }
         let captured = began.elapsed();
         // History and operations up to here belong to this checkpoint; they
         // come back if it fails (a later checkpoint still owes them).
