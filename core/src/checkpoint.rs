@@ -304,15 +304,17 @@ fn in_objects<'p>(objects: impl IntoIterator<Item = &'p String> + Clone + 'p) ->
     }
 }
 
-/// The rows a deleted-rows object lists (4-byte little-endian row numbers).
-fn deleted_rows_of(path: &String, bytes: &[u8]) -> Result<Vec<u32>> {
+/// The rows the deleted-rows object `object` lists: 4-byte little-endian
+/// row numbers, as a checkpoint writes them (any other length is corrupt).
+/// Recovery and checkpoint readers both read them through this.
+pub(crate) fn deleted_rows_of<'b>(object: &str, bytes: &'b [u8]) -> Result<impl Iterator<Item = u32> + 'b> {
     if !bytes.len().is_multiple_of(4) {
-        return Err(in_objects([path])(Error::Corrupt {
-            what: "deleted rows".into(),
+        return Err(Error::Corrupt {
+            what: format!("deleted rows ({object})"),
             reason: format!("{} bytes are not a whole number of 4-byte row numbers", bytes.len()),
-        }));
+        });
     }
-    Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
 }
 
 /// Rows of a file batch with `create_ts ≤ c` (a prefix: create_ts ascends).
@@ -531,6 +533,7 @@ impl PendingCheckpoint {
                     // are read a range at a time, the merged image
                     // written a part at a time.
                     let runs_at = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
+                    let merged = runs_at.clone();
                     let sizes = p.index_sizes.iter().copied().chain([size]);
                     let mut runs: Vec<ImageRun<'_>> = runs_at
                         .zip(sizes)
@@ -540,7 +543,6 @@ impl PendingCheckpoint {
                         })
                         .collect();
                     let mut object = lake.writer(&Path::from(base_path.as_str()));
-                    let merged = [&p.index].into_iter().chain(&p.index_deltas).chain([&path]);
                     crate::index::merge_images_into(&mut runs, IMAGE_PIECE, |piece| object.write(piece))
                         .map_err(in_objects(merged))?;
                     let size = object.finish()?;
@@ -882,7 +884,8 @@ impl Engine {
                 let deleted: Vec<u32> = match &slot.deleted {
                     Some(p) => {
                         named.insert(p.clone());
-                        deleted_rows_of(p, &lake.get(&Path::from(p.as_str()))?)?
+                        let bytes = lake.get(&Path::from(p.as_str()))?;
+                        deleted_rows_of(p, &bytes)?.collect()
                     }
                     None => Vec::new(),
                 };

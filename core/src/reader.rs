@@ -81,13 +81,10 @@ impl CheckpointDeletes {
         let mut words = vec![0u64; self.capacity.div_ceil(64)];
         if let Some(path) = &self.path {
             let bytes = self.lake.get(path)?;
-            if !bytes.len().is_multiple_of(4) {
-                return Err(Error::Corrupt { what: path.to_string(), reason: format!("{} bytes", bytes.len()) });
-            }
-            for b in bytes.chunks_exact(4) {
-                let row = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+            for row in crate::checkpoint::deleted_rows_of(path.as_ref(), &bytes)? {
+                let row = row as usize;
                 let word = words.get_mut(row / 64).ok_or_else(|| Error::Corrupt {
-                    what: path.to_string(),
+                    what: format!("deleted rows ({path})"),
                     reason: format!("row {row} beyond the capacity {} of {}", self.capacity, self.file),
                 })?;
                 *word |= 1 << (row % 64);

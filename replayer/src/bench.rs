@@ -501,7 +501,7 @@ pub fn replay(
     };
     let local = replays.swap_remove(at_median).0;
     let rows_per_s = local.rows as f64 / local.seconds;
-    let typed_decode_s = typed_decode_seconds(&dir.join("lake"), &input)?;
+    let typed_decode_us = typed_decode_seconds(&dir.join("lake"), &input)? * 1e6 / records.max(1) as f64;
     let mut result = json!({
         "workload": format!("{workload:?}").to_lowercase(),
         "txns": local.txns,
@@ -514,7 +514,7 @@ pub fn replay(
         "cpu_us_per_row": cpu_us_per_row,
         "rows_per_s_runs": rows_per_s_runs,
         "cpu_us_per_row_runs": cpu_runs,
-        "typed_decode_us_per_record": (typed_decode_s * 1e6 / records.max(1) as f64 * 1000.0).round() / 1000.0,
+        "typed_decode_us_per_record": (typed_decode_us * 1000.0).round() / 1000.0,
         "records": records,
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
@@ -555,7 +555,7 @@ pub fn replay(
             local.txns,
             local.seconds,
             decode_s / local.seconds * 100.0,
-            typed_decode_s * 1e6 / records.max(1) as f64
+            typed_decode_us
         );
         if let Some(r) = result.get("remote") {
             println!(

@@ -248,6 +248,19 @@ fn a_corrupt_checkpoint_object_is_named() {
         b.pop();
     });
     assert!(message.contains(&deleted) && message.contains("4-byte"), "{message}");
+    // A reader at the checkpoint reads the same object the same way.
+    let path = dir.path().join(&deleted);
+    let good = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+    let reader = fovea_core::location::open_reader(LakeBackends::local(dir.path()).unwrap(), Duration::from_secs(60))
+        .unwrap()
+        .reader;
+    use fovea_core::SnapshotTables;
+    let scanned: Result<Vec<_>, _> = reader.scan("s.t", ScanOptions::default()).unwrap().collect();
+    let message = scanned.expect_err("a scan over a truncated deleted-rows object succeeded").to_string();
+    assert!(message.contains(&deleted) && message.contains("4-byte"), "{message}");
+    drop(reader);
+    std::fs::write(&path, &good).unwrap();
     let message = damage(&index, &|b| {
         let mid = b.len() / 2;
         b[mid] ^= 0xff;
