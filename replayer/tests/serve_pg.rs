@@ -23,11 +23,15 @@ const TABLES: &[(&str, &str)] = &[
 
 const SCHEMA: &str = "
 CREATE TABLE orders (id serial PRIMARY KEY, customer int NOT NULL, amount numeric(12,2), note text,
-                     created timestamptz NOT NULL DEFAULT now(), shipped date, flag boolean, score double precision);
+                     created timestamptz NOT NULL DEFAULT now(), shipped date, flag boolean, score double precision,
+                     ratio real);
 CREATE TABLE order_lines (order_id int NOT NULL, line int NOT NULL, qty int NOT NULL, PRIMARY KEY (order_id, line));
-INSERT INTO orders (customer, amount, note, shipped, flag, score)
+INSERT INTO orders (customer, amount, note, shipped, flag, score, ratio)
   SELECT g % 50, g * 1.25, CASE WHEN g % 10 = 0 THEN (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 200) i) ELSE 'n' || g END,
-         DATE '2026-01-01' + g, g % 2 = 0, g / 3.0
+         DATE '2026-01-01' + g, g % 2 = 0,
+         -- floats PostgreSQL prints with an exponent (below 1e-4, from 1e15; 1e6 for real) and without
+         (g / 3.0) * CASE g % 4 WHEN 0 THEN 1 WHEN 1 THEN 1e-9 WHEN 2 THEN 1e15 ELSE -1e-300 END,
+         ((g * 0.00731) * CASE g % 3 WHEN 0 THEN 1 WHEN 1 THEN 1e-6 ELSE 1e9 END)::real
   FROM generate_series(1, 300) g;
 INSERT INTO order_lines SELECT id, l, l * 2 FROM orders, generate_series(1, 3) l;
 ";

@@ -19,6 +19,7 @@ pub mod ddl;
 pub mod debezium;
 pub mod dms;
 pub mod file;
+pub mod float_text;
 pub mod ordering;
 pub mod pgoutput;
 pub mod source;

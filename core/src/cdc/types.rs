@@ -48,6 +48,10 @@ pub fn to_value(v: &Json, t: &DataType) -> Result<Value, String> {
                 "NaN" => Ok(Value::Float(f64::NAN)),
                 "Infinity" => Ok(Value::Float(f64::INFINITY)),
                 "-Infinity" => Ok(Value::Float(f64::NEG_INFINITY)),
+                // A float4's text read as an f32 directly: through an f64
+                // first, a text next to a halfway point between two f32s
+                // could round to the other one.
+                s if *t == DataType::Float32 => s.parse::<f32>().map(|f| Value::Float(f.into())).map_err(|_| bad()),
                 s => s.parse().map(Value::Float).map_err(|_| bad()),
             },
             _ => Err(bad()),
@@ -252,15 +256,7 @@ pub fn format_value(v: &Value, t: &DataType) -> Option<String> {
         (Value::Int(i), _) => i.to_string(),
         (Value::Decimal(d), DataType::Decimal128(_, s)) => format_decimal(*d, *s),
         (Value::Decimal(d), _) => d.to_string(),
-        (Value::Float(f), _) => {
-            if f.is_nan() {
-                "NaN".into()
-            } else if f.is_infinite() {
-                if *f > 0.0 { "Infinity".into() } else { "-Infinity".into() }
-            } else {
-                format!("{f}")
-            }
-        }
+        (Value::Float(f), t) => super::float_text::format_float(*f, *t == DataType::Float32),
         (Value::Utf8(s), _) => s.clone(),
         (Value::Binary(b), _) => format!("\\x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
     })
