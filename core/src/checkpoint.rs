@@ -378,6 +378,10 @@ pub struct PendingCheckpoint {
     _pin: crate::mvcc::Snapshot,
     tables: Vec<Arc<TableDef>>,
     next_file_id: u64,
+    /// A number no other checkpoint of the lake names objects with (a file
+    /// id taken for it): the index deltas of a checkpoint at its committed
+    /// checkpoint's ts go beside that one's objects under it.
+    unique: u64,
     shards: Vec<ShardCapture>,
     /// Keys each shard's index changed since the committed checkpoint.
     changed: Vec<ChangedKeys>,
@@ -458,7 +462,7 @@ impl PendingCheckpoint {
         };
         // Objects retired before this checkpoint began are left out of it:
         // once it is committed, nothing durable names them.
-        lock(&engine.retired).left_out_of(self.number, c.get());
+        lock(&engine.retired).left_out_of(self.number, c.get(), self.next_file_id);
         Ok(Manifest {
             format: MANIFEST_FORMAT,
             checkpoint_ts: c.get(),
@@ -487,13 +491,22 @@ impl PendingCheckpoint {
         // image is a base; else a delta. The committed checkpoint may
         // be an image at `c` already (no commit since): its objects
         // serve, none is written (the look-ups still are made: they
-        // carry keys changed above `c` into the next set).
+        // carry keys changed above `c` into the next set) — unless keys
+        // changed all the same, their rows moved by storage GC.
         let base_path = format!("{dir}/index-{s}.bin");
+        // At the committed checkpoint's ts, `dir` is that checkpoint's: what
+        // is written here must not replace an object it names.
+        let same_ts = since == c.get();
         let (path, write) = match chain {
             None => (base_path.clone(), true),
             // Named by both ends: whoever writes it writes the
             // changes between the same two images.
-            Some(_) => (format!("{dir}/index-{s}-since-{since}.delta"), since != c.get()),
+            Some(_) if !same_ts => (format!("{dir}/index-{s}-since-{since}.delta"), true),
+            Some(_) if keys.is_empty() => (String::new(), false),
+            // Keys changed without a commit: storage GC moved their rows
+            // (new row ids). The committed image would point them at rows
+            // that no longer have a location.
+            Some(_) => (format!("{dir}/index-{s}-since-{since}-{}.delta", self.unique), true),
         };
         // Streamed to the store as the look-ups go: one part of the
         // image in memory, not the image.
@@ -525,8 +538,11 @@ impl PendingCheckpoint {
             None => (path, Vec::new(), vec![size]),
             Some(p) => {
                 let behind: u64 = p.index_sizes[1..].iter().sum::<u64>() + size;
-                if p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
-                    || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES)
+                // (Not at the committed checkpoint's ts: the merged base would
+                // replace the one it may name under the same name.)
+                if !same_ts
+                    && (p.index_deltas.len() + 1 >= MAX_INDEX_DELTAS
+                        || (behind > p.index_sizes[0] / 2 && behind >= MERGE_BYTES))
                 {
                     // (The delta just written is named by no manifest:
                     // the next vacuum deletes it.) Streamed: the runs
@@ -611,7 +627,9 @@ impl PendingCheckpoint {
 impl Drop for PendingCheckpoint {
     fn drop(&mut self) {
         // Acquire: pairs with the Release in `checkpoint_committed`.
-        let committed = self.engine.committed_checkpoint.load(Ordering::Acquire) == self.c.get() + 1;
+        // (Not by ts: an earlier checkpoint at the same ts may be the
+        // committed one.)
+        let committed = self.engine.committed_checkpoint.load(Ordering::Acquire) >= self.next_file_id;
         if !committed {
             for (shard, keys) in self.engine.shards.iter().zip(&self.changed) {
                 if !keys.is_empty() {
@@ -768,6 +786,7 @@ impl Engine {
             _pin: pin,
             tables,
             next_file_id: 0,
+            unique: 0,
             shards: Vec::with_capacity(self.shards.len()),
             changed: Vec::with_capacity(self.shards.len()),
             holds_image: false,
@@ -804,6 +823,9 @@ impl Engine {
                 parts,
             });
         }
+        // Relaxed: ids only need to be unique. Taken before `next_file_id`
+        // is read: no process that recovers this checkpoint takes it again.
+        pending.unique = self.file_ids.fetch_add(1, Ordering::Relaxed);
         // Relaxed: read after every shard lock above; ids allocated later
         // belong to nothing this checkpoint names.
         pending.next_file_id = self.file_ids.load(Ordering::Relaxed);

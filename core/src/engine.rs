@@ -155,8 +155,9 @@ pub(crate) struct Retired {
     /// then): a checkpoint begun later may have read the part before the
     /// swap and name the objects.
     begun_before: u64,
-    /// Ts of the first checkpoint written without them.
-    pub(crate) left_out_at: Option<u64>,
+    /// The first checkpoint written without them: its ts and its
+    /// `next_file_id` (see [`Engine::committed_checkpoint`]).
+    pub(crate) left_out_at: Option<(u64, u64)>,
 }
 
 impl Retired {
@@ -183,12 +184,13 @@ impl RetiredObjects {
         self.checkpoints_begun
     }
 
-    /// Marks the objects checkpoint `number` (at `c`) left out: those
-    /// retired before it began. One retired while it ran may still be named
-    /// by it (it read the part before the swap) and waits for the next.
-    pub(crate) fn left_out_of(&mut self, number: u64, c: u64) {
+    /// Marks the objects checkpoint `number` (at `c`, with `next_file_id`)
+    /// left out: those retired before it began. One retired while it ran
+    /// may still be named by it (it read the part before the swap) and
+    /// waits for the next.
+    pub(crate) fn left_out_of(&mut self, number: u64, c: u64, next_file_id: u64) {
         for entry in self.entries.iter_mut().filter(|e| e.begun_before < number) {
-            entry.left_out_at.get_or_insert(c);
+            entry.left_out_at.get_or_insert((c, next_file_id));
         }
     }
 }
@@ -263,8 +265,11 @@ pub struct Engine {
     /// deleted only once that checkpoint is committed, never on the strength
     /// of a checkpoint whose commit failed (a fenced replayer's).
     pub(crate) retired: Mutex<RetiredObjects>,
-    /// One past the ts of the newest checkpoint committed to the catalog
-    /// (0: none yet).
+    /// The `next_file_id` of the newest checkpoint committed to the
+    /// catalog (0: none yet). Each checkpoint's is larger than every earlier
+    /// one's (its capture takes an id), so it tells checkpoints at the same
+    /// ts apart, as the ts cannot (one written after storage GC or a
+    /// combine without a commit in between).
     pub(crate) committed_checkpoint: AtomicU64,
     /// The newest checkpoint committed: the next one writes what changed
     /// since (its index deltas extend this one's chain).
@@ -978,7 +983,7 @@ impl Engine {
             let committed = self.committed_checkpoint.load(std::sync::atomic::Ordering::Acquire);
             // Left out of a committed checkpoint, and no registered reader
             // reads an older one.
-            let covered = |r: &Retired| r.left_out_at.is_some_and(|c| c < committed && c <= floor);
+            let covered = |r: &Retired| r.left_out_at.is_some_and(|(c, id)| id <= committed && c <= floor);
             let (ready, keep): (Vec<_>, Vec<_>) =
                 retired.entries.drain(..).partition(|r| r.seq <= oldest && (covered(r) || !checkpointing));
             retired.entries = keep;
@@ -992,7 +997,7 @@ impl Engine {
                     seq: 0,
                     paths: ready[i..].to_vec(),
                     begun_before: 0,
-                    left_out_at: Some(0),
+                    left_out_at: Some((0, 0)),
                 });
                 return Err(e);
             }
@@ -1015,13 +1020,15 @@ impl Engine {
     pub fn checkpoint_committed(&self, manifest: &crate::checkpoint::Manifest) {
         {
             let mut last = lock(&self.last_checkpoint);
-            if last.as_ref().is_none_or(|m| m.checkpoint_ts < manifest.checkpoint_ts) {
+            // One at the same ts is newer all the same (checkpoints commit
+            // one after another): storage GC may have moved rows since.
+            if last.as_ref().is_none_or(|m| m.checkpoint_ts <= manifest.checkpoint_ts) {
                 *last = Some(Arc::new(manifest.clone()));
             }
         }
         // Release: pairs with the Acquire in `gc` and in the drop of a
         // `PendingCheckpoint`.
-        self.committed_checkpoint.fetch_max(manifest.checkpoint_ts + 1, std::sync::atomic::Ordering::Release);
+        self.committed_checkpoint.fetch_max(manifest.next_file_id, std::sync::atomic::Ordering::Release);
     }
 
     /// Names the objects this engine creates from now on within `epoch`'s
