@@ -319,6 +319,49 @@ fn column_type_changes_never_stop_the_replica() {
 /// as the "missing value", or written by a table rewrite for a volatile
 /// default) — end exactly as in PostgreSQL; a plain added or dropped
 /// column too.
+/// Values PostgreSQL prints in ways of its own, through the initial copy
+/// and through the stream: unconstrained numerics (any scale, NaN, more
+/// than 38 digits), infinite dates and timestamps, years before Christ and
+/// past 9999, float specials and halfway texts, and types kept as text.
+#[test]
+fn postgresql_values_replay_as_postgresql_prints_them() {
+    let pg = PgCluster::start();
+    pg.psql(
+        "bench",
+        "CREATE TABLE n (id int PRIMARY KEY, a numeric, b numeric(20,5), c numeric(5,0), d numeric(50,3));
+         INSERT INTO n VALUES (1, 1.5, 1.5, 1, 1), (2, 1.50, 0, 99999, 12345678901234567890123456789012345678901234.567),
+           (3, 123456789012345678901234567.123456789, 123456789012345.12345, -5, -0.001),
+           (4, 0.000000000001, -0.00001, 0, 0), (5, 'NaN', NULL, NULL, 'NaN'), (6, 'Infinity', 2, 3, NULL), (7, 1e-20, 1, 1, 2);
+         CREATE TABLE tm (id int PRIMARY KEY, ts timestamp, tz timestamptz, d date, t time, tt timetz, iv interval);
+         INSERT INTO tm VALUES (1, 'infinity', '-infinity', 'infinity', '24:00', '12:00+02', '1 year 2 mons'),
+           (2, '0044-03-15 12:00 BC', '0044-03-15 12:00 BC', '0044-03-15 BC', '00:00:00.000001', '00:00-12', '-1 day'),
+           (3, '10000-01-01', '12345-06-07 01:02:03.5+00', '99999-12-31', '23:59:59.999999', '1:00+14', '1.5 seconds'),
+           (4, '2026-01-01 00:00:00.000001', '2026-01-01 00:00:00+05:30', '4713-01-01 BC', NULL, NULL, NULL);
+         CREATE TABLE m (id int PRIMARY KEY, f real, g float8, u uuid, j jsonb, arr int[], tx text, bt bytea, ch char(5),
+                         mo money, ip inet, e text[]);
+         INSERT INTO m VALUES (1, 'NaN', '-Infinity', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"b\": 1, \"a\": [1,2]}',
+             '{1,2,NULL}', E'a,b\"c\\nd\\\\e', E'\\\\x00ff', 'ab', 12.5, '10.0.0.1/8', '{\"x,y\",\"z\\\"w\"}'),
+           (2, 299710000, 5e22, NULL, 'null', '{}', '', '', '', -1, '::1', '{}'),
+           (3, 1.5e-5, 1e-5, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);",
+    );
+    let tables = [("public.n", "id"), ("public.tm", "id"), ("public.m", "id")];
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let server = Server::start(&lake, &publish_all(&pg), &[]);
+    eventually(Duration::from_secs(60), "the initial copy", || compare_all(&pg, &server, &tables).ok());
+    // The same values again through the stream, and changed.
+    pg.psql(
+        "bench",
+        "INSERT INTO n SELECT id + 100, a, b, c, d FROM n; UPDATE n SET a = a * 3 WHERE id < 100;
+         INSERT INTO tm SELECT id + 100, ts, tz, d, t, tt, iv FROM tm;
+         UPDATE tm SET ts = '-infinity', d = '-infinity', tz = 'infinity' WHERE id = 3;
+         INSERT INTO m SELECT id + 100, f, g, u, j, arr, tx, bt, ch, mo, ip, e FROM m;
+         UPDATE m SET f = f * 10, g = g / 7 WHERE id < 100",
+    );
+    common::while_progressing(&server, Duration::from_secs(1), || compare_all(&pg, &server, &tables))
+        .unwrap_or_else(|e| panic!("after the stream: {e}\n{}", server.log()));
+}
+
 #[test]
 fn renamed_and_defaulted_columns_end_exact() {
     let pg = PgCluster::start();

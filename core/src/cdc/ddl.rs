@@ -59,9 +59,14 @@ pub fn sql_type(t: &str) -> Option<DataType> {
         "bigint" | "int8" | "bigserial" | "oid" => DataType::Int64,
         "real" | "float4" => DataType::Float32,
         "double precision" | "float8" | "float" => DataType::Float64,
+        // Without a precision a numeric holds any number of digits at any
+        // scale of its own (and NaN, ±Infinity); with more than 38 digits it
+        // does not fit a Decimal128. Either is kept as PostgreSQL's text of
+        // each value, exactly, as Debezium's VariableScaleDecimal is.
+        "numeric" | "decimal" if args.first().is_none_or(|&p| p > 38) => DataType::Utf8,
         "numeric" | "decimal" => {
-            let p = args.first().copied().unwrap_or(38).clamp(1, 38) as u8;
-            let s = args.get(1).copied().unwrap_or(if args.is_empty() { 10 } else { 0 }).clamp(0, 38) as i8;
+            let p = args[0].clamp(1, 38) as u8;
+            let s = args.get(1).copied().unwrap_or(0).clamp(0, 38) as i8;
             DataType::Decimal128(p.max(s as u8), s)
         }
         "boolean" | "bool" => DataType::Boolean,

@@ -166,26 +166,74 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-/// `YYYY-MM-DD` → days since the epoch.
+/// PostgreSQL's `infinity` date, in a Date32 column: the largest day
+/// number, as PostgreSQL keeps it (`DATEVAL_NOEND`); `-infinity` is the
+/// smallest. No date PostgreSQL takes comes near either.
+pub const DATE_INFINITY: i32 = i32::MAX;
+
+/// PostgreSQL's `infinity` timestamp in µs: the largest, as PostgreSQL
+/// keeps it (`DT_NOEND`); `-infinity` is the smallest. Both order as
+/// PostgreSQL orders them, after and before every instant.
+pub const TIMESTAMP_INFINITY: i64 = i64::MAX;
+
+/// `YYYY-MM-DD`, `YYYY-MM-DD BC`, `infinity`, `-infinity` → days since the
+/// epoch.
 pub fn parse_date(s: &str) -> Option<i32> {
-    let mut it = s.trim().splitn(3, '-');
+    let s = s.trim();
+    match infinity(s) {
+        Some(true) => return Some(DATE_INFINITY),
+        Some(false) => return Some(-DATE_INFINITY - 1),
+        None => {}
+    }
+    let (s, bc) = s.strip_suffix(" BC").map_or((s, false), |d| (d, true));
+    parse_date_parts(s, bc)
+}
+
+/// `Some(true)` for `infinity`, `Some(false)` for `-infinity`.
+fn infinity(s: &str) -> Option<bool> {
+    match s {
+        "infinity" | "+infinity" => Some(true),
+        "-infinity" => Some(false),
+        _ => None,
+    }
+}
+
+/// `YYYY-MM-DD` → days since the epoch; a year before Christ (`bc`, year 1
+/// BC is year 0) when `bc`.
+fn parse_date_parts(s: &str, bc: bool) -> Option<i32> {
+    let mut it = s.splitn(3, '-');
     let y: i64 = it.next()?.parse().ok()?;
     let m: u32 = it.next()?.parse().ok()?;
     let d: u32 = it.next()?.get(..2)?.parse().ok()?;
+    let y = match bc {
+        true if y >= 1 => 1 - y,
+        true => return None,
+        false => y,
+    };
     // Beyond any date column (Date32 spans ±5.8 million years), and where
     // the day arithmetic would overflow.
     if !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(-6_000_000..=6_000_000).contains(&y) {
         return None;
     }
-    i32::try_from(days_from_civil(y, m, d)).ok()
+    let days = i32::try_from(days_from_civil(y, m, d)).ok()?;
+    // The extremes stand for the infinities.
+    (days != DATE_INFINITY && days != -DATE_INFINITY - 1).then_some(days)
 }
 
 /// ISO-8601 / PostgreSQL timestamp text → µs since the epoch (UTC). Accepts
-/// `T` or space, optional fraction, `Z`, `±HH[:MM]` or no offset (UTC).
+/// `T` or space, optional fraction, `Z`, `±HH[:MM]` or no offset (UTC), a
+/// trailing ` BC`, and `infinity`, `-infinity`
+/// ([`TIMESTAMP_INFINITY`]).
 pub fn parse_timestamp(s: &str) -> Option<i64> {
     let s = s.trim();
+    match infinity(s) {
+        Some(true) => return Some(TIMESTAMP_INFINITY),
+        Some(false) => return Some(-TIMESTAMP_INFINITY - 1),
+        None => {}
+    }
+    let (s, bc) = s.strip_suffix(" BC").map_or((s, false), |d| (d, true));
     let (date, rest) = s.split_at(s.find(['T', ' '])?);
-    let days = i64::from(parse_date(date)?);
+    let days = i64::from(parse_date_parts(date, bc)?);
     let rest = &rest[1..];
     let (time, offset_s) = match rest.find(['Z', 'z', '+', '-']) {
         Some(i) => {
@@ -219,29 +267,60 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
     }
     // Checked: absurd years or hours are no timestamp, not a wrapped one.
     let secs = days.checked_mul(86_400)?.checked_add(h.checked_mul(3600)?)?.checked_add(m.checked_mul(60)?)?;
-    secs.checked_add(sec)?.checked_sub(offset_s)?.checked_mul(1_000_000)?.checked_add(micros)
+    let us = secs.checked_add(sec)?.checked_sub(offset_s)?.checked_mul(1_000_000)?.checked_add(micros)?;
+    // The extremes stand for the infinities.
+    (us != TIMESTAMP_INFINITY && us != -TIMESTAMP_INFINITY - 1).then_some(us)
 }
 
 /// PostgreSQL text of a timestamp in µs: `2024-01-01 00:37:12.345678`
-/// (fraction without trailing zeros, none when zero).
+/// (fraction without trailing zeros, none when zero; ` BC` after years
+/// before Christ; `infinity`, `-infinity`).
 pub fn format_timestamp(us: i64) -> String {
+    format_timestamp_in(us, "")
+}
+
+/// [`format_timestamp`] with `zone` (`+00`) after the time, as a
+/// `timestamptz` prints.
+fn format_timestamp_in(us: i64, zone: &str) -> String {
+    match us {
+        TIMESTAMP_INFINITY => return "infinity".into(),
+        i64::MIN => return "-infinity".into(),
+        _ => {}
+    }
     let secs = us.div_euclid(1_000_000);
     let frac = us.rem_euclid(1_000_000);
     let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
-    let mut s = format!("{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}", sod / 3600, sod % 3600 / 60, sod % 60);
+    let (year, era) = year_and_era(y);
+    let mut s = format!("{year:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}", sod / 3600, sod % 3600 / 60, sod % 60);
     if frac != 0 {
         let f = format!("{frac:06}");
         s.push('.');
         s.push_str(f.trim_end_matches('0'));
     }
+    s.push_str(zone);
+    s.push_str(era);
     s
 }
 
-/// PostgreSQL text of a date.
+/// The year as PostgreSQL prints it, and ` BC` for years before Christ
+/// (year 0 is 1 BC).
+fn year_and_era(y: i64) -> (i64, &'static str) {
+    if y <= 0 { (1 - y, " BC") } else { (y, "") }
+}
+
+/// PostgreSQL text of a date (` BC` after years before Christ; `infinity`,
+/// `-infinity`).
 pub fn format_date(days: i64) -> String {
+    if days == i64::from(DATE_INFINITY) {
+        return "infinity".into();
+    }
+    if days == i64::from(i32::MIN) {
+        return "-infinity".into();
+    }
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}")
+    let (year, era) = year_and_era(y);
+    format!("{year:04}-{m:02}-{d:02}{era}")
 }
 
 /// PostgreSQL text of a value of type `t` (as `COPY … TO` writes it);
@@ -252,7 +331,7 @@ pub fn format_value(v: &Value, t: &DataType) -> Option<String> {
         (Value::Bool(b), _) => if *b { "t" } else { "f" }.to_owned(),
         (Value::Int(i), DataType::Date32) => format_date(*i),
         (Value::Int(i), DataType::Timestamp(_, None)) => format_timestamp(*i),
-        (Value::Int(i), DataType::Timestamp(_, Some(_))) => format!("{}+00", format_timestamp(*i)),
+        (Value::Int(i), DataType::Timestamp(_, Some(_))) => format_timestamp_in(*i, "+00"),
         (Value::Int(i), _) => i.to_string(),
         (Value::Decimal(d), DataType::Decimal128(_, s)) => format_decimal(*d, *s),
         (Value::Decimal(d), _) => d.to_string(),
@@ -329,11 +408,17 @@ pub fn convert_exact(v: &Value, from: &DataType, to: &DataType) -> Option<Value>
             }
             _ => return None,
         },
-        (Value::Int(days), Date32, Timestamp(TimeUnit::Microsecond, _)) => Value::Int(days.checked_mul(DAY_US)?),
+        (Value::Int(days), Date32, Timestamp(TimeUnit::Microsecond, _)) => match i32::try_from(*days) {
+            Ok(DATE_INFINITY) => Value::Int(TIMESTAMP_INFINITY),
+            Ok(i32::MIN) => Value::Int(i64::MIN),
+            _ => Value::Int(days.checked_mul(DAY_US)?),
+        },
         (Value::Int(us), Timestamp(TimeUnit::Microsecond, _), _) => match to {
             // Both count µs from the epoch (a naive one as UTC, as Arrow's
             // cast does).
             Timestamp(TimeUnit::Microsecond, _) => Value::Int(*us),
+            Date32 if *us == TIMESTAMP_INFINITY => Value::Int(DATE_INFINITY.into()),
+            Date32 if *us == i64::MIN => Value::Int(i32::MIN.into()),
             Date32 if us % DAY_US == 0 => Value::Int(us / DAY_US),
             _ => return None,
         },
@@ -423,6 +508,28 @@ mod tests {
         assert_eq!(format_timestamp(0), "1970-01-01 00:00:00");
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
         assert_eq!(format_date(i64::from(parse_date("2026-11-30").unwrap())), "2026-11-30");
+        // PostgreSQL's texts of infinities, years before Christ and past 9999.
+        for date in
+            ["infinity", "-infinity", "0044-03-15 BC", "0001-01-01 BC", "4713-01-01 BC", "99999-12-31", "5874897-12-31"]
+        {
+            assert_eq!(format_date(i64::from(parse_date(date).unwrap())), date);
+        }
+        assert_eq!(parse_date("0001-12-31 BC").map(|d| d + 1), parse_date("0001-01-01"));
+        assert_eq!(parse_date("0000-01-01 BC"), None);
+        for ts in
+            ["infinity", "-infinity", "0044-03-15 12:00:00 BC", "10000-01-01 00:00:00", "0001-01-01 00:00:00.5 BC"]
+        {
+            assert_eq!(format_timestamp(parse_timestamp(ts).unwrap()), ts);
+        }
+        let tz = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        for ts in ["0044-03-15 12:00:00+00 BC", "12345-06-07 01:02:03.5+00", "-infinity"] {
+            assert_eq!(format_value(&Value::Int(parse_timestamp(ts).unwrap()), &tz).as_deref(), Some(ts));
+        }
+        assert_eq!(parse_timestamp("2025-12-31 18:30:00+00"), parse_timestamp("2026-01-01 00:00:00+05:30"));
+        let date = DataType::Date32;
+        let (inf, ts) = (Value::Int(DATE_INFINITY.into()), DataType::Timestamp(TimeUnit::Microsecond, None));
+        assert_eq!(convert_exact(&inf, &date, &ts), Some(Value::Int(TIMESTAMP_INFINITY)));
+        assert_eq!(convert_exact(&Value::Int(TIMESTAMP_INFINITY), &ts, &date), Some(inf));
         for d in [-800_000i64, -1, 0, 59, 19_000, 2_000_000] {
             let (y, m, dd) = civil_from_days(d);
             assert_eq!(days_from_civil(y, m, dd), d);
