@@ -15,12 +15,16 @@ use std::time::{Duration, Instant};
 use common::{fovea, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 
 /// Replays `input` into `lake` under faults (a new seed per run) until a
-/// run finishes; the number of runs that stopped.
-fn replay_with_faults(lake: &Path, input: &Path, rates: &str) -> usize {
+/// run finishes; the number of runs that stopped. Until two runs have
+/// stopped, the error rates are five times `errors`: at the given rates a
+/// run now and then draws no fault at all, and the test is about runs that
+/// stop.
+fn replay_with_faults(lake: &Path, input: &Path, errors: f64, rates: &str) -> usize {
     let began = Instant::now();
     let mut stops = 0;
     for seed in 1.. {
-        let plan = format!("seed={seed},{rates}");
+        let p = if stops < 2 { errors * 5.0 } else { errors };
+        let plan = format!("seed={seed},errors={p},after={p},{rates}");
         let out = fovea()
             .env("FOVEA_FAULTS", &plan)
             .args(["replay", "--lake", lake.to_str().unwrap(), "--checkpoint-txns", "40", "--input"])
@@ -45,7 +49,7 @@ fn pg_tiny_replayed_under_injected_faults_equals_postgres() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
     let input = data().join("debezium_events.precise_schemas.jsonl.gz");
-    let stops = replay_with_faults(&lake, &input, "errors=0.01,after=0.01,latency_ms=1,multipart=0.3");
+    let stops = replay_with_faults(&lake, &input, 0.01, "latency_ms=1,multipart=0.3");
     assert!(stops >= 2, "only {stops} runs stopped: the faults did not bite");
     // Read back without faults: every table equals PostgreSQL's.
     for t in tables() {
@@ -115,7 +119,7 @@ fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_rep
     // 12,000 transactions in trials, 0.015 more; fewer than 3 means the
     // faults did not reach the replay. Runs that stop while a checkpoint is being written
     // resume exactly (a resume point is never at a committed END).
-    let stops = replay_with_faults(&faulty, &input, "errors=0.015,after=0.015,latency_ms=1,multipart=0.3");
+    let stops = replay_with_faults(&faulty, &input, 0.015, "latency_ms=1,multipart=0.3");
     assert!(stops >= 3, "only {stops} runs stopped: the faults did not bite");
     for t in ["hybench.account", "hybench.transfer"] {
         let export = |lake: &Path| {
