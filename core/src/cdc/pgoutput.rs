@@ -12,7 +12,9 @@
 //! - an unchanged out-of-line (TOAST) value (`'u'`) becomes
 //!   [`UNAVAILABLE`]: the sink keeps the previous value of that column;
 //! - replica identity DEFAULT sends the old key only when the key changed,
-//!   FULL sends the whole old row: a changed key becomes delete + insert;
+//!   FULL sends the whole old row: a changed key becomes an update whose
+//!   before image is the old key (unchanged TOAST values are kept from the
+//!   old key's row);
 //! - `TRUNCATE` is reported as such; the caller decides what it means.
 //!
 //! Memory is bounded however big a transaction is (proto 1 sends a
@@ -688,9 +690,12 @@ impl PgOutputDecoder {
                         .map(|k| cols.iter().find(|(n, _)| n == k).map_or(Json::Null, |(_, v)| v.clone()))
                         .collect()
                 };
+                // A changed key is an update with the old key as its before
+                // image (the engine moves the row): the unchanged TOAST
+                // values of the new image are the old key's row's.
                 match old_key {
                     Some(before) if key_of(&before) != key_of(&after) => {
-                        vec![change(RowOp::Delete, Some(before), None), change(RowOp::Insert, None, Some(after))]
+                        vec![change(RowOp::Update, Some(before), Some(after))]
                     }
                     _ => vec![change(RowOp::Update, None, Some(after))],
                 }
@@ -852,19 +857,20 @@ mod tests {
         moved.push(b'K');
         moved.extend(tuple(&[Some("1"), None, None]));
         moved.push(b'N');
-        moved.extend(tuple(&[Some("2"), Some("4.00"), Some("x")]));
+        moved.extend(tuple(&[Some("2"), Some("4.00"), Some("<toast>")]));
         d.decode(Lsn(13), &moved).unwrap();
         let txn = d.decode(Lsn(14), &commit(100, 150)).unwrap().expect("committed");
         assert_eq!((txn.xid, txn.final_lsn, txn.end_lsn), (42, Lsn(100), Lsn(150)));
         assert_eq!(txn.commit_us, 2_000_000 + PG_EPOCH_OFFSET_US);
         let ops: Vec<RowOp> = txn.rows.iter().map(|r| r.op).collect();
-        assert_eq!(ops, [RowOp::Insert, RowOp::Update, RowOp::Delete, RowOp::Insert]);
+        assert_eq!(ops, [RowOp::Insert, RowOp::Update, RowOp::Update]);
         assert_eq!(txn.rows[0].table, "public.t");
         assert_eq!(txn.rows[0].key_names.as_deref(), Some(&["id".to_owned()][..]));
         assert_eq!(txn.rows[0].declared.as_ref().unwrap()[1].data_type, DataType::Decimal128(12, 2));
         assert_eq!(txn.rows[1].after.as_ref().unwrap()[2].1, Json::String(UNAVAILABLE.into()));
         assert_eq!(txn.rows[2].before.as_ref().unwrap(), &vec![("id".to_owned(), Json::String("1".into()))]);
-        assert_eq!((txn.len(), txn.spilled_rows()), (4, 0));
+        assert_eq!(txn.rows[2].after.as_ref().unwrap()[0].1, Json::String("2".into()));
+        assert_eq!((txn.len(), txn.spilled_rows()), (3, 0));
     }
 
     /// A transaction decoded by `d`, message by message from `lsn` on.
