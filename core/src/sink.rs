@@ -819,9 +819,19 @@ impl Sink {
                 open.op_positions.push(position);
             }
         }
-        let open = self.open.as_ref().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         if open.ops.len() >= self.config.chunk_rows {
+            // A trailing delete waits for the next record: it may be the
+            // first half of a Debezium key change (see `op_of`).
+            let held = match open.ops.last() {
+                Some(Op::Delete { .. }) => open.ops.pop().zip(open.op_positions.pop()),
+                _ => None,
+            };
             self.apply_chunk()?;
+            if let (Some((op, position)), Some(open)) = (held, self.open.as_mut()) {
+                open.ops.push(op);
+                open.op_positions.push(position);
+            }
             // A large transaction streams through the shards: its chunk goes
             // to them now, and the sink reads on while at most about two
             // chunks wait there (memory stays a few chunks, however large
@@ -1611,7 +1621,32 @@ impl Sink {
                 let after = r.after.as_ref().ok_or_else(|| err("insert without an after image".into()))?;
                 let row = Self::image(t, after, &kept, &err)?;
                 if row.iter().any(Option::is_none) {
-                    return Err(err(format!("insert with {UNAVAILABLE:?}: there is no previous value to keep")));
+                    // Debezium sends a primary-key change as a delete of
+                    // the old key, a tombstone and a create of the new key,
+                    // whose unchanged out-of-line values are placeholders
+                    // (a real insert never has any): the old key's row
+                    // holds them. The pair becomes one update that moves
+                    // the row to the new key, as pgoutput's key change is.
+                    let def = Arc::clone(&t.def);
+                    let old_key = match r.op {
+                        RowOp::Insert => self.take_trailing_delete(id, &r.table),
+                        _ => None,
+                    };
+                    let Some(old_key) = old_key else {
+                        return Err(err(format!(
+                            "insert with {UNAVAILABLE:?}: there is no previous value to keep (a key change's create follows the delete of the old key, and none came right before it)"
+                        )));
+                    };
+                    self.apply_chunk()?;
+                    self.drain()?;
+                    let prev = self.engine.latest_row(&def, &old_key)?.ok_or_else(|| {
+                        err(format!(
+                            "key change from {} keeps unchanged values, but the old key has no row",
+                            render_key(&old_key)
+                        ))
+                    })?;
+                    let row = row.into_iter().zip(prev).map(|(new, old)| new.unwrap_or(old)).collect();
+                    return Ok(Op::Update { table: id, key: old_key, row });
                 }
                 let row = row.into_iter().flatten().collect();
                 // A snapshot record reads the row as it is now: it replaces
@@ -1642,6 +1677,23 @@ impl Sink {
                 Op::Update { table: id, key, row }
             }
         })
+    }
+}
+
+impl Sink {
+    /// The key of the open transaction's last pending operation if it is a
+    /// delete in table `name` (`id`), taken back: the first half of a Debezium
+    /// key change (see `op_of`). It is no longer counted in the table's rows.
+    fn take_trailing_delete(&mut self, id: crate::ids::TableId, name: &str) -> Option<Row> {
+        let open = self.open.as_mut()?;
+        if !matches!(open.ops.last(), Some(Op::Delete { table, .. }) if *table == id) {
+            return None;
+        }
+        let (Some(Op::Delete { key, .. }), Some(_)) = (open.ops.pop(), open.op_positions.pop()) else { return None };
+        if let Some(n) = open.rows_per_table.get_mut(name) {
+            *n = n.saturating_sub(1);
+        }
+        Some(key)
     }
 }
 

@@ -290,3 +290,63 @@ fn dms_and_debezium_lines_detected_per_line_replay_the_same_typed() {
     assert_eq!(outcome.tables["public.acct"].1.len(), 50);
     assert_eq!(outcome.tables["public.t"].0, ["id Int64", "metadata Utf8"]);
 }
+
+/// Debezium's primary-key change: a delete of the old key, a tombstone and
+/// a create of the new key whose unchanged out-of-line values are
+/// placeholders. The row moves to the new key with the old key's values,
+/// also when the delete ends a chunk of a large transaction, and twice in
+/// one transaction.
+#[test]
+fn a_key_change_keeps_unchanged_toast_values() {
+    let unavailable = fovea_core::cdc::debezium::UNAVAILABLE;
+    let tombstone = |id: i64| format!(r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":null}}"#);
+    let mut lines: Vec<String> = (1..=4)
+        .map(|i| rec(1, "c", &format!(r#"{{"id":{i}}}"#), "null", &format!(r#"{{"id":{i},"a":"big-{i}","n":{i}}}"#)))
+        .collect();
+    let change = |txid: u64, from: i64, to: i64, n: i64| {
+        [
+            rec(txid, "d", &format!(r#"{{"id":{from}}}"#), &format!(r#"{{"id":{from},"a":null,"n":null}}"#), "null"),
+            tombstone(from),
+            rec(
+                txid,
+                "c",
+                &format!(r#"{{"id":{to}}}"#),
+                "null",
+                &format!(r#"{{"id":{to},"a":"{unavailable}","n":{n}}}"#),
+            ),
+        ]
+    };
+    lines.extend(change(2, 1, 10, 100));
+    // An update first: with chunks of two rows, the delete ends a chunk.
+    lines.push(rec(3, "u", r#"{"id":2}"#, "null", r#"{"id":2,"a":"big-2b","n":2}"#));
+    lines.extend(change(3, 2, 20, 200));
+    lines.extend(change(3, 20, 21, 210));
+    // A plain key change without placeholders stays a delete and an insert.
+    lines.push(rec(4, "d", r#"{"id":3}"#, r#"{"id":3,"a":null,"n":null}"#, "null"));
+    lines.push(tombstone(3));
+    lines.push(rec(4, "c", r#"{"id":30}"#, "null", r#"{"id":30,"a":"new","n":300}"#));
+    let want = |id: i64, a: &str, n: i64| vec![Value::Int(id), Value::Utf8(a.into()), Value::Int(n)];
+    for chunk_rows in [2, 1 << 14] {
+        let config = || SinkConfig { chunk_rows, ..SinkConfig::default() };
+        let (outcome, _) = same_both_ways(&lines, config);
+        assert!(outcome.error.is_none(), "chunks of {chunk_rows}: {:?}", outcome.error);
+        let mut rows = outcome.tables["public.t"].1.clone();
+        rows.sort_by_key(|r| match r[0] {
+            Value::Int(id) => id,
+            _ => i64::MIN,
+        });
+        assert_eq!(
+            rows,
+            vec![want(4, "big-4", 4), want(10, "big-1", 100), want(21, "big-2b", 210), want(30, "new", 300)],
+            "chunks of {chunk_rows}"
+        );
+    }
+    // A create with placeholders after a delete of another table, or with
+    // a row between, has no old row to take them from.
+    let mut apart = lines[..4].to_vec();
+    apart.push(rec(2, "d", r#"{"id":1}"#, r#"{"id":1,"a":null,"n":null}"#, "null"));
+    apart.push(rec(2, "u", r#"{"id":2}"#, "null", r#"{"id":2,"a":"x","n":2}"#));
+    apart.push(rec(2, "c", r#"{"id":10}"#, "null", &format!(r#"{{"id":10,"a":"{unavailable}","n":1}}"#)));
+    let (outcome, _) = same_both_ways(&apart, SinkConfig::default);
+    assert!(outcome.error.as_deref().is_some_and(|e| e.contains("no previous value to keep")), "{:?}", outcome.error);
+}
