@@ -78,25 +78,18 @@ impl Float {
 
     /// The exact value.
     fn dyadic(self) -> Dyadic {
-        match self {
-            Float::Single(f) => {
-                let bits = f.to_bits();
-                let (e, m) = ((bits >> 23) & 0xff, bits & ((1 << 23) - 1));
-                if e == 0 {
-                    Dyadic { mantissa: m.into(), exp: -149 }
-                } else {
-                    Dyadic { mantissa: (m | 1 << 23).into(), exp: e as i32 - 150 }
-                }
-            }
-            Float::Double(f) => {
-                let bits = f.to_bits();
-                let (e, m) = ((bits >> 52) & 0x7ff, bits & ((1 << 52) - 1));
-                if e == 0 {
-                    Dyadic { mantissa: m.into(), exp: -1074 }
-                } else {
-                    Dyadic { mantissa: (m | 1 << 52).into(), exp: e as i32 - 1075 }
-                }
-            }
+        // IEEE 754 binary32 / binary64: fraction bits, exponent bits, and
+        // the exponent of a subnormal's last bit.
+        let (bits, fraction, exponent, subnormal) = match self {
+            Float::Single(f) => (u64::from(f.to_bits()), 23, 8, -149),
+            Float::Double(f) => (f.to_bits(), 52, 11, -1074),
+        };
+        let (e, m) = ((bits >> fraction) & ((1 << exponent) - 1), bits & ((1 << fraction) - 1));
+        if e == 0 {
+            Dyadic { mantissa: m.into(), exp: subnormal }
+        } else {
+            // e ≤ 2047: the cast is exact.
+            Dyadic { mantissa: (m | 1 << fraction).into(), exp: e as i32 - 1 + subnormal }
         }
     }
 
@@ -295,6 +288,8 @@ mod tests {
             (3.4028235e38, "3.4028235e+38"),
             (299_710_000.0, "2.9971002e+08"),
             (f32::INFINITY, "Infinity"),
+            (f32::MIN_POSITIVE, "1.1754944e-38"),
+            (1e-45, "1e-45"),
         ];
         for (x, text) in single {
             assert_eq!(format_float(f64::from(x), true), text, "{x:e}");

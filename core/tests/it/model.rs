@@ -625,6 +625,31 @@ fn recovers_through_a_chain_of_incremental_checkpoints() {
     }
 }
 
+/// An in-memory object store and timestamp store, and a one-shard engine
+/// on them (blocks of `block_rows` rows, `blocks_per_file` to a file)
+/// with the oracle's tables created.
+fn one_shard_engine(
+    block_rows: usize,
+    blocks_per_file: usize,
+) -> (Arc<dyn ObjectStore>, Arc<dyn TxnStore>, Arc<Engine>, Oracle) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+    let clock = Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap();
+    let config = EngineConfig::default().with_shards(1).with_blocks(block_rows, blocks_per_file);
+    let engine = Engine::open(Arc::clone(&store), clock, config).unwrap();
+    let oracle = create_tables(&engine);
+    (store, txn, engine, oracle)
+}
+
+/// Commits `raw` as one transaction on the engine and the oracle.
+fn commit(engine: &Arc<Engine>, oracle: &mut Oracle, raw: Vec<RawOp>) {
+    let ts = engine.begin().unwrap();
+    let ops: Vec<Op> = raw.iter().map(|op| to_op(op, oracle.tables.len())).collect();
+    assert!(oracle.apply(ts.get(), &ops), "{raw:?}");
+    engine.apply_at(ts, ops).unwrap();
+    engine.commit(ts).unwrap();
+}
+
 /// Checkpoints at the ts of the committed one, after storage GC moved rows
 /// (new row ids) without a commit in between, as an idle replayer's
 /// maintenance and its checkpoint at a stop do: the index the checkpoint
@@ -635,19 +660,8 @@ fn recovers_through_a_chain_of_incremental_checkpoints() {
 /// did not become the one the next extends.
 #[test]
 fn checkpoints_after_storage_gc_without_a_commit_keep_moved_rows() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+    let (store, txn, mut engine, mut oracle) = one_shard_engine(3, 1);
     let open = || Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap();
-    let config = EngineConfig::default().with_shards(1).with_blocks(3, 1);
-    let mut engine = Engine::open(Arc::clone(&store), open(), config).unwrap();
-    let mut oracle = create_tables(&engine);
-    let commit = |engine: &Arc<Engine>, oracle: &mut Oracle, raw: Vec<RawOp>| {
-        let ts = engine.begin().unwrap();
-        let ops: Vec<Op> = raw.iter().map(|op| to_op(op, oracle.tables.len())).collect();
-        assert!(oracle.apply(ts.get(), &ops), "{raw:?}");
-        engine.apply_at(ts, ops).unwrap();
-        engine.commit(ts).unwrap();
-    };
     commit(&engine, &mut oracle, (0..9).map(|k| RawOp::Insert { t: 0, k, p: k }).collect());
     commit(&engine, &mut oracle, (0..9).step_by(2).map(|k| RawOp::Update { t: 0, k, new_k: None, p: 7 }).collect());
     let first = engine.write_checkpoint().unwrap();
@@ -681,17 +695,9 @@ fn checkpoints_after_storage_gc_without_a_commit_keep_moved_rows() {
 /// committed, and GC deleted them.
 #[test]
 fn an_uncommitted_checkpoint_at_the_committed_ts_frees_nothing() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let txn: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
+    let (store, txn, engine, mut oracle) = one_shard_engine(3, 2);
     let open = || Clock::open_with_reservation(Arc::clone(&txn), 16).unwrap();
-    let config = EngineConfig::default().with_shards(1).with_blocks(3, 2);
-    let engine = Engine::open(Arc::clone(&store), open(), config).unwrap();
-    let mut oracle = create_tables(&engine);
-    let ts = engine.begin().unwrap();
-    let ops: Vec<Op> = (0..12).map(|k| to_op(&RawOp::Insert { t: 0, k, p: k }, oracle.tables.len())).collect();
-    assert!(oracle.apply(ts.get(), &ops));
-    engine.apply_at(ts, ops).unwrap();
-    engine.commit(ts).unwrap();
+    commit(&engine, &mut oracle, (0..12).map(|k| RawOp::Insert { t: 0, k, p: k }).collect());
     let committed = engine.write_checkpoint().unwrap();
     engine.checkpoint_committed(&committed);
     engine.flush().unwrap();
