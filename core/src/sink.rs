@@ -1637,15 +1637,12 @@ impl Sink {
                             "insert with {UNAVAILABLE:?}: there is no previous value to keep (a key change's create follows the delete of the old key, and none came right before it)"
                         )));
                     };
-                    self.apply_chunk()?;
-                    self.drain()?;
-                    let prev = self.engine.latest_row(&def, &old_key)?.ok_or_else(|| {
+                    let row = self.with_unchanged_values(&def, &old_key, row)?.ok_or_else(|| {
                         err(format!(
                             "key change from {} keeps unchanged values, but the old key has no row",
                             render_key(&old_key)
                         ))
                     })?;
-                    let row = row.into_iter().zip(prev).map(|(new, old)| new.unwrap_or(old)).collect();
                     return Ok(Op::Update { table: id, key: old_key, row });
                 }
                 let row = row.into_iter().flatten().collect();
@@ -1659,18 +1656,13 @@ impl Sink {
                 let key = Self::key_values(t, r, &kept, &err)?;
                 let image = Self::image(t, after, &kept, &err)?;
                 let row = if image.iter().any(Option::is_none) {
-                    // Unchanged out-of-line values: keep the previous ones. The
-                    // previous version may be in this transaction's pending chunk.
                     let def = Arc::clone(&t.def);
-                    self.apply_chunk()?;
-                    self.drain()?;
-                    let prev = self.engine.latest_row(&def, &key)?.ok_or_else(|| {
+                    self.with_unchanged_values(&def, &key, image)?.ok_or_else(|| {
                         err(format!(
                             "update of key {} keeps unchanged values, but the key has no row",
                             render_key(&key)
                         ))
-                    })?;
-                    image.into_iter().zip(prev).map(|(new, old)| new.unwrap_or(old)).collect()
+                    })?
                 } else {
                     image.into_iter().flatten().collect()
                 };
@@ -1678,9 +1670,24 @@ impl Sink {
             }
         })
     }
-}
 
-impl Sink {
+    /// `image` with its unchanged out-of-line values (`None`) taken from
+    /// the newest row under `key`, or `None` if the key has no row. That
+    /// row may be in this transaction's pending chunk: it is applied first.
+    fn with_unchanged_values(
+        &mut self,
+        def: &crate::schema::TableDef,
+        key: &[Value],
+        image: Vec<Option<Value>>,
+    ) -> Result<Option<Row>> {
+        self.apply_chunk()?;
+        self.drain()?;
+        Ok(self
+            .engine
+            .latest_row(def, key)?
+            .map(|prev| image.into_iter().zip(prev).map(|(new, old)| new.unwrap_or(old)).collect()))
+    }
+
     /// The key of the open transaction's last pending operation if it is a
     /// delete in table `name` (`id`), taken back: the first half of a Debezium
     /// key change (see `op_of`). It is no longer counted in the table's rows.
