@@ -413,7 +413,7 @@ pub(crate) fn replay_into(
 /// so each table exists), rows straight into typed values, a batch of
 /// lines sharing one buffer. Records are dropped as they are decoded.
 fn typed_decode_seconds(dir: &std::path::Path, input: &std::path::Path) -> crate::replay::CliResult<f64> {
-    use fovea_core::cdc::{InputFormat, SharedLine, decode_owned_line, source::LineSource, typed};
+    use fovea_core::cdc::{InputFormat, LineBuffer, SharedLine, decode_owned_line, source::LineSource, typed};
     let lake = fovea_core::location::open_lake(dir, Default::default(), fovea_core::location::OpenMode::Read)?;
     let engine: Arc<dyn typed::CurrentTables> = lake.engine.clone();
     let mut tables = typed::TypedTables::new(engine);
@@ -431,7 +431,7 @@ fn typed_decode_seconds(dir: &std::path::Path, input: &std::path::Path) -> crate
         if lines.is_empty() {
             return Ok(elapsed.as_secs_f64());
         }
-        let text = Arc::new(text);
+        let text = Arc::new(LineBuffer::from(text));
         let started = Instant::now();
         for (pos, range) in lines {
             let line = SharedLine::new(Arc::clone(&text), range).ok_or("a line is no range of its batch")?;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::source::{ChangeSource, Lag, LineSource, Polled};
 use super::typed::{CurrentTables, TypedTables};
-use super::{ChangeRecord, InputFormat, SharedLine, SourcePosition, decode_owned_line};
+use super::{BufferPool, ChangeRecord, InputFormat, LineBuffer, SharedLine, SourcePosition, decode_owned_line};
 use crate::catalog::CheckpointRecord;
 use crate::error::{Error, Result};
 use crate::sink::Sink;
@@ -27,11 +27,17 @@ use crate::sink::Sink;
 const DECODERS: usize = 2;
 /// Lines per batch handed between threads (they share one buffer).
 pub const BATCH_LINES: usize = 512;
+/// Batches that can be on their way at once: in the channels to and from
+/// each decoder, one being decoded by each, one being read and one being
+/// applied. Their buffers are reused (see [`LineBuffer`]).
+const BATCHES_IN_FLIGHT: usize = DECODERS * (2 * CHANNEL_BATCHES + 1) + 2;
+/// Batches each channel between the threads holds.
+const CHANNEL_BATCHES: usize = 8;
 
 /// Raw lines with their positions (ranges of `text`, the batch's one
 /// buffer); `end` is set on the last batch, or `error` when reading failed.
 struct LineBatch {
-    text: Arc<String>,
+    text: Arc<LineBuffer>,
     lines: Vec<(SourcePosition, SourcePosition, Range<usize>)>,
     end: Option<SourcePosition>,
     error: Option<Error>,
@@ -94,8 +100,8 @@ impl FileSource {
         let mut to_decoders = Vec::new();
         let mut from_decoders = Vec::new();
         for i in 0..DECODERS {
-            let (line_tx, line_rx) = sync_channel::<LineBatch>(8);
-            let (done_tx, done_rx) = sync_channel::<DecodedBatch>(8);
+            let (line_tx, line_rx) = sync_channel::<LineBatch>(CHANNEL_BATCHES);
+            let (done_tx, done_rx) = sync_channel::<DecodedBatch>(CHANNEL_BATCHES);
             to_decoders.push(line_tx);
             from_decoders.push(done_rx);
             let typed = tables.clone().map(TypedTables::new);
@@ -185,13 +191,15 @@ fn read_loop(mut source: LineSource, to: Vec<SyncSender<LineBatch>>, follow: boo
         turn += 1;
         sent
     };
-    // A batch's lines are read into one buffer, sized like the last one.
+    // A batch's lines are read into one buffer, sized like the last one;
+    // buffers come back once their records are applied.
+    let pool = BufferPool::new(BATCHES_IN_FLIGHT);
     let mut capacity = 0;
     let mut text = String::new();
     let mut lines = Vec::with_capacity(BATCH_LINES);
     let mut take = |text: &mut String, lines: &mut Vec<_>, end: Option<SourcePosition>, error: Option<Error>| {
         capacity = capacity.max(text.len() + text.len() / 8);
-        let text = Arc::new(std::mem::replace(text, String::with_capacity(capacity)));
+        let text = Arc::new(pool.buffer(std::mem::replace(text, pool.take(capacity))));
         LineBatch { text, lines: std::mem::replace(lines, Vec::with_capacity(BATCH_LINES)), end, error }
     };
     // Acquire: pairs with the Release store of `FileSource::drop`.
