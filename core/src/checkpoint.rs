@@ -27,7 +27,6 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use object_store::path::Path;
-use parquet::basic::Compression;
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::{Block, BlockData, FileKind, LakeFile};
@@ -35,7 +34,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
 use crate::index::{ChangedKeys, ImageRun, ImageWriter, PrimaryIndex};
-use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_parquet};
+use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_block};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
 use crate::schema::TableDef;
@@ -691,10 +690,7 @@ fn write_part(
                                 BlockData::Flushed(p) => p.clone(),
                                 BlockData::Memory(batch) => {
                                     let p = block_path(part.table, f.id, b.index);
-                                    lake.put(
-                                        &p,
-                                        encode_parquet(std::slice::from_ref(batch), b.rows, Compression::UNCOMPRESSED)?,
-                                    )?;
+                                    lake.put(&p, encode_block(std::slice::from_ref(batch), b.rows)?)?;
                                     p
                                 }
                             };
@@ -720,10 +716,7 @@ fn write_part(
                                 f.id.0,
                                 c.get()
                             ));
-                            lake.put(
-                                &p,
-                                encode_parquet(std::slice::from_ref(&cut), cut.num_rows(), Compression::UNCOMPRESSED)?,
-                            )?;
+                            lake.put(&p, encode_block(std::slice::from_ref(&cut), cut.num_rows())?)?;
                             (p, cut.num_rows(), min_ts, max_ts)
                         }
                     };

@@ -20,12 +20,11 @@ use arrow::datatypes::SchemaRef;
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use parquet::basic::Compression;
 
 use crate::buffer::{BlockData, DEFAULT_BLOCK_ROWS, DEFAULT_BLOCKS_PER_FILE, FileKind, PartView, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{ShardId, TableId, Ts};
-use crate::lake::{Lake, block_path, encode_parquet, file_path};
+use crate::lake::{Lake, block_path, encode_block, file_path};
 use crate::mvcc::{Clock, MemoryTxnStore, Snapshot, SqliteTxnStore, TxnStore, lock};
 use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
 use crate::rewrite::{
@@ -1106,7 +1105,7 @@ fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
         return Ok(());
     };
     let path = block_path(job.part.table.id, job.file, job.block.index);
-    lake.put(&path, encode_parquet(std::slice::from_ref(batch), block_rows, Compression::UNCOMPRESSED)?)?;
+    lake.put(&path, encode_block(std::slice::from_ref(batch), block_rows)?)?;
     let mut state = lock(&job.part.state);
     let file = state.files.iter_mut().find(|f| f.id == job.file);
     if let Some(FileKind::Virtual { blocks, .. }) = file.map(|f| &mut f.kind)

@@ -393,14 +393,21 @@ fn writer_properties(row_group_rows: usize, compression: Compression) -> WriterP
         .build()
 }
 
-/// Encodes batches as one Parquet file, one row group per batch.
-pub fn encode_parquet(batches: &[RecordBatch], row_group_rows: usize, compression: Compression) -> Result<Bytes> {
-    let schema = batches
-        .first()
-        .map(|b| b.schema())
-        .ok_or_else(|| Error::invariant("encode_parquet needs at least one batch"))?;
+/// Encodes the batches of a block file, one row group per batch,
+/// uncompressed and without dictionaries: a block lives until its virtual
+/// file is combined (which encodes its rows again, with dictionaries and
+/// compression), and building dictionaries was a fifth of the replay's
+/// flush work (parquet's interner hashing every value) for files read
+/// once or twice.
+pub fn encode_block(batches: &[RecordBatch], row_group_rows: usize) -> Result<Bytes> {
+    let schema =
+        batches.first().map(|b| b.schema()).ok_or_else(|| Error::invariant("encode_block needs at least one batch"))?;
+    let properties = writer_properties(row_group_rows, Compression::UNCOMPRESSED)
+        .into_builder()
+        .set_dictionary_enabled(false)
+        .build();
     let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(writer_properties(row_group_rows, compression)))?;
+    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(properties))?;
     for b in batches {
         writer.write(b)?;
         // One row group per batch keeps row groups aligned with blocks.
