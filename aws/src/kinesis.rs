@@ -285,7 +285,7 @@ pub struct KinesisSource {
     released: VecDeque<ReleasedMark>,
     /// Direct mode: where each group of records of one transaction began.
     group_starts: VecDeque<(u64, Origin)>,
-    last_group: Option<(Option<String>, bool)>,
+    last_group: Option<(Option<fovea_core::cdc::SmolStr>, bool)>,
     /// More than one shard: records must carry transaction details.
     ordered: bool,
     /// Initial-load records of the current read: the first one's origin, and all.
@@ -518,7 +518,7 @@ impl KinesisSource {
             // The rows belong to the transaction made for them.
             let r = match r {
                 ChangeRecord::Row(mut row) => {
-                    row.txid = Some(txid.clone());
+                    row.txid = Some(txid.as_str().into());
                     ChangeRecord::Row(row)
                 }
                 other => other,

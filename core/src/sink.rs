@@ -564,19 +564,19 @@ impl Sink {
                     _ if !self.seen_begin
                         && !self.grouping
                         && row.in_transaction_block
-                        && self.held.keys().all(|t| Some(t) == row.txid.as_ref()) =>
+                        && self.held.keys().all(|t| Some(t.as_str()) == row.txid.as_deref()) =>
                     {
                         // Maybe a BEGIN follows (topics interleave), maybe the
                         // stream has none: hold until one or the other shows.
-                        let txid = row.txid.clone().unwrap_or_default();
+                        let txid = row.txid.as_deref().unwrap_or_default().to_owned();
                         self.held.entry(txid).or_default().push((position, row));
                     }
                     _ if self.seen_begin => {
                         // Arrived before its BEGIN (topics interleave): hold it.
-                        let txid = row.txid.clone().ok_or_else(|| {
+                        let txid = row.txid.as_deref().map(str::to_owned).ok_or_else(|| {
                             input_error(
                                 position,
-                                Some(&row.table),
+                                Some(row.table.as_str()),
                                 None,
                                 "a record outside any BEGIN/END has no transaction id",
                             )
@@ -621,13 +621,13 @@ impl Sink {
                 self.finish(open)?;
             }
             let txid = match (&row.txid, snapshot) {
-                (Some(t), _) => t.clone(),
+                (Some(t), _) => t.to_string(),
                 // Names the run in messages only; its identity is a digest.
                 (None, true) => format!("snapshot run at {position}"),
                 (None, false) => {
                     return Err(input_error(
                         position,
-                        Some(&row.table),
+                        Some(row.table.as_str()),
                         None,
                         "record without a transaction id in a stream without BEGIN/END records: it cannot be grouped into its transaction",
                     ));
@@ -755,13 +755,13 @@ impl Sink {
         // A row read against a definition its table no longer has (an
         // earlier record changed the table) is decoded again.
         if let Some(typed) = &row.typed
-            && !self.tables.get(&row.table).is_some_and(|t| typed.is_for(&t.def))
+            && !self.tables.get(row.table.as_str()).is_some_and(|t| typed.is_for(&t.def))
         {
             row = row.untyped(position)?;
         }
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
         open.received += 1;
-        bump(&mut open.per_table, &row.table);
+        bump(&mut open.per_table, row.table.as_str());
         if open.skip {
             return Ok(());
         }
@@ -772,7 +772,7 @@ impl Sink {
             Some(segments) => {
                 let i = segments.iter().position(|s| s.table == row.table).unwrap_or_else(|| {
                     segments.push(Segment {
-                        table: row.table.clone(),
+                        table: row.table.to_string(),
                         digest: XxHash64::with_seed(0),
                         rows: 0,
                         state: SegmentState::Pending(Vec::new()),
@@ -814,7 +814,7 @@ impl Sink {
                 }
             }
             _ => {
-                bump(&mut open.rows_per_table, &row.table);
+                bump(&mut open.rows_per_table, row.table.as_str());
                 open.ops.push(op);
                 open.op_positions.push(position);
             }
@@ -1230,9 +1230,9 @@ impl Sink {
     /// The table of a record, created on first sight from the DDL, the
     /// record's schema, or its values.
     fn table(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<&TableShape> {
-        if !self.tables.contains_key(&r.table) {
-            let err = |m: String| input_error(position, Some(&r.table), Some(txid), m);
-            let (fields, pk): (Vec<Field>, Vec<String>) = if let Some(d) = self.ddl.get(&r.table) {
+        if !self.tables.contains_key(r.table.as_str()) {
+            let err = |m: String| input_error(position, Some(r.table.as_str()), Some(txid), m);
+            let (fields, pk): (Vec<Field>, Vec<String>) = if let Some(d) = self.ddl.get(r.table.as_str()) {
                 (
                     d.columns.iter().map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable)).collect(),
                     d.primary_key.clone(),
@@ -1261,24 +1261,24 @@ impl Sink {
                 };
                 (fields, pk)
             };
-            self.create_table(&r.table, fields, pk, None, &err)?;
+            self.create_table(r.table.as_str(), fields, pk, None, &err)?;
         }
-        Ok(&self.tables[&r.table])
+        Ok(&self.tables[r.table.as_str()])
     }
 
     /// [`ChangeRecord::Replace`]: in the open transaction, deletes every
     /// live row of the table and gives it the declared columns.
     fn replace_table(&mut self, r: &RowChange, position: SourcePosition) -> Result<()> {
         let txid = r.txid.clone().unwrap_or_default();
-        let err = |m: String| input_error(position, Some(&r.table), Some(&txid), m);
+        let err = |m: String| input_error(position, Some(r.table.as_str()), Some(&txid), m);
         let open = self.open.as_ref().filter(|o| o.kind == TxnKind::Metadata && o.txid == txid);
         let Some(open) = open else {
             return Err(err("a table's rows can be replaced only inside its transaction".into()));
         };
-        if open.rows_per_table.contains_key(&r.table) || open.segments.is_some() {
+        if open.rows_per_table.contains_key(r.table.as_str()) || open.segments.is_some() {
             return Err(err("a table's rows are replaced before any row of it in the transaction".into()));
         }
-        if !self.tables.contains_key(&r.table) {
+        if !self.tables.contains_key(r.table.as_str()) {
             self.table(r, position, &txid)?;
             return Ok(());
         }
@@ -1286,9 +1286,9 @@ impl Sink {
         // Every live row as of the last committed transaction goes.
         self.apply_chunk()?;
         self.drain()?;
-        let def = Arc::clone(&self.tables[&r.table].def);
+        let def = Arc::clone(&self.tables[r.table.as_str()].def);
         let keys = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
-        let batches = self.engine.scan(&self.engine.snapshot(), &r.table, keys)?.collect_batches()?;
+        let batches = self.engine.scan(&self.engine.snapshot(), r.table.as_str(), keys)?.collect_batches()?;
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
         let mut deleted = 0u64;
         for batch in &batches {
@@ -1319,14 +1319,14 @@ impl Sink {
         let (ts, _) = self.table_ts()?;
         let new = self
             .engine
-            .reshape_table(&r.table, Arc::new(Schema::new(fields)), ts)
+            .reshape_table(r.table.as_str(), Arc::new(Schema::new(fields)), ts)
             .map_err(|e| err(format!("replacing the table's rows: {e}")))?;
         self.operations.push(CatalogOperation {
             description: format!("replace rows of {} (copied again from the source)", r.table),
-            actions: serde_json::json!([{ "replace_table": r.table, "deleted": deleted, "retyped": changed }]),
+            actions: serde_json::json!([{ "replace_table": r.table.as_str(), "deleted": deleted, "retyped": changed }]),
             ts,
         });
-        self.tables.insert(r.table.clone(), TableShape::new(new));
+        self.tables.insert(r.table.to_string(), TableShape::new(new));
         Ok(())
     }
 
@@ -1378,8 +1378,10 @@ impl Sink {
     /// each new value, see [`Sink::evolve_if_needed`]). A `--schema-file`
     /// table keeps the types its file declares.
     fn retyped_columns(&self, r: &RowChange) -> Vec<Retyped> {
-        let (Some(declared), Some(t)) = (r.declared.as_ref(), self.tables.get(&r.table)) else { return Vec::new() };
-        if self.ddl.contains_key(&r.table) {
+        let (Some(declared), Some(t)) = (r.declared.as_ref(), self.tables.get(r.table.as_str())) else {
+            return Vec::new();
+        };
+        if self.ddl.contains_key(r.table.as_str()) {
             return Vec::new();
         }
         let fields = t.def.schema.fields();
@@ -1452,14 +1454,14 @@ impl Sink {
     /// Returns the columns kept in another type than the declared one: the
     /// record's values of them are converted (see [`Sink::image`]).
     fn evolve_if_needed(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<Vec<Retyped>> {
-        let err = |m: String| input_error(position, Some(&r.table), Some(txid), m);
+        let err = |m: String| input_error(position, Some(r.table.as_str()), Some(txid), m);
         let mut retyped = self.retyped_columns(r);
         let Some(after) = r.after.as_ref().filter(|_| r.op != RowOp::Delete) else {
             // A delete reads its key alone, converted exactly from the
             // declared type where it differs.
             return Ok(retyped);
         };
-        let t = &self.tables[&r.table];
+        let t = &self.tables[r.table.as_str()];
         let mut kept = Vec::new();
         for c in std::mem::take(&mut retyped) {
             if c.change == TypeChange::Widen {
@@ -1511,7 +1513,7 @@ impl Sink {
         self.settle_segments(None);
         self.apply_chunk()?;
         self.drain()?;
-        let t = &self.tables[&r.table];
+        let t = &self.tables[r.table.as_str()];
         let mut fields: Vec<Field> = t
             .def
             .schema
@@ -1532,24 +1534,24 @@ impl Sink {
         // Part of the open transaction (or one of its own): the change shows
         // from that transaction's commit on, and nowhere if it fails.
         let (ts, own) = self.table_ts()?;
-        let evolved = self.engine.evolve_table(&r.table, Arc::new(Schema::new(fields)), ts);
+        let evolved = self.engine.evolve_table(r.table.as_str(), Arc::new(Schema::new(fields)), ts);
         if own {
             self.pool.commit(ts)?;
             self.since_checkpoint += 1;
         }
-        let def =
-            evolved.map_err(|e| input_error(position, Some(&r.table), Some(txid), format!("schema change: {e}")))?;
+        let def = evolved
+            .map_err(|e| input_error(position, Some(r.table.as_str()), Some(txid), format!("schema change: {e}")))?;
         self.operations.push(CatalogOperation {
             description: format!("evolve schema of {}", r.table),
             actions: serde_json::json!([{
-                "evolve_schema": r.table,
+                "evolve_schema": r.table.as_str(),
                 "added": added.iter().map(|(n, _)| n).collect::<Vec<_>>(),
                 "removed": gone,
                 "widened": retyped.iter().map(|c| serde_json::json!({ "column": c.name, "type": c.to.to_string() })).collect::<Vec<_>>(),
             }]),
             ts,
         });
-        self.tables.insert(r.table.clone(), TableShape::new(def));
+        self.tables.insert(r.table.to_string(), TableShape::new(def));
         Ok(self.retyped_columns(r))
     }
 
@@ -1610,11 +1612,11 @@ impl Sink {
     }
 
     fn op_of(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<Op> {
-        let table = r.table.clone();
+        let table = r.table.to_string();
         let err = |m: String| input_error(position, Some(&table), Some(txid), m);
         self.table(r, position, txid)?;
         let kept = self.evolve_if_needed(r, position, txid)?;
-        let t = &self.tables[&r.table];
+        let t = &self.tables[r.table.as_str()];
         let id = t.def.id;
         Ok(match r.op {
             RowOp::Insert | RowOp::SnapshotRead => {
@@ -1629,7 +1631,7 @@ impl Sink {
                     // the row to the new key, as pgoutput's key change is.
                     let def = Arc::clone(&t.def);
                     let old_key = match r.op {
-                        RowOp::Insert => self.take_trailing_delete(id, &r.table),
+                        RowOp::Insert => self.take_trailing_delete(id, r.table.as_str()),
                         _ => None,
                     };
                     let Some(old_key) = old_key else {

@@ -13,7 +13,7 @@
 
 use serde_json::Value as Json;
 
-use super::{ChangeRecord, RowChange, RowOp, SourcePosition, input_error, object_columns};
+use super::{ChangeRecord, RowChange, RowOp, SmolStr, SourcePosition, input_error, object_columns};
 use crate::error::Result;
 
 /// Decodes one DMS record.
@@ -61,14 +61,14 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         _ => (None, data),
     };
     Ok(ChangeRecord::Row(Box::new(RowChange {
-        table,
+        table: table.into(),
         op,
         key: None,
         before,
         after,
-        txid,
+        txid: txid.map(SmolStr::from),
         commit_us,
-        snapshot: (op == RowOp::SnapshotRead).then(|| "true".to_owned()),
+        snapshot: (op == RowOp::SnapshotRead).then(|| SmolStr::new_static("true")),
         declared: None,
         key_names: None,
         in_transaction_block: false,

@@ -37,7 +37,7 @@ use serde_json::Value as Json;
 
 use super::ddl::sql_type;
 use super::debezium::UNAVAILABLE;
-use super::{Columns, DeclaredColumn, RowChange, RowOp, SourcePosition, input_error};
+use super::{Columns, DeclaredColumn, RowChange, RowOp, SmolStr, SourcePosition, input_error};
 use crate::error::Result;
 
 /// The hidden key column of a table without a primary key (insert-only:
@@ -654,7 +654,7 @@ impl PgOutputDecoder {
             declared.push(rowid_column());
         }
         let change = |op: RowOp, before: Option<Columns>, after: Option<Columns>| RowChange {
-            table: rel.table.clone(),
+            table: SmolStr::new(&rel.table),
             op,
             key: None,
             before,

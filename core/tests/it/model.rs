@@ -167,12 +167,12 @@ fn record(engine: &Engine, op: &Op, txid: &str) -> ChangeRecord {
         Op::Upsert { .. } => unreachable!("to_op makes no upserts"),
     };
     ChangeRecord::Row(Box::new(RowChange {
-        table: def(table).name.clone(),
+        table: def(table).name.as_str().into(),
         op,
         before: key.clone(),
         key,
         after,
-        txid: Some(txid.to_owned()),
+        txid: Some(txid.into()),
         commit_us: None,
         snapshot: None,
         declared: None,

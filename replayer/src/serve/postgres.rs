@@ -450,12 +450,12 @@ impl PgSource {
                 (declared, key)
             };
             let row_change = |after: Option<fovea_core::cdc::Columns>| RowChange {
-                table: table.clone(),
+                table: table.as_str().into(),
                 op: RowOp::Insert,
                 key: None,
                 before: None,
                 after,
-                txid: Some(identity.clone()),
+                txid: Some(identity.as_str().into()),
                 commit_us: None,
                 snapshot: None,
                 declared: Some(declared.clone()),
@@ -647,7 +647,7 @@ impl PgSource {
             if copy.contains(&r.table) {
                 return;
             }
-            if !self.state.copied.contains(&r.table) {
+            if !self.state.copied.contains(r.table.as_str()) {
                 copy.insert(r.table.clone());
             } else if needs_copy_again(engine, r) {
                 tracing::warn!(table = %r.table, "a column's type changed in a way that cannot be applied in place: copying the table again");
@@ -669,7 +669,7 @@ impl PgSource {
         }
         if !copy.is_empty() {
             // Committed before the copy's snapshot: the copy holds it.
-            let tables: Vec<String> = copy.into_iter().collect();
+            let tables: Vec<String> = copy.into_iter().map(String::from).collect();
             self.copy_tables(&tables, sink)?;
         }
         let end = txn.end_lsn;
@@ -800,9 +800,9 @@ impl TxnRecords {
         self.count += 1;
         match self.per_table.iter_mut().find(|(t, _)| *t == row.table) {
             Some((_, n)) => *n += 1,
-            None => self.per_table.push((row.table.clone(), 1)),
+            None => self.per_table.push((row.table.to_string(), 1)),
         }
-        row.txid = Some(self.identity.clone());
+        row.txid = Some(self.identity.as_str().into());
         sink.push(ChangeRecord::Row(Box::new(row)), self.first, self.first)?;
         Ok(())
     }
@@ -821,7 +821,7 @@ impl TxnRecords {
                     .map(|((n, v), t)| (n.clone(), format_value(v, t).map_or(Json::Null, Json::String)))
                     .collect();
                 let delete = RowChange {
-                    table: table.to_owned(),
+                    table: table.into(),
                     op: RowOp::Delete,
                     key: None,
                     before: Some(before),
