@@ -1612,8 +1612,7 @@ impl Sink {
     }
 
     fn op_of(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<Op> {
-        let table = r.table.to_string();
-        let err = |m: String| input_error(position, Some(&table), Some(txid), m);
+        let err = |m: String| input_error(position, Some(r.table.as_str()), Some(txid), m);
         self.table(r, position, txid)?;
         let kept = self.evolve_if_needed(r, position, txid)?;
         let t = &self.tables[r.table.as_str()];

@@ -878,7 +878,7 @@ mod tests {
         // older one): on a busy machine a round can end before any does.
         // Every round checks the bitmaps; some round must reuse blocks.
         let rounds: Vec<(u64, usize)> = (0..5)
-            .map(exact_bitmaps_while_blocks_are_reused)
+            .map(|_| exact_bitmaps_while_blocks_are_reused())
             .take_while(|&(allocated, unreused)| allocated >= unreused as u64)
             .collect();
         assert!(rounds.len() < 5, "no block was reused in {} rounds: {rounds:?}", rounds.len());
@@ -886,7 +886,7 @@ mod tests {
 
     /// One round of [`readers_see_exact_bitmaps_while_blocks_are_reused`]:
     /// the blocks the writer allocated, and how many it would without reuse.
-    fn exact_bitmaps_while_blocks_are_reused(_round: usize) -> (u64, usize) {
+    fn exact_bitmaps_while_blocks_are_reused() -> (u64, usize) {
         use std::sync::atomic::AtomicBool;
         const ROWS: usize = 3 * TILE_ROWS;
         const DELETES: usize = ROWS;

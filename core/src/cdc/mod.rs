@@ -227,14 +227,14 @@ impl SharedLine {
     /// The line at `range` of `text`; `None` if `range` is not a range of
     /// whole characters of `text`.
     pub fn new(text: std::sync::Arc<LineBuffer>, range: std::ops::Range<usize>) -> Option<SharedLine> {
-        text.text.get(range.clone())?;
+        text.as_str().get(range.clone())?;
         Some(SharedLine { text, range })
     }
 
     /// The line's text.
     pub fn as_str(&self) -> &str {
         // Checked in `new` (and `trim` keeps it whole).
-        &self.text.text[self.range.clone()]
+        &self.text.as_str()[self.range.clone()]
     }
 
     /// The line without leading and trailing whitespace.
