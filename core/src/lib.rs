@@ -20,6 +20,7 @@ pub mod buffer;
 pub mod catalog;
 pub mod cdc;
 pub mod checkpoint;
+pub mod compact;
 pub mod engine;
 pub mod frozen;
 pub mod lake;

@@ -9,7 +9,7 @@
 //!              mask  = create_ts ≤ qts          (only when max create_ts > qts)
 //!              mask &= ¬ deleted_bitmap(qts)     (tile visibility)
 //!              mask &= filter(row)               (optional predicate)
-//!              batch → filter(mask) → projection
+//!              batch → projection → keep the rows of mask (in place)
 //! ```
 //!
 //! The scan holds its [`Snapshot`], so LWM cannot pass `qts` while any batch
@@ -20,7 +20,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{Array, BooleanArray, Datum, Scalar};
-use arrow::buffer::{BooleanBuffer, Buffer};
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -543,12 +542,10 @@ impl Scan {
             return Ok(None);
         }
         let projected = batch.project(&self.output_positions)?;
-        let out = if visible == rows {
-            projected
-        } else {
-            let selection = BooleanArray::new(BooleanBuffer::new(Buffer::from_vec(mask), 0, rows), None);
-            arrow::compute::filter_record_batch(&projected, &selection)?
-        };
+        // The decoded batch's own references go, so that columns nothing
+        // else holds are compacted in place.
+        drop(batch);
+        let out = if visible == rows { projected } else { crate::compact::keep_rows(projected, mask)? };
         let out = out.with_schema(Arc::clone(&self.output_schema))?;
         self.metrics.rows_returned += out.num_rows();
         Ok(Some(out))
