@@ -190,11 +190,7 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a> {
         let mut seen = 0u32;
         while let Some(key) = map.next_key::<FieldKey>()? {
             if !matches!(key, FieldKey::Other) {
-                let bit = 1 << key as u32;
-                if seen & bit != 0 {
-                    return Err(A::Error::custom("a field twice"));
-                }
-                seen |= bit;
+                first_time(&mut seen, key as u32)?;
             }
             match key {
                 FieldKey::Key => out.key = map.next_value()?,
@@ -229,6 +225,17 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a> {
     }
 }
 
+/// Marks field number `field` as read, refusing it if it was read before
+/// (what the derived visitors refused as a duplicate field).
+fn first_time<E: serde::de::Error>(seen: &mut u32, field: u32) -> std::result::Result<(), E> {
+    let bit = 1 << field;
+    if *seen & bit != 0 {
+        return Err(E::custom("a field twice"));
+    }
+    *seen |= bit;
+    Ok(())
+}
+
 /// Reads a `source` object into a [`FastSource`].
 struct SourceFill<'f, 'a>(&'f mut FastSource<'a>);
 
@@ -240,17 +247,13 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for SourceFill<'_, 'a> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
-        use serde::de::{Error as _, IgnoredAny};
+        use serde::de::IgnoredAny;
         let out = self.0;
         let mut seen = 0u32;
         let text = |s: Option<BorrowedStr<'a>>| s.map(|s| s.0);
         while let Some(key) = map.next_key::<SourceKey>()? {
             if !matches!(key, SourceKey::Other) {
-                let bit = 1 << key as u32;
-                if seen & bit != 0 {
-                    return Err(A::Error::custom("a field twice"));
-                }
-                seen |= bit;
+                first_time(&mut seen, key as u32)?;
             }
             match key {
                 SourceKey::Schema => out.schema = text(map.next_value()?),
