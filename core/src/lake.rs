@@ -32,7 +32,7 @@ use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use parquet::DecodeResult;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-use parquet::arrow::push_decoder::ParquetPushDecoderBuilder;
+use parquet::arrow::push_decoder::{ParquetPushDecoder, ParquetPushDecoderBuilder};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::metadata::ParquetMetaDataPushDecoder;
@@ -324,12 +324,37 @@ impl Lake {
         held: Option<&(u64, Bytes)>,
     ) -> Result<RecordBatch> {
         let rows: i64 = row_groups.iter().map(|&rg| metadata.metadata().row_group(rg).num_rows()).sum();
-        let mut decoder = ParquetPushDecoderBuilder::new_with_metadata(metadata.clone())
-            .with_row_groups(row_groups)
-            .with_projection(projection)
-            .with_batch_size((rows as usize).max(1))
-            .build()?;
         let mut batches = Vec::new();
+        let decoder = row_groups_decoder(metadata, row_groups, projection, rows as usize)?;
+        self.decode(path, decoder, held, |b| {
+            batches.push(b);
+            Ok(())
+        })?;
+        match batches.len() {
+            0 => Err(Error::Corrupt { what: path.to_string(), reason: "no rows".into() }),
+            1 => Ok(batches.swap_remove(0)),
+            _ => Ok(arrow::compute::concat_batches(&batches[0].schema(), &batches)?),
+        }
+    }
+
+    /// Reads a flushed block back, every column (a footer request; a small
+    /// block is read whole by it).
+    pub fn read_block(&self, path: &Path) -> Result<RecordBatch> {
+        self.read_block_columns(path, None)
+    }
+
+    /// Runs `decoder` (of the Parquet object at `path`, from
+    /// [`row_groups_decoder`]) to its end, handing each batch to `each` as
+    /// soon as it is decoded (while its buffers are still in the cache),
+    /// fetching just the byte ranges it asks for; `held` are bytes already
+    /// fetched (a footer's tail).
+    pub fn decode(
+        &self,
+        path: &Path,
+        mut decoder: ParquetPushDecoder,
+        held: Option<&(u64, Bytes)>,
+        mut each: impl FnMut(RecordBatch) -> Result<()>,
+    ) -> Result<()> {
         loop {
             match decoder.try_decode()? {
                 DecodeResult::NeedsData(ranges) => {
@@ -347,21 +372,10 @@ impl Lake {
                         decoder.push_ranges(outside, data)?;
                     }
                 }
-                DecodeResult::Data(b) => batches.push(b),
-                DecodeResult::Finished => break,
+                DecodeResult::Data(b) => each(b)?,
+                DecodeResult::Finished => return Ok(()),
             }
         }
-        match batches.len() {
-            0 => Err(Error::Corrupt { what: path.to_string(), reason: "no rows".into() }),
-            1 => Ok(batches.swap_remove(0)),
-            _ => Ok(arrow::compute::concat_batches(&batches[0].schema(), &batches)?),
-        }
-    }
-
-    /// Reads a flushed block back, every column (a footer request; a small
-    /// block is read whole by it).
-    pub fn read_block(&self, path: &Path) -> Result<RecordBatch> {
-        self.read_block_columns(path, None)
     }
 
     /// Reads a flushed block back, the named columns only (`None`: all).
@@ -371,6 +385,21 @@ impl Lake {
         let groups = (0..footer.metadata.metadata().num_row_groups()).collect();
         self.read_row_groups(path, &footer.metadata, groups, projection, Some(&footer.tail))
     }
+}
+
+/// A decoder of `row_groups` of a Parquet object (footer `metadata`), the
+/// columns of `projection` only, into batches of at most `batch_rows` rows.
+pub fn row_groups_decoder(
+    metadata: &ArrowReaderMetadata,
+    row_groups: Vec<usize>,
+    projection: ProjectionMask,
+    batch_rows: usize,
+) -> Result<ParquetPushDecoder> {
+    Ok(ParquetPushDecoderBuilder::new_with_metadata(metadata.clone())
+        .with_row_groups(row_groups)
+        .with_projection(projection)
+        .with_batch_size(batch_rows.max(1))
+        .build()?)
 }
 
 /// The projection of the stored columns named `names` (columns a file

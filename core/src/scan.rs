@@ -36,6 +36,13 @@ use crate::schema::{CREATE_TS_COLUMN, TableDef, Value};
 pub use crate::split::{DeletedSource, SplitTask};
 use crate::visibility::FileVisibility;
 
+/// Rows a scan decodes of a row group at a time (and at most returns in
+/// one batch) unless [`ScanOptions::batch_rows`] says otherwise: fovea's
+/// own row groups (one block each) decode as one batch; a larger one is
+/// returned in batches of this size (all of them filtered when the row
+/// group is read).
+pub const SCAN_BATCH_ROWS: usize = 8192;
+
 /// Whether the scan applies visibility. `Off` returns every stored version
 /// (deleted and uncommitted ones too) and exists only to measure the cost of
 /// VFoR in benchmarks.
@@ -106,6 +113,9 @@ pub struct ScanOptions {
     /// its `qts` (the scan's own snapshot then only protects the files it
     /// reads from being retired).
     pub frozen: Option<std::sync::Arc<crate::frozen::FrozenVisibility>>,
+    /// Rows of a row group decoded (and so at most returned) at a time
+    /// (`None`: [`SCAN_BATCH_ROWS`]).
+    pub batch_rows: Option<usize>,
 }
 
 /// Counters of one scan.
@@ -119,6 +129,10 @@ pub struct ScanMetrics {
     pub splits_skipped_by_filter: usize,
     /// Rows decoded.
     pub rows_read: usize,
+    /// Stored splits (row groups, flushed blocks) decoded with their hidden
+    /// create_ts column: those with rows newer than the snapshot, when
+    /// visibility is enforced (or when no column is read, to count rows).
+    pub splits_read_with_create_ts: usize,
     /// Rows returned.
     pub rows_returned: usize,
 }
@@ -210,6 +224,8 @@ pub struct Scan {
     pub(crate) splits: VecDeque<Split>,
     metrics: ScanMetrics,
     scratch: Vec<u64>,
+    /// Filtered batches of the split being read, not yet returned.
+    ready: VecDeque<RecordBatch>,
     /// Stop after returning this many rows.
     pub(crate) limit: Option<usize>,
 }
@@ -344,6 +360,7 @@ impl Scan {
             splits: VecDeque::new(),
             metrics: ScanMetrics::default(),
             scratch: Vec::new(),
+            ready: VecDeque::new(),
             limit: None,
         })
     }
@@ -363,7 +380,7 @@ impl Scan {
     /// Rows stored in the splits still to read: an upper bound of what the
     /// scan returns (deleted and newer versions are among them).
     pub fn stored_rows(&self) -> usize {
-        self.splits.iter().map(Split::rows).sum()
+        self.splits.iter().map(Split::rows).sum::<usize>() + self.ready.iter().map(RecordBatch::num_rows).sum::<usize>()
     }
 
     /// Divides the splits into at most `n` scans of contiguous splits with
@@ -373,6 +390,8 @@ impl Scan {
         let n = n.clamp(1, self.splits.len().max(1));
         let total = self.stored_rows().max(1);
         let splits = std::mem::take(&mut self.splits);
+        // Batches already read belong to the first part only.
+        let ready = std::mem::take(&mut self.ready);
         let mut parts: Vec<Scan> = Vec::with_capacity(n);
         let mut current = self.clone();
         let mut rows = 0usize;
@@ -385,6 +404,7 @@ impl Scan {
             current.splits.push_back(split);
         }
         parts.push(current);
+        parts[0].ready = ready;
         parts
     }
 
@@ -423,6 +443,7 @@ impl Scan {
             let left = limit.saturating_sub(self.metrics.rows_returned);
             if left == 0 {
                 self.splits.clear();
+                self.ready.clear();
                 return Ok(None);
             }
             return Ok(self.next_visible()?.map(|b| {
@@ -436,32 +457,42 @@ impl Scan {
     }
 
     fn next_visible(&mut self) -> Result<Option<RecordBatch>> {
-        while let Some(split) = self.splits.pop_front() {
+        loop {
+            if let Some(batch) = self.ready.pop_front() {
+                return Ok(Some(batch));
+            }
+            let Some(split) = self.splits.pop_front() else { return Ok(None) };
             self.metrics.splits_read += 1;
-            let ((batch, unconverted), id, deletes, offset) = match split {
+            let ((batch, unconverted), id, deletes, offset, max_ts) = match split {
                 Split::RowGroup { file, id, deletes, rg, info } => {
-                    // (read_row_group returns read columns + hidden, by name.)
                     // Decoding everything and then filtering measured faster
                     // than handing the bitmap to the decoder as a row
                     // selection (1.09 vs 1.11–1.22 of a plain scan at 1%
                     // scattered deletes).
-                    let batch = self.read_row_group(&file, rg)?;
-                    (batch, id, deletes, info.offset)
+                    self.read_row_group(&file, rg, id, deletes.as_ref(), info)?;
+                    continue;
                 }
                 Split::Block { id, deletes, block, offset } => {
                     let batch = match &block.data {
                         BlockData::Memory(b) => b.clone(),
-                        BlockData::Flushed(path) => self.lake.read_block_columns(path, Some(&self.stored_columns()))?,
+                        BlockData::Flushed(path) => {
+                            let with_ts = self.reads_create_ts(block.max_ts);
+                            self.metrics.splits_read_with_create_ts += usize::from(with_ts);
+                            let columns = self.stored_columns(with_ts);
+                            self.lake.read_block_columns(path, Some(&columns))?
+                        }
                     };
-                    (self.project_decoded(&batch)?, id, deletes, offset)
+                    (self.project_decoded(&batch)?, id, deletes, offset, block.max_ts)
                 }
-                Split::Active { id, deletes, offset, batch } => (self.project_decoded(&batch)?, id, deletes, offset),
+                // In memory with its create_ts: read and checked.
+                Split::Active { id, deletes, offset, batch } => {
+                    (self.project_decoded(&batch)?, id, deletes, offset, Ts::MAX)
+                }
             };
-            if let Some(out) = self.filter(batch, unconverted, id, deletes.as_ref(), offset)? {
-                return Ok(Some(out));
+            if let Some(out) = self.filter(batch, unconverted, id, deletes.as_ref(), offset, max_ts)? {
+                self.ready.push_back(out);
             }
         }
-        Ok(None)
     }
 
     /// The read columns (+ hidden) of a stored batch, matched by name: a
@@ -471,26 +502,67 @@ impl Scan {
         project_by_name(&self.table, &self.read_columns, batch)
     }
 
+    /// Whether a stored split whose largest create_ts is `max_ts` must be
+    /// read with its hidden create_ts column: only when the scan enforces
+    /// visibility and some of its rows may be newer than the snapshot
+    /// (otherwise nothing reads the column, and decoding it is 8 bytes a
+    /// row for nothing). A scan of no columns reads it to count rows.
+    fn reads_create_ts(&self, max_ts: Ts) -> bool {
+        (self.options.visibility == VisibilityMode::Enforced && max_ts > self.qts) || self.read_columns.is_empty()
+    }
+
     /// Names of the stored columns a split reads: the read columns, then
-    /// the hidden create_ts column.
-    fn stored_columns(&self) -> Vec<&str> {
+    /// the hidden create_ts column if `with_ts`.
+    fn stored_columns(&self, with_ts: bool) -> Vec<&str> {
         let mut names: Vec<&str> =
             self.read_columns.iter().map(|&c| self.table.schema.field(c).name().as_str()).collect();
-        names.push(CREATE_TS_COLUMN);
+        if with_ts {
+            names.push(CREATE_TS_COLUMN);
+        }
         names
     }
 
-    /// One row group of a regular file: only the byte ranges of the read
-    /// columns' chunks are fetched (the footer is cached in the file).
-    fn read_row_group(&mut self, file: &RegularFile, rg: usize) -> Result<(RecordBatch, Option<Unconverted>)> {
-        let metadata = file.metadata(&self.lake)?;
-        let mask = crate::lake::projection_by_name(metadata, &self.stored_columns());
-        let batch = self.lake.read_row_groups(&file.path, metadata, vec![rg], mask, None)?;
-        self.project_decoded(&batch)
+    /// One row group of a regular file, filtered into [`Scan::ready`]:
+    /// only the byte ranges of the read columns' chunks are fetched (the
+    /// footer is cached in the file), and it is decoded
+    /// [`ScanOptions::batch_rows`] rows at a time, each batch filtered as
+    /// soon as it is decoded (compacting its visible rows then moves bytes
+    /// still in the cache).
+    fn read_row_group(
+        &mut self,
+        file: &RegularFile,
+        rg: usize,
+        id: FileId,
+        deletes: &dyn DeletedRows,
+        info: RowGroupInfo,
+    ) -> Result<()> {
+        let with_ts = self.reads_create_ts(info.max_ts);
+        self.metrics.splits_read_with_create_ts += usize::from(with_ts);
+        let lake = self.lake.clone();
+        let metadata = file.metadata(&lake)?;
+        let mask = crate::lake::projection_by_name(metadata, &self.stored_columns(with_ts));
+        let mut offset = info.offset;
+        let batch_rows = self.options.batch_rows.unwrap_or(SCAN_BATCH_ROWS).max(1);
+        let decoder = crate::lake::row_groups_decoder(metadata, vec![rg], mask, batch_rows)?;
+        lake.decode(&file.path, decoder, None, |batch| {
+            let rows = batch.num_rows();
+            let (projected, unconverted) = self.project_decoded(&batch)?;
+            // The decoded batch's references go, so that the columns the
+            // projection alone holds are compacted in place.
+            drop(batch);
+            if let Some(out) = self.filter(projected, unconverted, id, deletes, offset, info.max_ts)? {
+                self.ready.push_back(out);
+            }
+            offset += rows;
+            Ok(())
+        })
     }
 
-    /// Applies VFoR and the filter to a decoded batch (read columns + hidden
-    /// column last) whose first row is at `offset` of its file.
+    /// Applies VFoR and the filter to a decoded batch (read columns, then
+    /// the hidden column if it was read) whose first row is at `offset` of
+    /// its file. The hidden column is needed only where a row may be newer
+    /// than the snapshot (the split's largest create_ts, `max_ts`, is above
+    /// it; [`Scan::reads_create_ts`]).
     fn filter(
         &mut self,
         batch: RecordBatch,
@@ -498,6 +570,7 @@ impl Scan {
         file: FileId,
         deletes: &dyn DeletedRows,
         offset: usize,
+        max_ts: Ts,
     ) -> Result<Option<RecordBatch>> {
         let rows = batch.num_rows();
         self.metrics.rows_read += rows;
@@ -505,10 +578,12 @@ impl Scan {
         let mut mask = vec![u64::MAX; words];
         if self.options.visibility == VisibilityMode::Enforced {
             let qts = self.qts();
-            let create_ts = create_ts_column(&batch)?;
-            let (_, max_ts) = crate::lake::ts_range(create_ts);
             if max_ts > qts {
-                kernel::create_ts_mask(create_ts.values(), qts.get() as i64, &mut mask);
+                let create_ts = create_ts_column(&batch)?;
+                let (_, max_ts) = crate::lake::ts_range(create_ts);
+                if max_ts > qts {
+                    kernel::create_ts_mask(create_ts.values(), qts.get() as i64, &mut mask);
+                }
             }
             deletes.deleted_bitmap(file, offset, rows, qts, &mut self.scratch)?;
             kernel::and_not(&mut mask, &self.scratch);
@@ -699,7 +774,9 @@ impl Unconverted {
 }
 
 /// `columns` of `table` (by index in its current schema) plus the hidden
-/// column, taken from `batch` by name; columns the batch lacks are NULL,
+/// column where `batch` has it (a scan leaves it unread where no row can
+/// be newer than its snapshot), taken from `batch` by name; columns the
+/// batch lacks are NULL,
 /// columns stored in another type are cast (exactly after a widening; a
 /// value that does not convert is reported in the second result).
 pub(crate) fn project_by_name(
@@ -739,8 +816,9 @@ pub(crate) fn project_by_name(
         }
         fields.push(field.clone());
     }
-    let hidden = stored.index_of(CREATE_TS_COLUMN)?;
-    fields.push(stored.field(hidden).clone());
-    arrays.push(Arc::clone(batch.column(hidden)));
+    if let Ok(hidden) = stored.index_of(CREATE_TS_COLUMN) {
+        fields.push(stored.field(hidden).clone());
+        arrays.push(Arc::clone(batch.column(hidden)));
+    }
     Ok((RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?, unconverted))
 }

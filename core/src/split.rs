@@ -254,7 +254,9 @@ impl SplitTask {
                 // The row groups of the file are not listed: the split
                 // names its own.
                 let file = RegularFile::new(Path::from(path.as_str()), Vec::new(), footer.map(|[s, e]| s..e));
-                let info = RowGroupInfo { offset: self.offset, rows: self.rows, min_ts: Ts(0), max_ts: qts };
+                // Its largest create_ts is not in the task: the worker reads
+                // the hidden column and checks it, as for in-memory rows.
+                let info = RowGroupInfo { offset: self.offset, rows: self.rows, min_ts: Ts(0), max_ts: Ts::MAX };
                 Split::RowGroup { file: Arc::new(file), id, deletes, rg: *row_group, info }
             }
             SplitData::Block { path } => {
@@ -262,7 +264,7 @@ impl SplitTask {
                     index: 0,
                     rows: self.rows,
                     min_ts: Ts(0),
-                    max_ts: qts,
+                    max_ts: Ts::MAX,
                     data: BlockData::Flushed(Path::from(path.as_str())),
                 };
                 Split::Block { id, deletes, block: Arc::new(block), offset: self.offset }

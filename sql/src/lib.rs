@@ -209,6 +209,7 @@ impl TableProvider for FoveaTable {
             filter,
             visibility: self.visibility,
             frozen: self.frozen.clone(),
+            batch_rows: None,
         };
         // Planning takes one view of the table and reads no data.
         let scan = self.source.scan(&self.def.name, options).map_err(|e| DataFusionError::External(Box::new(e)))?;
