@@ -526,8 +526,7 @@ impl Scan {
     /// only the byte ranges of the read columns' chunks are fetched (the
     /// footer is cached in the file), and it is decoded
     /// [`ScanOptions::batch_rows`] rows at a time, each batch filtered as
-    /// soon as it is decoded (compacting its visible rows then moves bytes
-    /// still in the cache).
+    /// soon as it is decoded.
     fn read_row_group(
         &mut self,
         file: &RegularFile,
@@ -579,9 +578,11 @@ impl Scan {
         if self.options.visibility == VisibilityMode::Enforced {
             let qts = self.qts();
             if max_ts > qts {
+                // The split's bound says some row may be newer; the batch's
+                // own column says whether one is.
                 let create_ts = create_ts_column(&batch)?;
-                let (_, max_ts) = crate::lake::ts_range(create_ts);
-                if max_ts > qts {
+                let (_, newest) = crate::lake::ts_range(create_ts);
+                if newest > qts {
                     kernel::create_ts_mask(create_ts.values(), qts.get() as i64, &mut mask);
                 }
             }
