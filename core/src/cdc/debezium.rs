@@ -8,7 +8,8 @@
 //! With a schema, columns get exact types and Debezium's logical encodings
 //! are normalised here: `Decimal` bytes (base64 unscaled, scale from the
 //! schema) become decimal strings, `Timestamp` (ms) and `NanoTimestamp`
-//! become µs. Transaction ids `"<xid>:<lsn>"` are reduced to the xid, which
+//! become µs (Debezium's numbers for `±infinity` stay as they are, and a
+//! timestamp column reads them as PostgreSQL's infinities). Transaction ids `"<xid>:<lsn>"` are reduced to the xid, which
 //! is stable within a transaction (the lsn part is not).
 
 use arrow::datatypes::{DataType, TimeUnit};
@@ -20,6 +21,7 @@ use serde_json::value::RawValue;
 use smol_str::ToSmolStr as _;
 
 use super::typed::{Image, TypedRow, TypedTables};
+use super::types::{DEBEZIUM_TIMESTAMP_INFINITY, DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY};
 use super::{
     ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SmolStr, SourcePosition, input_error,
     object_columns,
@@ -709,9 +711,14 @@ fn canonicalize(cols: &mut Columns, fields: &[Json]) -> Result<(), String> {
             }
             "io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp" => {
                 if let Some(ms) = value.as_i64() {
-                    let us = ms
-                        .checked_mul(1000)
-                        .ok_or_else(|| format!("column {name}: timestamp {ms} ms is out of range"))?;
+                    let us = match ms {
+                        // The infinities are the same number in ms as in
+                        // µs, where the column's value reads them.
+                        DEBEZIUM_TIMESTAMP_INFINITY | DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY => ms,
+                        _ => ms
+                            .checked_mul(1000)
+                            .ok_or_else(|| format!("column {name}: timestamp {ms} ms is out of range"))?,
+                    };
                     *value = Json::from(us);
                 }
             }

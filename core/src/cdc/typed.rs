@@ -42,7 +42,7 @@ use smallvec::SmallVec;
 
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
-use super::types::{parse_date, parse_decimal, parse_timestamp, to_value};
+use super::types::{parse_date, parse_decimal, parse_timestamp, timestamp_from_micros, to_value};
 use crate::schema::{Row, TableDef, Value, accepts};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -339,13 +339,11 @@ impl Scalar<'_> {
             // decimal, a timestamp or a date (the rest goes through it).
             (
                 Scalar::Number(n),
-                DataType::Int8
-                | DataType::Int16
-                | DataType::Int32
-                | DataType::Int64
-                | DataType::Date32
-                | DataType::Timestamp(TimeUnit::Microsecond, _),
+                DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32,
             ) => n.as_i64().map(Value::Int),
+            (Scalar::Number(n), DataType::Timestamp(TimeUnit::Microsecond, _)) => {
+                n.as_i64().map(|us| Value::Int(timestamp_from_micros(us)))
+            }
             (Scalar::Str(s), DataType::Decimal128(_, scale)) => parse_decimal(s, *scale).ok().map(Value::Decimal),
             (Scalar::Str(s), DataType::Timestamp(TimeUnit::Microsecond, _)) => parse_timestamp(s).map(Value::Int),
             (Scalar::Str(s), DataType::Date32) => parse_date(s).map(|d| Value::Int(d.into())),
@@ -430,6 +428,8 @@ mod tests {
             "42",
             "9223372036854775807",
             "18446744073709551615",
+            "9223372036825200000",
+            "-9223372036832400000",
             "1.5",
             "-0.25",
             "1e3",

@@ -70,7 +70,7 @@ pub fn to_value(v: &Json, t: &DataType) -> Result<Value, String> {
             _ => Err(bad()),
         },
         DataType::Timestamp(TimeUnit::Microsecond, _) => match v {
-            Json::Number(n) => n.as_i64().map(Value::Int).ok_or_else(bad),
+            Json::Number(n) => n.as_i64().map(|us| Value::Int(timestamp_from_micros(us))).ok_or_else(bad),
             Json::String(s) => parse_timestamp(s).map(Value::Int).ok_or_else(bad),
             _ => Err(bad()),
         },
@@ -175,6 +175,27 @@ pub const DATE_INFINITY: i32 = i32::MAX;
 /// keeps it (`DT_NOEND`); `-infinity` is the smallest. Both order as
 /// PostgreSQL orders them, after and before every instant.
 pub const TIMESTAMP_INFINITY: i64 = i64::MAX;
+
+/// How Debezium writes PostgreSQL's `infinity` timestamp: the PostgreSQL
+/// JDBC driver's `DATE_POSITIVE_INFINITY`, as the number of a
+/// `MicroTimestamp` (µs) and of a `Timestamp` (ms) alike.
+pub const DEBEZIUM_TIMESTAMP_INFINITY: i64 = 9_223_372_036_825_200_000;
+
+/// How Debezium writes `-infinity` (the driver's `DATE_NEGATIVE_INFINITY`).
+pub const DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY: i64 = -9_223_372_036_832_400_000;
+
+/// A timestamp column's value from a number of µs: Debezium's infinity
+/// numbers become PostgreSQL's infinities ([`TIMESTAMP_INFINITY`] and the
+/// smallest), which print and order as PostgreSQL's do. (Each also names
+/// an instant in the year 294247, which PostgreSQL could hold; Debezium
+/// writes that instant and infinity the same, and means infinity.)
+pub fn timestamp_from_micros(us: i64) -> i64 {
+    match us {
+        DEBEZIUM_TIMESTAMP_INFINITY => TIMESTAMP_INFINITY,
+        DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY => -TIMESTAMP_INFINITY - 1,
+        us => us,
+    }
+}
 
 /// `YYYY-MM-DD`, `YYYY-MM-DD BC`, `infinity`, `-infinity` → days since the
 /// epoch.

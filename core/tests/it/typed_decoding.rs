@@ -220,6 +220,48 @@ fn declared_columns_widen_the_same_typed() {
     replays_typed(&lines, config, 150, &["id Int64", "small Int64", "d Date32", "amount Decimal128(11, 2)"], 100);
 }
 
+/// Debezium writes PostgreSQL's `infinity` and `-infinity` timestamps as the
+/// JDBC driver's sentinel numbers, in a `MicroTimestamp` (µs) and in a
+/// `Timestamp` (ms, with a schema) alike: they are stored as PostgreSQL's
+/// infinities (printed `infinity`, ordered after and before every instant),
+/// typed or not, and a millisecond one is no longer an out-of-range error.
+#[test]
+fn debezium_infinity_timestamps_are_postgresqls_infinities() {
+    use fovea_core::cdc::types::{TIMESTAMP_INFINITY, format_timestamp};
+    let ddl = parse_ddl("CREATE TABLE public.t (id bigint PRIMARY KEY, valid_to timestamp);").unwrap();
+    let row = |txid: u64, id: u64, us: &str| {
+        rec(txid, "c", &format!(r#"{{"id":{id}}}"#), "null", &format!(r#"{{"id":{id},"valid_to":{us}}}"#))
+    };
+    let mut lines: Vec<String> = (0..50).map(|i| row(i + 1, i, &(1_700_000_000_000_000 + i).to_string())).collect();
+    lines.push(row(100, 100, "9223372036825200000"));
+    lines.push(row(101, 101, "-9223372036832400000"));
+    // With a schema, in milliseconds.
+    let with_schema = |txid: u64, id: u64, ms: &str| {
+        format!(
+            r#"{{"schema":{{"type":"struct","fields":[{{"field":"before","type":"struct","optional":true,"fields":[]}},{{"field":"after","type":"struct","optional":true,"fields":[{{"field":"id","type":"int64"}},{{"field":"valid_to","type":"int64","optional":true,"name":"io.debezium.time.Timestamp"}}]}}]}},"payload":{{"before":null,"after":{{"id":{id},"valid_to":{ms}}},"op":"c","source":{{"schema":"public","table":"t","txId":{txid}}}}}}}"#
+        )
+    };
+    lines.push(with_schema(102, 102, "9223372036825200000"));
+    lines.push(with_schema(103, 103, "-9223372036832400000"));
+    lines.push(with_schema(104, 104, "1700000000123"));
+    let config = || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() };
+    let (outcome, typed) = same_both_ways(&lines, config);
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(typed >= 50, "{typed} rows typed");
+    let (_, rows) = &outcome.tables["public.t"];
+    let valid_to = |id: i64| match rows.iter().find(|r| r[0] == Value::Int(id)).map(|r| &r[1]) {
+        Some(Value::Int(us)) => *us,
+        other => panic!("row {id}: {other:?}"),
+    };
+    for (id, want) in [(100, "infinity"), (101, "-infinity"), (102, "infinity"), (103, "-infinity")] {
+        assert_eq!(format_timestamp(valid_to(id)), want, "row {id}");
+    }
+    assert_eq!(valid_to(100), TIMESTAMP_INFINITY);
+    assert_eq!(valid_to(101), i64::MIN);
+    assert_eq!(valid_to(104), 1_700_000_000_123_000);
+    assert_eq!(valid_to(7), 1_700_000_000_000_007);
+}
+
 #[test]
 fn errors_are_the_same_typed() {
     let base = || {
