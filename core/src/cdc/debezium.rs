@@ -9,7 +9,7 @@
 //! are normalised here: `Decimal` bytes (base64 unscaled, scale from the
 //! schema) become decimal strings, `Timestamp` (ms) and `NanoTimestamp`
 //! become µs (Debezium's numbers for `±infinity` stay as they are, and a
-//! timestamp column reads them as PostgreSQL's infinities). Transaction ids `"<xid>:<lsn>"` are reduced to the xid, which
+//! timestamp or date column reads them as PostgreSQL's infinities). Transaction ids `"<xid>:<lsn>"` are reduced to the xid, which
 //! is stable within a transaction (the lsn part is not).
 
 use arrow::datatypes::{DataType, TimeUnit};
@@ -724,7 +724,10 @@ fn canonicalize(cols: &mut Columns, fields: &[Json]) -> Result<(), String> {
             }
             "io.debezium.time.NanoTimestamp" => {
                 if let Some(ns) = value.as_i64() {
-                    *value = Json::from(ns.div_euclid(1000));
+                    // Debezium writes the infinities as the extremes, which
+                    // are the infinities in µs too.
+                    let us = if ns == i64::MAX || ns == i64::MIN { ns } else { ns.div_euclid(1000) };
+                    *value = Json::from(us);
                 }
             }
             "io.debezium.data.VariableScaleDecimal" => {

@@ -42,7 +42,7 @@ use smallvec::SmallVec;
 
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
-use super::types::{parse_date, parse_decimal, parse_timestamp, timestamp_from_micros, to_value};
+use super::types::{date_from_days, parse_date, parse_decimal, parse_timestamp, timestamp_from_micros, to_value};
 use crate::schema::{Row, TableDef, Value, accepts};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -337,10 +337,10 @@ impl Scalar<'_> {
             // The common cases without building JSON: what `to_value` does
             // with a number for an integer column, and with text for a
             // decimal, a timestamp or a date (the rest goes through it).
-            (
-                Scalar::Number(n),
-                DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Date32,
-            ) => n.as_i64().map(Value::Int),
+            (Scalar::Number(n), DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64) => {
+                n.as_i64().map(Value::Int)
+            }
+            (Scalar::Number(n), DataType::Date32) => n.as_i64().map(|days| Value::Int(date_from_days(days))),
             (Scalar::Number(n), DataType::Timestamp(TimeUnit::Microsecond, _)) => {
                 n.as_i64().map(|us| Value::Int(timestamp_from_micros(us)))
             }
@@ -430,6 +430,9 @@ mod tests {
             "18446744073709551615",
             "9223372036825200000",
             "-9223372036832400000",
+            "2146033979",
+            "-2147472693",
+            "-2147472692",
             "1.5",
             "-0.25",
             "1e3",

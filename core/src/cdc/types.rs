@@ -65,7 +65,7 @@ pub fn to_value(v: &Json, t: &DataType) -> Result<Value, String> {
             parse_decimal(&text, *scale).map(Value::Decimal)
         }
         DataType::Date32 => match v {
-            Json::Number(n) => n.as_i64().map(Value::Int).ok_or_else(bad),
+            Json::Number(n) => n.as_i64().map(|days| Value::Int(date_from_days(days))).ok_or_else(bad),
             Json::String(s) => parse_date(s).map(|d| Value::Int(d.into())).ok_or_else(bad),
             _ => Err(bad()),
         },
@@ -194,6 +194,25 @@ pub fn timestamp_from_micros(us: i64) -> i64 {
         DEBEZIUM_TIMESTAMP_INFINITY => TIMESTAMP_INFINITY,
         DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY => -TIMESTAMP_INFINITY - 1,
         us => us,
+    }
+}
+
+/// How Debezium writes PostgreSQL's `infinity` date: the epoch day of
+/// `+5877611-06-21`, and of `-5877611-06-21` in the versions before it
+/// fixed that date's sign. Both lie beyond PostgreSQL's dates.
+pub const DEBEZIUM_DATE_INFINITY: [i64; 2] = [2_146_033_979, -2_147_472_693];
+
+/// How Debezium writes `-infinity`: the epoch day of `-5877611-06-22`.
+pub const DEBEZIUM_DATE_NEGATIVE_INFINITY: i64 = -2_147_472_692;
+
+/// A date column's value from a number of days: Debezium's infinity
+/// numbers become PostgreSQL's infinities ([`DATE_INFINITY`] and the
+/// smallest).
+pub fn date_from_days(days: i64) -> i64 {
+    match days {
+        d if DEBEZIUM_DATE_INFINITY.contains(&d) => DATE_INFINITY.into(),
+        DEBEZIUM_DATE_NEGATIVE_INFINITY => (-DATE_INFINITY - 1).into(),
+        d => d,
     }
 }
 

@@ -220,46 +220,60 @@ fn declared_columns_widen_the_same_typed() {
     replays_typed(&lines, config, 150, &["id Int64", "small Int64", "d Date32", "amount Decimal128(11, 2)"], 100);
 }
 
-/// Debezium writes PostgreSQL's `infinity` and `-infinity` timestamps as the
-/// JDBC driver's sentinel numbers, in a `MicroTimestamp` (µs) and in a
-/// `Timestamp` (ms, with a schema) alike: they are stored as PostgreSQL's
-/// infinities (printed `infinity`, ordered after and before every instant),
-/// typed or not, and a millisecond one is no longer an out-of-range error.
+/// Debezium writes PostgreSQL's `infinity` and `-infinity` as numbers of
+/// its own: the JDBC driver's sentinels in a `MicroTimestamp` (µs) and a
+/// `Timestamp` (ms) alike, the extremes in a `NanoTimestamp`, the epoch
+/// days of ±5877611-06-21/22 in a `Date`. They are stored as PostgreSQL's
+/// infinities (printed `infinity`, ordered after and before every value),
+/// typed or not; a millisecond one is no longer an out-of-range error.
 #[test]
-fn debezium_infinity_timestamps_are_postgresqls_infinities() {
-    use fovea_core::cdc::types::{TIMESTAMP_INFINITY, format_timestamp};
-    let ddl = parse_ddl("CREATE TABLE public.t (id bigint PRIMARY KEY, valid_to timestamp);").unwrap();
-    let row = |txid: u64, id: u64, us: &str| {
-        rec(txid, "c", &format!(r#"{{"id":{id}}}"#), "null", &format!(r#"{{"id":{id},"valid_to":{us}}}"#))
+fn debezium_infinities_are_postgresqls_infinities() {
+    use fovea_core::cdc::types::{DATE_INFINITY, TIMESTAMP_INFINITY, format_date, format_timestamp};
+    let ddl = parse_ddl("CREATE TABLE public.t (id bigint PRIMARY KEY, valid_to timestamp, valid_from date);").unwrap();
+    let row = |txid: u64, id: u64, us: &str, days: &str| {
+        let after = format!(r#"{{"id":{id},"valid_to":{us},"valid_from":{days}}}"#);
+        rec(txid, "c", &format!(r#"{{"id":{id}}}"#), "null", &after)
     };
-    let mut lines: Vec<String> = (0..50).map(|i| row(i + 1, i, &(1_700_000_000_000_000 + i).to_string())).collect();
-    lines.push(row(100, 100, "9223372036825200000"));
-    lines.push(row(101, 101, "-9223372036832400000"));
-    // With a schema, in milliseconds.
-    let with_schema = |txid: u64, id: u64, ms: &str| {
+    let mut lines: Vec<String> =
+        (0..50).map(|i| row(i + 1, i, &(1_700_000_000_000_000 + i).to_string(), &(19_000 + i).to_string())).collect();
+    lines.push(row(100, 100, "9223372036825200000", "2146033979"));
+    lines.push(row(101, 101, "-9223372036832400000", "-2147472692"));
+    // The positive date of the Debezium versions before it fixed its sign.
+    lines.push(row(102, 102, "0", "-2147472693"));
+    // With a schema: the timestamp in ms or ns.
+    let with_schema = |txid: u64, id: u64, unit: &str, ts: &str, days: &str| {
         format!(
-            r#"{{"schema":{{"type":"struct","fields":[{{"field":"before","type":"struct","optional":true,"fields":[]}},{{"field":"after","type":"struct","optional":true,"fields":[{{"field":"id","type":"int64"}},{{"field":"valid_to","type":"int64","optional":true,"name":"io.debezium.time.Timestamp"}}]}}]}},"payload":{{"before":null,"after":{{"id":{id},"valid_to":{ms}}},"op":"c","source":{{"schema":"public","table":"t","txId":{txid}}}}}}}"#
+            r#"{{"schema":{{"type":"struct","fields":[{{"field":"before","type":"struct","optional":true,"fields":[]}},{{"field":"after","type":"struct","optional":true,"fields":[{{"field":"id","type":"int64"}},{{"field":"valid_to","type":"int64","optional":true,"name":"io.debezium.time.{unit}"}},{{"field":"valid_from","type":"int32","optional":true,"name":"io.debezium.time.Date"}}]}}]}},"payload":{{"before":null,"after":{{"id":{id},"valid_to":{ts},"valid_from":{days}}},"op":"c","source":{{"schema":"public","table":"t","txId":{txid}}}}}}}"#
         )
     };
-    lines.push(with_schema(102, 102, "9223372036825200000"));
-    lines.push(with_schema(103, 103, "-9223372036832400000"));
-    lines.push(with_schema(104, 104, "1700000000123"));
+    lines.push(with_schema(103, 103, "Timestamp", "9223372036825200000", "2146033979"));
+    lines.push(with_schema(104, 104, "Timestamp", "-9223372036832400000", "-2147472692"));
+    lines.push(with_schema(105, 105, "NanoTimestamp", "9223372036854775807", "1"));
+    lines.push(with_schema(106, 106, "NanoTimestamp", "-9223372036854775808", "1"));
+    lines.push(with_schema(107, 107, "Timestamp", "1700000000123", "19000"));
+    lines.push(with_schema(108, 108, "NanoTimestamp", "1700000000123456789", "19000"));
     let config = || SinkConfig { ddl: ddl.clone(), ..SinkConfig::default() };
     let (outcome, typed) = same_both_ways(&lines, config);
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
     assert!(typed >= 50, "{typed} rows typed");
     let (_, rows) = &outcome.tables["public.t"];
-    let valid_to = |id: i64| match rows.iter().find(|r| r[0] == Value::Int(id)).map(|r| &r[1]) {
-        Some(Value::Int(us)) => *us,
+    let column = |id: i64, c: usize| match rows.iter().find(|r| r[0] == Value::Int(id)).map(|r| &r[c]) {
+        Some(Value::Int(v)) => *v,
         other => panic!("row {id}: {other:?}"),
     };
-    for (id, want) in [(100, "infinity"), (101, "-infinity"), (102, "infinity"), (103, "-infinity")] {
+    let (valid_to, valid_from) = (|id| column(id, 1), |id| column(id, 2));
+    for (id, want) in [(100, "infinity"), (101, "-infinity"), (103, "infinity"), (104, "-infinity"), (105, "infinity")]
+    {
         assert_eq!(format_timestamp(valid_to(id)), want, "row {id}");
     }
-    assert_eq!(valid_to(100), TIMESTAMP_INFINITY);
-    assert_eq!(valid_to(101), i64::MIN);
-    assert_eq!(valid_to(104), 1_700_000_000_123_000);
-    assert_eq!(valid_to(7), 1_700_000_000_000_007);
+    assert_eq!((valid_to(100), valid_to(101), valid_to(106)), (TIMESTAMP_INFINITY, i64::MIN, i64::MIN));
+    for (id, want) in [(100, "infinity"), (101, "-infinity"), (102, "infinity"), (103, "infinity"), (104, "-infinity")]
+    {
+        assert_eq!(format_date(valid_from(id)), want, "row {id}");
+    }
+    assert_eq!(valid_from(100), i64::from(DATE_INFINITY));
+    assert_eq!((valid_to(107), valid_to(108)), (1_700_000_000_123_000, 1_700_000_000_123_456));
+    assert_eq!((valid_to(7), valid_from(7)), (1_700_000_000_000_007, 19_007));
 }
 
 #[test]
