@@ -9,8 +9,9 @@
 //! are normalised here: `Decimal` bytes (base64 unscaled, scale from the
 //! schema) become decimal strings, `Timestamp` (ms) and `NanoTimestamp`
 //! become µs (Debezium's numbers for `±infinity` stay as they are, and a
-//! timestamp or date column reads them as PostgreSQL's infinities). Transaction ids `"<xid>:<lsn>"` are reduced to the xid, which
-//! is stable within a transaction (the lsn part is not).
+//! timestamp or date column reads them as PostgreSQL's infinities).
+//! Transaction ids `"<xid>:<lsn>"` are reduced to the xid, which is stable
+//! within a transaction (the lsn part is not).
 
 use arrow::datatypes::{DataType, TimeUnit};
 use base64::Engine as _;

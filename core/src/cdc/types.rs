@@ -186,9 +186,10 @@ pub const DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY: i64 = -9_223_372_036_832_400_000
 
 /// A timestamp column's value from a number of µs: Debezium's infinity
 /// numbers become PostgreSQL's infinities ([`TIMESTAMP_INFINITY`] and the
-/// smallest), which print and order as PostgreSQL's do. (Each also names
-/// an instant in the year 294247, which PostgreSQL could hold; Debezium
-/// writes that instant and infinity the same, and means infinity.)
+/// smallest), which print and order as PostgreSQL's do. (The positive
+/// number is also an instant of the year 294247, which PostgreSQL can
+/// hold: Debezium writes that instant and `infinity` alike, and it is read
+/// as `infinity`. The negative one lies before PostgreSQL's first instant.)
 pub fn timestamp_from_micros(us: i64) -> i64 {
     match us {
         DEBEZIUM_TIMESTAMP_INFINITY => TIMESTAMP_INFINITY,
