@@ -12,6 +12,10 @@
 //!              batch → projection → keep the rows of mask (in place)
 //! ```
 //!
+//! Rows come in no set order (as SQL allows): splits in file order, but a
+//! batch's last kept rows may take the places of its hidden ones
+//! ([`keep_rows`](crate::compact::keep_rows)).
+//!
 //! The scan holds its [`Snapshot`], so LWM cannot pass `qts` while any batch
 //! is still to come, and memory GC or combine running meanwhile change no
 //! answer.
