@@ -52,7 +52,7 @@ use crate::error::Result;
 /// they return.
 pub fn keep_rows(batch: RecordBatch, mask: Vec<u64>) -> Result<RecordBatch> {
     let rows = batch.num_rows();
-    let count = kept_count(&mask, rows);
+    let count = fovea_scan_wasm::count_visible(&mask, rows);
     if count * 2 < rows {
         let selection = BooleanArray::new(BooleanBuffer::new(Buffer::from_vec(mask), 0, rows), None);
         return Ok(arrow::compute::filter_record_batch(&batch, &selection)?);
@@ -62,14 +62,6 @@ pub fn keep_rows(batch: RecordBatch, mask: Vec<u64>) -> Result<RecordBatch> {
     let columns = columns.into_iter().map(|c| keep.column(c)).collect::<Result<Vec<_>>>()?;
     let options = RecordBatchOptions::new().with_row_count(Some(keep.count));
     Ok(RecordBatch::try_new_with_options(schema, columns, &options)?)
-}
-
-/// The set bits of `mask` among its first `rows`.
-fn kept_count(mask: &[u64], rows: usize) -> usize {
-    let full = rows / 64;
-    let whole: usize = mask[..full].iter().map(|w| w.count_ones() as usize).sum();
-    let tail = rows % 64;
-    whole + if tail == 0 { 0 } else { (mask[full] & ((1u64 << tail) - 1)).count_ones() as usize }
 }
 
 /// Where the kept rows of a batch go.
@@ -254,14 +246,9 @@ fn holes_and_movers(mask: &[u64], rows: usize, count: usize) -> (Vec<usize>, Vec
     // Scanned by the bits that matter (few, with scattered deletes), not
     // bit by bit: a word of kept rows before `count` costs one test.
     let (mut holes, mut movers) = (Vec::new(), Vec::new());
-    let first_word = |n: usize, base: usize| match n.saturating_sub(base) {
-        0 => 0,
-        n if n >= 64 => u64::MAX,
-        n => (1u64 << n) - 1,
-    };
     for (w, &word) in mask.iter().enumerate().take(rows.div_ceil(64)) {
         let base = w * 64;
-        let (valid, before) = (first_word(rows, base), first_word(count, base));
+        let (valid, before) = (rows_below(rows, base), rows_below(count, base));
         for (mut bits, out) in [(!word & valid & before, &mut holes), (word & valid & !before, &mut movers)] {
             while bits != 0 {
                 out.push(base + bits.trailing_zeros() as usize);
@@ -274,6 +261,16 @@ fn holes_and_movers(mask: &[u64], rows: usize, count: usize) -> (Vec<usize>, Vec
     (holes, movers)
 }
 
+/// The bits of the mask word starting at row `base` that stand for rows
+/// before row `n`.
+fn rows_below(n: usize, base: usize) -> u64 {
+    match n.saturating_sub(base) {
+        0 => 0,
+        n if n >= 64 => u64::MAX,
+        n => (1u64 << n) - 1,
+    }
+}
+
 /// Maximal runs `[start, end)` of kept rows, ascending.
 fn runs(mask: &[u64], rows: usize) -> Vec<(usize, usize)> {
     // Scanned by the rows that are not kept (few, with scattered deletes).
@@ -281,8 +278,7 @@ fn runs(mask: &[u64], rows: usize) -> Vec<(usize, usize)> {
     let mut start = 0;
     for (w, &word) in mask.iter().enumerate().take(rows.div_ceil(64)) {
         let base = w * 64;
-        let valid = if rows - base >= 64 { u64::MAX } else { (1u64 << (rows - base)) - 1 };
-        let mut dropped = !word & valid;
+        let mut dropped = !word & rows_below(rows, base);
         while dropped != 0 {
             let row = base + dropped.trailing_zeros() as usize;
             if start < row {

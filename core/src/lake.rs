@@ -345,8 +345,8 @@ impl Lake {
 
     /// Runs `decoder` (of the Parquet object at `path`, from
     /// [`row_groups_decoder`]) to its end, handing each batch to `each` as
-    /// soon as it is decoded, fetching just the byte ranges it asks for; `held` are bytes already
-    /// fetched (a footer's tail).
+    /// soon as it is decoded, fetching just the byte ranges it asks for;
+    /// `held` are bytes already fetched (a footer's tail).
     pub fn decode(
         &self,
         path: &Path,
