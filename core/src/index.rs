@@ -336,6 +336,19 @@ impl Arena {
     }
 }
 
+/// Where a key is in a [`PrimaryIndex`] ([`PrimaryIndex::latest_slot`]),
+/// until the index next changes.
+#[derive(Clone, Copy, Debug)]
+pub struct KeySlot(u32);
+
+/// `v` packed into an entry, or an error if it does not fit.
+#[inline]
+fn pack(v: Version) -> Result<PackedVersion> {
+    PackedVersion::new(v).ok_or_else(|| {
+        Error::invariant(format!("index version at ts{} of row {} is beyond the ts or row-id range", v.ts, v.row))
+    })
+}
+
 /// One shard's partition of the single-point index.
 pub struct PrimaryIndex {
     /// Entry numbers, by the hash of their key.
@@ -646,6 +659,17 @@ impl PrimaryIndex {
         (v.row != TOMBSTONE).then_some(RowId(v.row))
     }
 
+    /// The newest version of `key` if it is live (the writer's view),
+    /// with where the key is: an update or delete that found it this way
+    /// records its next version there ([`Self::put_at`],
+    /// [`Self::tombstone_at`]) without looking the key up again.
+    #[inline]
+    pub fn latest_slot(&self, key: &[u8]) -> Option<(KeySlot, RowId)> {
+        let i = self.find(key)?;
+        let v = self.entries.entry(i).newest();
+        (v.row != TOMBSTONE).then_some((KeySlot(i), RowId(v.row)))
+    }
+
     /// Records that `key` lives at `row` from `ts` on.
     #[inline]
     pub fn put(&mut self, key: &[u8], ts: Ts, row: RowId) -> Result<()> {
@@ -658,17 +682,49 @@ impl PrimaryIndex {
         self.push(key, Version { ts: ts.get(), row: TOMBSTONE })
     }
 
+    /// [`Self::put`] of the key [`Self::latest_slot`] found at `slot`, the
+    /// index unchanged since.
+    #[inline]
+    pub fn put_at(&mut self, slot: KeySlot, key: &[u8], ts: Ts, row: RowId) -> Result<()> {
+        self.push_at(slot, key, Version { ts: ts.get(), row: row.0 })
+    }
+
+    /// [`Self::tombstone`] of the key [`Self::latest_slot`] found at
+    /// `slot`, the index unchanged since.
+    #[inline]
+    pub fn tombstone_at(&mut self, slot: KeySlot, key: &[u8], ts: Ts) -> Result<()> {
+        self.push_at(slot, key, Version { ts: ts.get(), row: TOMBSTONE })
+    }
+
     #[inline]
     fn push(&mut self, key: &[u8], v: Version) -> Result<()> {
-        let packed = PackedVersion::new(v).ok_or_else(|| {
-            Error::invariant(format!("index version at ts{} of row {} is beyond the ts or row-id range", v.ts, v.row))
-        })?;
+        let packed = pack(v)?;
         let hash = self.hasher.hash_one(key);
         let Some(i) = self.table.find(hash, |&i| self.entries.key(i) == key).copied() else {
             self.changed.push(key);
             self.insert_new(key, hash, packed);
             return Ok(());
         };
+        self.push_version(i, key, v, packed)
+    }
+
+    #[inline]
+    fn push_at(&mut self, slot: KeySlot, key: &[u8], v: Version) -> Result<()> {
+        let packed = pack(v)?;
+        // A slot is only good until the index changes: one that no longer
+        // holds the key is the caller's bug, refused rather than followed
+        // (one compare of an entry just read).
+        let i = slot.0;
+        if i >= self.entries.next || !self.entries.entry(i).is_used() || self.entries.key(i) != key {
+            return Err(Error::invariant("an index slot used after the index changed"));
+        }
+        self.push_version(i, key, v, packed)
+    }
+
+    /// Records `v` (packed: `packed`) as the newest version of entry `i`,
+    /// which holds `key`.
+    #[inline]
+    fn push_version(&mut self, i: u32, key: &[u8], v: Version, packed: PackedVersion) -> Result<()> {
         let entry = self.entries.entry_mut(i);
         let last = entry.newest();
         // A key whose newest version is above the floor was pushed since
@@ -1723,6 +1779,28 @@ mod tests {
             let err = run(&flipped).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains("checksum"), "fetch {fetch}: {err}");
         }
+    }
+
+    #[test]
+    fn a_found_slot_takes_the_next_version_until_the_index_changes() {
+        let mut index = PrimaryIndex::new();
+        let (a, b) = (encode_key(TableId(1), &[Value::Int(1)]), encode_key(TableId(1), &[Value::Int(2)]));
+        assert!(index.latest_slot(&a).is_none());
+        index.put(&a, Ts(1), RowId(10)).unwrap();
+        let (slot, row) = index.latest_slot(&a).unwrap();
+        assert_eq!(row, RowId(10));
+        index.put_at(slot, &a, Ts(2), RowId(20)).unwrap();
+        assert_eq!(index.lookup(&a, Ts(1)), Some(RowId(10)), "the displaced version stays for older snapshots");
+        assert_eq!(index.lookup(&a, Ts(2)), Some(RowId(20)));
+        let (slot, _) = index.latest_slot(&a).unwrap();
+        index.tombstone_at(slot, &a, Ts(3)).unwrap();
+        assert!(index.latest_slot(&a).is_none());
+        assert_eq!(index.lookup(&a, Ts(3)), None);
+        // A slot of another key, or of a key since removed, is refused.
+        assert!(index.put_at(slot, &b, Ts(4), RowId(40)).is_err());
+        index.purge(Ts(3));
+        assert!(index.put_at(slot, &a, Ts(4), RowId(40)).is_err());
+        assert_eq!(index.lookup(&a, Ts(4)), None);
     }
 
     #[test]

@@ -23,11 +23,14 @@ use std::collections::HashMap;
 use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, PartState, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, ShardId, TableId, Ts};
-use crate::index::{KeyBytes, MainIndex, PrimaryIndex, encode_key, encode_row_key};
+use crate::index::{KeyBytes, KeySlot, MainIndex, PrimaryIndex, encode_key, encode_row_key};
 use crate::lake::ts_range;
 use crate::mvcc::lock;
 use crate::schema::{Row, TableDef, Value, render_key};
 use crate::visibility::{FileVisibility, VisibilityWriter};
+
+/// Keys an operation batch made live (`true`) or removed, as it is validated.
+type Overlay<'k> = hashbrown::HashMap<&'k [u8], bool, foldhash::fast::FixedState>;
 
 /// A change of one row, as the source database made it.
 #[derive(Clone, Debug, PartialEq)]
@@ -270,8 +273,10 @@ impl Shard {
     /// Checks that `ops`, applied in order, conflict with no live key.
     /// A [`Error::KeyConflict`] names the index of the failing operation in `ops`.
     pub fn validate(&self, ops: &[ShardOp]) -> Result<()> {
-        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
-        let live = |overlay: &HashMap<&[u8], bool>, key: &KeyBytes| {
+        // What the ops before made of a key (live or not), hashed as the
+        // index hashes keys (not SipHash: this runs for every op).
+        let mut overlay: Overlay<'_> = Overlay::default();
+        let live = |overlay: &Overlay<'_>, key: &KeyBytes| {
             overlay.get(key.as_slice()).copied().unwrap_or_else(|| self.index.latest(key).is_some())
         };
         for (i, op) in ops.iter().enumerate() {
@@ -331,31 +336,47 @@ impl Shard {
                     self.index.put(key, ts, row_id)?;
                 }
                 ShardOp::Delete { table, key, values } => {
-                    self.delete_row(table, key, values, ts)?;
-                    self.index.tombstone(key, ts)?;
+                    let slot = self.live_slot(table, key, || values.clone())?;
+                    self.delete_row(table, slot, ts)?;
+                    self.index.tombstone_at(slot.0, key, ts)?;
                 }
                 ShardOp::Update { table, key, row } => {
-                    self.delete_row(table, key, &table.key_of(row), ts)?;
+                    let slot = self.live_slot(table, key, || table.key_of(row))?;
+                    self.delete_row(table, slot, ts)?;
                     let row_id = self.append_row(table, row, ts, ctx)?;
-                    self.index.put(key, ts, row_id)?;
+                    self.index.put_at(slot.0, key, ts, row_id)?;
                 }
-                ShardOp::Upsert { table, key, row } => {
-                    if self.index.latest(key).is_some() {
-                        self.delete_row(table, key, &table.key_of(row), ts)?;
+                ShardOp::Upsert { table, key, row } => match self.index.latest_slot(key) {
+                    Some(slot) => {
+                        self.delete_row(table, slot, ts)?;
+                        let row_id = self.append_row(table, row, ts, ctx)?;
+                        self.index.put_at(slot.0, key, ts, row_id)?;
                     }
-                    let row_id = self.append_row(table, row, ts, ctx)?;
-                    self.index.put(key, ts, row_id)?;
-                }
+                    None => {
+                        let row_id = self.append_row(table, row, ts, ctx)?;
+                        self.index.put(key, ts, row_id)?;
+                    }
+                },
             }
         }
         Ok(())
     }
 
-    fn delete_row(&mut self, table: &TableDef, key: &KeyBytes, values: &[Value], ts: Ts) -> Result<()> {
-        let row_id = self
-            .index
-            .latest(key)
-            .ok_or_else(|| conflict(table, values, "delete of a key with no live row (not validated)"))?;
+    /// Where `key`'s live row is (validated: a key with none is a bug, told
+    /// with the key's values, which `values` makes only then).
+    fn live_slot(
+        &self,
+        table: &TableDef,
+        key: &KeyBytes,
+        values: impl FnOnce() -> Vec<Value>,
+    ) -> Result<(KeySlot, RowId)> {
+        self.index
+            .latest_slot(key)
+            .ok_or_else(|| conflict(table, &values(), "delete of a key with no live row (not validated)"))
+    }
+
+    /// Marks the live row found at `(_, row_id)` deleted from `ts` on.
+    fn delete_row(&mut self, table: &TableDef, (_, row_id): (KeySlot, RowId), ts: Ts) -> Result<()> {
         let loc = self
             .main
             .locate(row_id)

@@ -21,7 +21,7 @@ use serde_json::Value as Json;
 use serde_json::value::RawValue;
 use smol_str::ToSmolStr as _;
 
-use super::typed::{Image, TypedRow, TypedTables};
+use super::typed::{BorrowedStr, Image, TypedRow, TypedTables};
 use super::types::{DEBEZIUM_TIMESTAMP_INFINITY, DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY};
 use super::{
     ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SmolStr, SourcePosition, input_error,
@@ -300,32 +300,6 @@ impl<'de, V: serde::de::Visitor<'de, Value = ()>> serde::de::Visitor<'de> for Or
 
     fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<bool, D::Error> {
         d.deserialize_map(self.0).map(|()| true)
-    }
-}
-
-/// A string borrowed from the line when it has no escapes (serde's own
-/// `Cow<str>` always copies).
-struct BorrowedStr<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for BorrowedStr<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Text;
-        impl<'de> serde::de::Visitor<'de> for Text {
-            type Value = BorrowedStr<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Self::Value, E> {
-                Ok(BorrowedStr(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> std::result::Result<Self::Value, E> {
-                Ok(BorrowedStr(Cow::Owned(s.to_owned())))
-            }
-            fn visit_string<E>(self, s: String) -> std::result::Result<Self::Value, E> {
-                Ok(BorrowedStr(Cow::Owned(s)))
-            }
-        }
-        d.deserialize_str(Text)
     }
 }
 

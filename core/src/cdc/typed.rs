@@ -162,6 +162,32 @@ fn read_image<'de, V: Visitor<'de>>(raw: &'de RawValue, visitor: V) -> Option<V:
     Some(out)
 }
 
+/// A string borrowed from the line when it has no escapes (serde's own
+/// `Cow<str>` always copies).
+pub(crate) struct BorrowedStr<'a>(pub(crate) Cow<'a, str>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for BorrowedStr<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Text;
+        impl<'de> serde::de::Visitor<'de> for Text {
+            type Value = BorrowedStr<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> std::result::Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> std::result::Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
 /// Not a typed row: the general path decides (never shown to a user).
 const UNTYPED: &str = "not a typed row";
 
@@ -181,7 +207,7 @@ impl<'de> Visitor<'de> for FullImage<'_> {
         // The columns named so far: each must be named once.
         let mut named: SmallVec<[u64; 2]> = smallvec::smallvec![0; fields.len().div_ceil(64)];
         let mut hint = 0;
-        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
+        while let Some(name) = m.next_key::<BorrowedStr<'de>>()?.map(|s| s.0) {
             let value: Scalar<'de> = m.next_value()?;
             let i = self.shape.column(hint, &name).ok_or_else(|| A::Error::custom(UNTYPED))?;
             let (word, bit) = (i / 64, 1u64 << (i % 64));
@@ -216,7 +242,7 @@ impl<'de> Visitor<'de> for KeyColumns<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
         let fields = self.shape.def.schema.fields();
         let mut hint = 0;
-        while let Some(name) = m.next_key::<Cow<'de, str>>()? {
+        while let Some(name) = m.next_key::<BorrowedStr<'de>>()?.map(|s| s.0) {
             let key = self.shape.column(hint, &name).and_then(|i| Some((i, self.shape.key_position[i]?)));
             hint += 1;
             match key {
