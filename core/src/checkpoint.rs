@@ -33,7 +33,7 @@ use crate::buffer::{Block, BlockData, FileKind, LakeFile};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
-use crate::index::{ChangedKeys, ImageRun, ImageWriter, PrimaryIndex};
+use crate::index::{ChangedKeys, ImageRun, ImageWriter, PrimaryIndex, upgrade_key};
 use crate::lake::{RegularFile, RowGroupInfo, block_path, create_ts_column, encode_block};
 use crate::mvcc::{Clock, lock};
 use crate::replay::OpenBlock;
@@ -46,8 +46,10 @@ const TABLES_PREFIX: &str = "tables";
 const CHECKPOINTS_PREFIX: &str = "_fovea/checkpoints";
 
 /// Version of the manifest format this fovea writes: 2 has chains of
-/// index deltas and counts of deleted rows. It reads 1 as well.
-pub const MANIFEST_FORMAT: u32 = 2;
+/// index deltas and counts of deleted rows; 3 names index images of
+/// format 3 (keys with short integers, see [`crate::index::encode_key`]).
+/// It reads 1 and 2 as well, rewriting their index keys.
+pub const MANIFEST_FORMAT: u32 = 3;
 
 /// The engine image of one checkpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,6 +68,20 @@ pub struct Manifest {
     pub tables: Vec<TableManifest>,
     /// Shards, by id.
     pub shards: Vec<ShardManifest>,
+}
+
+impl Manifest {
+    /// This checkpoint as the next one extends it: its index chains, or
+    /// none where they are of an older format (their keys are rewritten
+    /// as they are read; a chain is not extended without its sizes, so
+    /// the next checkpoint writes a base).
+    pub(crate) fn to_extend(&self) -> Manifest {
+        let mut m = self.clone();
+        if m.format < MANIFEST_FORMAT {
+            m.shards.iter_mut().for_each(|s| s.index_sizes.clear());
+        }
+        m
+    }
 }
 
 /// A table.
@@ -130,7 +146,7 @@ pub struct ColumnManifest {
 pub struct ShardManifest {
     /// Next row id.
     pub next_row_id: u64,
-    /// Object holding the base image of the index (format 2: in key
+    /// Object holding the base image of the index (formats 2 and 3: in key
     /// order, one version per key).
     pub index: String,
     /// Deltas to apply to the base, oldest first: the keys changed since
@@ -497,6 +513,10 @@ impl PendingCheckpoint {
         // is written here must not replace an object it names.
         let same_ts = since == c.get();
         let (path, write) = match chain {
+            // A base at the committed checkpoint's ts (one of an older
+            // format made anew) must not replace the base that
+            // checkpoint's chain starts from.
+            None if same_ts => (format!("{dir}/index-{s}-{}.bin", self.unique), true),
             None => (base_path.clone(), true),
             // Named by both ends: whoever writes it writes the
             // changes between the same two images.
@@ -855,7 +875,7 @@ impl Engine {
         m: &Manifest,
         vacuum: bool,
     ) -> Result<Arc<Engine>> {
-        if m.format != 1 && m.format != MANIFEST_FORMAT {
+        if !(1..=MANIFEST_FORMAT).contains(&m.format) {
             return Err(corrupt(format!("format {} (this fovea reads 1 to {MANIFEST_FORMAT})", m.format)));
         }
         if clock.latest() < Ts(m.checkpoint_ts) {
@@ -871,6 +891,14 @@ impl Engine {
         for t in &m.tables {
             engine.create_table(&t.name, t.schema()?, t.primary_key.clone())?;
         }
+        // Index images before format 3 hold integer keys in 9 bytes:
+        // their keys are rewritten by the types of the tables' key columns.
+        let key_types: HashMap<u32, Vec<DataType>> = engine
+            .tables()
+            .iter()
+            .map(|t| (t.id.0, t.primary_key.iter().map(|&i| t.schema.field(i).data_type().clone()).collect()))
+            .collect();
+        let upgrade = |key: &[u8]| upgrade_key(key, |t| key_types.get(&t.0).map(Vec::as_slice));
         let c = Ts(m.checkpoint_ts);
         let lake = engine.lake.clone();
         let mut named: HashSet<String> = HashSet::new();
@@ -878,15 +906,19 @@ impl Engine {
         for (s, sm) in m.shards.iter().enumerate() {
             let mut shard = lock(&engine.shards[s]);
             named.insert(sm.index.clone());
-            shard.index =
-                PrimaryIndex::read_from(&lake.get(&Path::from(sm.index.as_str()))?).map_err(in_objects([&sm.index]))?;
+            shard.index = PrimaryIndex::read_from(&lake.get(&Path::from(sm.index.as_str()))?, Some(&upgrade))
+                .map_err(in_objects([&sm.index]))?;
             for d in &sm.index_deltas {
                 named.insert(d.clone());
-                shard.index.apply_delta(&lake.get(&Path::from(d.as_str()))?).map_err(in_objects([d]))?;
+                shard
+                    .index
+                    .apply_delta(&lake.get(&Path::from(d.as_str()))?, Some(&upgrade))
+                    .map_err(in_objects([d]))?;
             }
-            if sm.index_sizes.is_empty() {
-                // No chain to extend (format 1): the next checkpoint writes
-                // a base image of every key.
+            if sm.index_sizes.is_empty() || m.format < MANIFEST_FORMAT {
+                // No chain to extend (format 1), or one of older keys
+                // (format 2): the next checkpoint writes a base image of
+                // every key.
                 shard.index.mark_all_changed();
             }
             shard.next_row_id = sm.next_row_id;
@@ -959,7 +991,7 @@ impl Engine {
         drop(lake);
         // The next checkpoint extends this one's chains: the keys changed
         // since are what it writes.
-        *lock(&engine.last_checkpoint) = Some(Arc::new(m.clone()));
+        *lock(&engine.last_checkpoint) = Some(Arc::new(m.to_extend()));
         if vacuum {
             engine.vacuum(&named)?;
         }

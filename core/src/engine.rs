@@ -537,7 +537,8 @@ impl Engine {
         self.read_tables().by_id.iter().map(|t| Arc::clone(t.current())).collect()
     }
 
-    /// The shard a key belongs to.
+    /// The shard a key belongs to, by its routing bytes
+    /// ([`crate::index::routing_key`]).
     pub fn shard_of(&self, key: &[u8]) -> usize {
         use std::hash::BuildHasher;
         (foldhash::fast::FixedState::with_seed(0x0005_4a2d).hash_one(key) % self.shards.len() as u64) as usize
@@ -605,7 +606,7 @@ impl Engine {
             let table_of =
                 |t: TableId| tables.get(t.0 as usize).cloned().ok_or_else(|| Error::UnknownTable(t.to_string()));
             ShardOp::from_op(op, table_of, |s| {
-                let shard = self.shard_of(s.key());
+                let shard = self.shard_of(&s.routing_key());
                 routed[shard].push(s);
                 origins[shard].push(i);
             })
@@ -641,7 +642,7 @@ impl Engine {
     pub fn latest_row(&self, table: &TableDef, key: &[crate::schema::Value]) -> Result<Option<crate::schema::Row>> {
         let encoded = crate::index::encode_key(table.id, key);
         let (loc, part) = {
-            let shard = lock(&self.shards[self.shard_of(&encoded)]);
+            let shard = lock(&self.shards[self.shard_of(&crate::index::routing_key(table.id, key))]);
             let Some(row_id) = shard.index.latest(&encoded) else { return Ok(None) };
             let loc = shard
                 .main
@@ -1022,7 +1023,7 @@ impl Engine {
             // One at the same ts is newer all the same (checkpoints commit
             // one after another): storage GC may have moved rows since.
             if last.as_ref().is_none_or(|m| m.checkpoint_ts <= manifest.checkpoint_ts) {
-                *last = Some(Arc::new(manifest.clone()));
+                *last = Some(Arc::new(manifest.to_extend()));
             }
         }
         // Release: pairs with the Acquire in `gc` and in the drop of a

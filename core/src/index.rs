@@ -4,7 +4,8 @@
 //!   versions in ts order; [`PrimaryIndex::lookup`] returns the newest entry
 //!   `≤ ts`. One partition per shard, used by that shard's writer only, so
 //!   no locks. A key is a 28-byte entry — the key inline up to 13 bytes (a
-//!   table and an integer key take 13; longer keys live beside) and its
+//!   table and an integer key take 5 to 13, four integers below 256 at
+//!   most 12; longer keys live beside) and its
 //!   newest version packed in 14 (a 52-bit ts, a 60-bit row id) — in an
 //!   arena of 8,192-entry chunks, found through a hash table (foldhash) of
 //!   4-byte entry numbers: 34–38 bytes a key with the table's load factor
@@ -33,6 +34,7 @@ use smallvec::SmallVec;
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TS_BITS_MASK, TableId, Ts};
 use crate::schema::{TableDef, Value};
+use arrow::datatypes::DataType;
 
 /// An encoded key: table id then the order-preserving key bytes.
 pub type KeyBytes = SmallVec<[u8; 16]>;
@@ -42,10 +44,18 @@ const TOMBSTONE: u64 = u64::MAX;
 
 /// Encodes `(table, key)` so that byte order equals key order.
 ///
-/// Per value: `0x00` for NULL, else `0x01` followed by integers as big-endian
-/// with the sign bit flipped, floats by the IEEE total-order trick, decimals
-/// as 16 bytes, strings and bytes with `0x00` escaped as `0x00 0xFF` and
-/// terminated by `0x00 0x00`.
+/// The table id as 4 bytes big-endian, then per value: `0x00` for NULL;
+/// an integer as a byte telling its sign and length, then its
+/// significant bytes big-endian (non-negative: `0x80 + n` and the last n
+/// bytes, where n is what the value needs, none for 0; negative:
+/// `0x7F - n` and the last n bytes, where n is what its complement
+/// needs, none for -1), so the common small keys stay short (a table
+/// and a key below 2^24 take 8 bytes, four such columns 20); anything
+/// else `0x01` followed by a boolean's byte, floats by the IEEE
+/// total-order trick, decimals as 16 bytes, strings and bytes with `0x00`
+/// escaped as `0x00 0xFF` and terminated by `0x00 0x00`. Index images
+/// before format 3 held integers as `0x01` and 8 bytes with the sign bit
+/// flipped ([`upgrade_key`] rewrites those).
 pub fn encode_key(table: TableId, key: &[Value]) -> KeyBytes {
     encode_key_values(table, key)
 }
@@ -59,15 +69,42 @@ pub fn encode_row_key(table: &TableDef, row: &[Value]) -> KeyBytes {
 /// [`encode_key`] of the values `key` yields.
 fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
     let mut out = KeyBytes::new();
+    encode_values_into(&mut out, table, key, push_int);
+    out
+}
+
+/// The bytes a key's shard is chosen by ([`routing_key`]).
+pub type RoutingKey = SmallVec<[u8; 64]>;
+
+/// The bytes a key's shard is chosen by: the key as index images before
+/// format 3 encoded it (an integer as `0x01` and 8 bytes, sign bit
+/// flipped; the rest as [`encode_key`]). A lake's rows and index entries
+/// stay in the shard their key hashed to when they were written, so the
+/// routing must not move when the index's key encoding does.
+pub fn routing_key<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> RoutingKey {
+    let mut out = RoutingKey::new();
+    encode_values_into(&mut out, table, key, |out, i| {
+        out.push(1);
+        out.extend_from_slice(&((i as u64) ^ (1 << 63)).to_be_bytes());
+    });
+    out
+}
+
+/// Appends `(table, key)` to `out` as [`encode_key`] describes, integers
+/// written by `int`.
+#[inline]
+fn encode_values_into<'v, A: smallvec::Array<Item = u8>>(
+    out: &mut SmallVec<A>,
+    table: TableId,
+    key: impl IntoIterator<Item = &'v Value>,
+    int: impl Fn(&mut SmallVec<A>, i64),
+) {
     out.extend_from_slice(&table.0.to_be_bytes());
     for v in key {
         match v {
             Value::Null => out.push(0),
             Value::Bool(b) => out.extend_from_slice(&[1, *b as u8]),
-            Value::Int(i) => {
-                out.push(1);
-                out.extend_from_slice(&((*i as u64) ^ (1 << 63)).to_be_bytes());
-            }
+            Value::Int(i) => int(out, *i),
             Value::Float(f) => {
                 let bits = f.to_bits();
                 let ordered = if bits >> 63 == 1 { !bits } else { bits ^ (1 << 63) };
@@ -78,14 +115,89 @@ fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value
                 out.push(1);
                 out.extend_from_slice(&((*d as u128) ^ (1 << 127)).to_be_bytes());
             }
-            Value::Utf8(s) => escape_bytes(&mut out, s.as_bytes()),
-            Value::Binary(b) => escape_bytes(&mut out, b),
+            Value::Utf8(s) => escape_bytes(out, s.as_bytes()),
+            Value::Binary(b) => escape_bytes(out, b),
         }
     }
-    out
 }
 
-fn escape_bytes(out: &mut KeyBytes, bytes: &[u8]) {
+/// An integer key value: its sign and length in one byte, then its
+/// significant bytes (see [`encode_key`]).
+#[inline]
+fn push_int<A: smallvec::Array<Item = u8>>(out: &mut SmallVec<A>, i: i64) {
+    // The magnitude that sets the length: the value, or for a negative
+    // one its complement (-1 → 0, i64::MIN → i64::MAX).
+    let magnitude = if i < 0 { !i } else { i } as u64;
+    let n = 8 - (magnitude.leading_zeros() / 8) as usize;
+    out.push(if i < 0 { 0x7F - n as u8 } else { 0x80 + n as u8 });
+    out.extend_from_slice(&i.to_be_bytes()[8 - n..]);
+}
+
+/// Rewrites a key of an index image before format 3 (integers as `0x01`
+/// and 8 bytes, sign bit flipped) in today's encoding ([`encode_key`]).
+/// `key_types` gives the types of a table's key columns, in key order;
+/// where they do not parse the key, the image is corrupt (named by the
+/// caller).
+pub fn upgrade_key<'t>(old: &[u8], key_types: impl Fn(TableId) -> Option<&'t [DataType]>) -> Result<KeyBytes> {
+    let bad = |what: &str| image_corrupt(&format!("a key of an older image {what}"));
+    let table = old.get(..4).ok_or_else(|| bad("is shorter than a table id"))?;
+    let id = TableId(u32::from_be_bytes([table[0], table[1], table[2], table[3]]));
+    let types = key_types(id).ok_or_else(|| bad(&format!("names table {} that the checkpoint does not", id.0)))?;
+    let mut out = KeyBytes::new();
+    out.extend_from_slice(table);
+    let mut at = 4;
+    for t in types {
+        let rest = &old[at..];
+        match rest.first() {
+            None => return Err(bad("ends before its last column")),
+            Some(0) => {
+                out.push(0);
+                at += 1;
+                continue;
+            }
+            Some(1) => {}
+            Some(tag) => return Err(bad(&format!("has a value tagged {tag}"))),
+        }
+        let len = match t {
+            DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Date32
+            | DataType::Timestamp(_, _) => {
+                let bytes: [u8; 8] =
+                    rest.get(1..9).and_then(|b| b.try_into().ok()).ok_or_else(|| bad("ends inside an integer"))?;
+                push_int(&mut out, (u64::from_be_bytes(bytes) ^ (1 << 63)) as i64);
+                at += 9;
+                continue;
+            }
+            DataType::Boolean => 2,
+            DataType::Float32 | DataType::Float64 => 9,
+            DataType::Decimal128(_, _) => 17,
+            DataType::Utf8 | DataType::Binary => {
+                // Up to the terminator `0x00 0x00` (`0x00 0xFF` is an escaped 0).
+                let mut end = 1;
+                loop {
+                    match (rest.get(end), rest.get(end + 1)) {
+                        (Some(0), Some(0)) => break end + 2,
+                        (Some(0), Some(0xFF)) => end += 2,
+                        (Some(0), _) | (None, _) => return Err(bad("ends inside a string")),
+                        (Some(_), _) => end += 1,
+                    }
+                }
+            }
+            other => return Err(bad(&format!("has a key column of type {other}"))),
+        };
+        out.extend_from_slice(rest.get(..len).ok_or_else(|| bad("ends inside a value"))?);
+        at += len;
+    }
+    if at != old.len() {
+        return Err(bad("has bytes after its last column"));
+    }
+    Ok(out)
+}
+
+fn escape_bytes<A: smallvec::Array<Item = u8>>(out: &mut SmallVec<A>, bytes: &[u8]) {
     out.push(1);
     for &b in bytes {
         if b == 0 {
@@ -884,17 +996,21 @@ impl PrimaryIndex {
         out.extend_from_slice(&crc.to_le_bytes());
     }
 
-    /// Restores an index written by [`PrimaryIndex::write_to`] (format 1)
-    /// or by [`write_image`] (format 2; removals in it are skipped).
-    pub fn read_from(bytes: &[u8]) -> Result<Self> {
+    /// Restores an index written by [`write_image`] (format 3, or 2 whose
+    /// keys `upgrade` rewrites; removals in it are skipped) or by
+    /// [`PrimaryIndex::write_to`] (format 1, keys rewritten by `upgrade`).
+    /// Without `upgrade` an image of an older format is refused.
+    pub fn read_from(bytes: &[u8], upgrade: Option<KeyUpgrade<'_>>) -> Result<Self> {
         let (format, n, mut r) = open_image(bytes)?;
+        let upgrade = key_upgrade(format, upgrade)?;
         let mut index = PrimaryIndex::new();
         index.reserve(n.min(r.bytes.len() / 8));
-        if format == IMAGE_FORMAT {
+        if format != INDEX_FORMAT {
             for _ in 0..n {
                 let (key, ts, row) = r.entry()?;
                 if row != TOMBSTONE {
-                    index.insert_restored(key, Version { ts, row })?;
+                    let upgraded = upgrade.map(|u| u(key)).transpose()?;
+                    index.insert_restored(upgraded.as_deref().unwrap_or(key), Version { ts, row })?;
                 }
             }
         } else {
@@ -914,7 +1030,8 @@ impl PrimaryIndex {
                 if versions.is_empty() {
                     return Err(image_corrupt("a key without versions"));
                 }
-                index.set_versions(key, &versions)?;
+                let upgraded = upgrade.map(|u| u(key)).transpose()?;
+                index.set_versions(upgraded.as_deref().unwrap_or(key), &versions)?;
             }
         }
         if r.pos != r.bytes.len() {
@@ -930,14 +1047,19 @@ impl PrimaryIndex {
     }
 
     /// Applies a delta [`write_image`] wrote (with removals): each key
-    /// takes the version the delta has for it, a removal drops it.
-    pub fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+    /// takes the version the delta has for it, a removal drops it. A
+    /// delta of format 2 has its keys rewritten by `upgrade` (refused
+    /// without).
+    pub fn apply_delta(&mut self, bytes: &[u8], upgrade: Option<KeyUpgrade<'_>>) -> Result<()> {
         let (format, n, mut r) = open_image(bytes)?;
-        if format != IMAGE_FORMAT {
-            return Err(image_corrupt(&format!("a delta must be of format {IMAGE_FORMAT}, not {format}")));
+        if format == INDEX_FORMAT {
+            return Err(image_corrupt(&format!("a delta must be of format {IMAGE_FORMAT} or 2, not {format}")));
         }
+        let upgrade = key_upgrade(format, upgrade)?;
         for _ in 0..n {
             let (key, ts, row) = r.entry()?;
+            let upgraded = upgrade.map(|u| u(key)).transpose()?;
+            let key = upgraded.as_deref().unwrap_or(key);
             if row == TOMBSTONE {
                 if let Some(i) = self.find(key) {
                     self.remove_entry(i);
@@ -959,10 +1081,33 @@ impl PrimaryIndex {
     }
 }
 
-/// Format of the index images checkpoints write ([`write_image`]).
-const IMAGE_FORMAT: u32 = 2;
+/// Format of the index images checkpoints write ([`write_image`]): 3
+/// has keys in today's encoding ([`encode_key`]); 2, the same layout,
+/// held integers in 9 bytes ([`upgrade_key`]).
+const IMAGE_FORMAT: u32 = 3;
 
-/// Writes an index image of format 2: for each key, in strictly
+/// The format of images in [`IMAGE_FORMAT`]'s layout whose keys encode
+/// integers as `0x01` and 8 bytes.
+const IMAGE_FORMAT_WIDE_INTS: u32 = 2;
+
+/// Rewrites a key of an image before format 3 in today's encoding
+/// ([`upgrade_key`] with the checkpoint's tables).
+pub type KeyUpgrade<'a> = &'a dyn Fn(&[u8]) -> Result<KeyBytes>;
+
+/// The key rewrite an image of `format` needs (`None`: its keys are
+/// today's), refusing an older image without one.
+fn key_upgrade(format: u32, upgrade: Option<KeyUpgrade<'_>>) -> Result<Option<KeyUpgrade<'_>>> {
+    if format == IMAGE_FORMAT {
+        return Ok(None);
+    }
+    upgrade.map(Some).ok_or_else(|| {
+        image_corrupt(&format!(
+            "an image of format {format} has keys of an older encoding and no tables to read them by"
+        ))
+    })
+}
+
+/// Writes an index image of format 3: for each key, in strictly
 /// ascending byte order, the version a snapshot sees (`None` row: the key
 /// is removed; `keep_removed` false leaves those out, as a base needs no
 /// removals, a delta keeps them). Magic, format, count, entries (key
@@ -1052,7 +1197,7 @@ fn finish_image(mut out: Vec<u8>, count: u64) -> Vec<u8> {
 }
 
 /// Folds a base image and the deltas after it (oldest first; all of
-/// format 2, so in key order) into one base image, in one streaming pass:
+/// format 3, so in key order) into one base image, in one streaming pass:
 /// for a key in several, the newest wins; removed keys are left out.
 pub fn merge_images(runs: &[&[u8]]) -> Result<Vec<u8>> {
     let mut runs: Vec<ImageRun<'_>> = runs.iter().map(|r| ImageRun::in_memory(r)).collect();
@@ -1296,17 +1441,15 @@ fn open_image(bytes: &[u8]) -> Result<(u32, usize, Reader<'_>)> {
 const IMAGE_HEADER: usize = INDEX_MAGIC.len() + 4 + 8;
 
 /// The format and entry count of an image's header, whose magic and
-/// format are checked (formats 1 and 2 are read).
+/// format are checked (formats 1 to 3 are read).
 fn image_header_fields(header: &[u8]) -> Result<(u32, u64)> {
     let (magic, rest) = header.split_at(INDEX_MAGIC.len());
     if magic != INDEX_MAGIC {
         return Err(image_corrupt("bad magic"));
     }
     let format = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-    if format != INDEX_FORMAT && format != IMAGE_FORMAT {
-        return Err(image_corrupt(&format!(
-            "format {format} is not supported (expected {INDEX_FORMAT} or {IMAGE_FORMAT})"
-        )));
+    if ![INDEX_FORMAT, IMAGE_FORMAT_WIDE_INTS, IMAGE_FORMAT].contains(&format) {
+        return Err(image_corrupt(&format!("format {format} is not supported (expected 1 to {IMAGE_FORMAT})")));
     }
     let mut count = [0; 8];
     count.copy_from_slice(&rest[4..12]);
@@ -1512,7 +1655,8 @@ mod tests {
                     _ => {
                         let mut bytes = Vec::new();
                         index.write_to(&mut bytes);
-                        index = PrimaryIndex::read_from(&bytes).unwrap();
+                        // The keys written are today's: read as they are.
+                        index = PrimaryIndex::read_from(&bytes, Some(&|k| Ok(KeyBytes::from_slice(k)))).unwrap();
                     }
                 }
                 prop_assert_eq!(index.len(), oracle.len() - removed(&oracle, lwm));
@@ -1582,7 +1726,7 @@ mod tests {
         pieces.push(image.finish().unwrap());
         assert_eq!(pieces.concat(), whole);
         // As a base: the removals are skipped.
-        let restored = PrimaryIndex::read_from(&whole).unwrap();
+        let restored = PrimaryIndex::read_from(&whole, None).unwrap();
         assert_eq!(restored.len(), keys.len() - keys.len().div_ceil(7));
         assert_eq!(restored.lookup(&keys[7], Ts(9)), None);
         assert_eq!(restored.lookup(&keys[8], Ts(9)), Some(RowId(8)));
@@ -1630,12 +1774,12 @@ mod tests {
         // Through an image: the same versions; one out of range is corrupt.
         let mut at_5: Vec<_> = keys.iter().map(|k| (k.as_slice(), (Ts(5), index.lookup(k, Ts(5))))).collect();
         at_5.sort_by(|a, b| a.0.cmp(b.0));
-        let restored = PrimaryIndex::read_from(&write_image(at_5, false)).unwrap();
+        let restored = PrimaryIndex::read_from(&write_image(at_5, false), None).unwrap();
         for k in &keys {
             assert_eq!(restored.lookup(k, Ts(5)), index.lookup(k, Ts(5)));
         }
         let bad = write_image([(keys[0].as_slice(), (Ts(5), Some(RowId(RowId::LIMIT))))], false);
-        assert!(PrimaryIndex::read_from(&bad).is_err());
+        assert!(PrimaryIndex::read_from(&bad, None).is_err());
     }
 
     /// Images of changed keys, in chains of deltas and merged, restore what
@@ -1713,9 +1857,9 @@ mod tests {
                 drop(in_pieces);
                 runs = vec![merged];
             }
-            let mut restored = PrimaryIndex::read_from(&runs[0]).unwrap();
+            let mut restored = PrimaryIndex::read_from(&runs[0], None).unwrap();
             for d in &runs[1..] {
-                restored.apply_delta(d).unwrap();
+                restored.apply_delta(d, None).unwrap();
             }
             let live = index.live_at(c);
             assert_eq!(restored.len(), live.len(), "checkpoint {checkpoint}");
@@ -1781,6 +1925,132 @@ mod tests {
         }
     }
 
+    /// The key encoding of images before format 3 (integers as `0x01`
+    /// and 8 bytes, sign bit flipped; the rest as today).
+    fn wide_int_key(table: TableId, key: &[Value]) -> Vec<u8> {
+        let mut out = table.0.to_be_bytes().to_vec();
+        for v in key {
+            match v {
+                Value::Int(i) => {
+                    out.push(1);
+                    out.extend_from_slice(&((*i as u64) ^ (1 << 63)).to_be_bytes());
+                }
+                other => out.extend_from_slice(&encode_key(TableId(0), std::slice::from_ref(other))[4..]),
+            }
+        }
+        out
+    }
+
+    /// An image of format 2 (today's layout, older keys).
+    fn wide_int_image(entries: &[(Vec<u8>, VersionAt)], keep_removed: bool) -> Vec<u8> {
+        let mut image = write_image(entries.iter().map(|(k, v)| (k.as_slice(), *v)), keep_removed);
+        image[INDEX_MAGIC.len()..INDEX_MAGIC.len() + 4].copy_from_slice(&IMAGE_FORMAT_WIDE_INTS.to_le_bytes());
+        let body = image.len() - 4;
+        let crc = crc32fast::hash(&image[..body]);
+        image[body..].copy_from_slice(&crc.to_le_bytes());
+        image
+    }
+
+    #[test]
+    fn integers_take_the_bytes_they_need_in_order() {
+        let key = |i: i64| encode_key(TableId(1), &[Value::Int(i)]);
+        let cases: [(i64, &[u8]); 9] = [
+            (i64::MIN, &[0x77, 0x80, 0, 0, 0, 0, 0, 0, 0]),
+            (-257, &[0x7D, 0xFE, 0xFF]),
+            (-256, &[0x7E, 0x00]),
+            (-1, &[0x7F]),
+            (0, &[0x80]),
+            (1, &[0x81, 1]),
+            (255, &[0x81, 0xFF]),
+            (256, &[0x82, 1, 0]),
+            (i64::MAX, &[0x88, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]),
+        ];
+        for w in cases.windows(2) {
+            assert!(key(w[0].0) < key(w[1].0), "{} {}", w[0].0, w[1].0);
+        }
+        for (i, bytes) in cases {
+            assert_eq!(&key(i)[4..], bytes, "{i}");
+        }
+        // A four-integer key of small numbers stays inline in the index.
+        let composite = encode_key(TableId(7), &[Value::Int(1), Value::Int(9), Value::Int(3000), Value::Int(14)]);
+        assert!(composite.len() <= INLINE_KEY, "{}", composite.len());
+        assert!(encode_key(TableId(1), &[Value::Null]) < key(i64::MIN));
+    }
+
+    #[test]
+    fn older_keys_are_refused_where_they_do_not_parse() {
+        let types = [DataType::Int64, DataType::Utf8];
+        let upgrade = |k: &[u8]| upgrade_key(k, |t| (t.0 == 1).then_some(&types[..]));
+        let good = wide_int_key(TableId(1), &[Value::Int(5), Value::Utf8("a".into())]);
+        assert_eq!(upgrade(&good).unwrap(), encode_key(TableId(1), &[Value::Int(5), Value::Utf8("a".into())]));
+        for (bad, why) in [
+            (wide_int_key(TableId(2), &[Value::Int(5), Value::Utf8("a".into())]), "names table 2"),
+            (good[..good.len() - 1].to_vec(), "ends inside a string"),
+            (good[..7].to_vec(), "ends inside an integer"),
+            ([&good[..], &[0]].concat(), "bytes after its last column"),
+            (good[..13].to_vec(), "ends before its last column"),
+            ([&good[..4], &[7]].concat(), "tagged 7"),
+        ] {
+            let err = upgrade(&bad).err().unwrap().to_string();
+            assert!(err.contains(why), "{why}: {err}");
+        }
+    }
+
+    #[test]
+    fn images_of_format_2_are_read_with_their_keys_rewritten() {
+        let types = [DataType::Int64, DataType::Utf8];
+        let upgrade = |k: &[u8]| upgrade_key(k, |t| (t.0 == 1).then_some(&types[..]));
+        let values = |i: i64| [Value::Int(i * 1000 - 5000), Value::Utf8(format!("k{i}"))];
+        let v = |ts: u64, row: Option<u64>| (Ts(ts), row.map(RowId));
+        let mut base: Vec<_> = (0..10).map(|i| (wide_int_key(TableId(1), &values(i)), v(5, Some(i as u64)))).collect();
+        base.sort();
+        // A delta removes key 3 and moves key 4.
+        let mut delta = vec![
+            (wide_int_key(TableId(1), &values(3)), v(8, None)),
+            (wide_int_key(TableId(1), &values(4)), v(8, Some(40))),
+        ];
+        delta.sort();
+        let (base, delta) = (wide_int_image(&base, false), wide_int_image(&delta, true));
+        let err = PrimaryIndex::read_from(&base, None).err().unwrap().to_string();
+        assert!(err.contains("format 2"), "{err}");
+        let mut index = PrimaryIndex::read_from(&base, Some(&upgrade)).unwrap();
+        assert!(index.apply_delta(&delta, None).is_err());
+        index.apply_delta(&delta, Some(&upgrade)).unwrap();
+        for i in 0..10 {
+            let expect = match i {
+                3 => None,
+                4 => Some(RowId(40)),
+                i => Some(RowId(i as u64)),
+            };
+            assert_eq!(index.lookup(&encode_key(TableId(1), &values(i)), Ts(9)), expect, "{i}");
+        }
+    }
+
+    proptest! {
+        /// Every key of an older image, of every key type, becomes the
+        /// key today's encoding gives the same values, and routes as it did.
+        #[test]
+        fn older_keys_upgrade_to_todays(key in proptest::collection::vec(arb_value(), 1..4)) {
+            let types: Vec<DataType> = key
+                .iter()
+                .map(|v| match v {
+                    Value::Int(_) | Value::Null => DataType::Int64,
+                    Value::Bool(_) => DataType::Boolean,
+                    Value::Float(_) => DataType::Float64,
+                    Value::Decimal(_) => DataType::Decimal128(38, 2),
+                    Value::Utf8(_) => DataType::Utf8,
+                    Value::Binary(_) => DataType::Binary,
+                })
+                .collect();
+            let old = wide_int_key(TableId(4), &key);
+            let upgraded = upgrade_key(&old, |t| (t.0 == 4).then_some(&types[..])).unwrap();
+            prop_assert_eq!(upgraded, encode_key(TableId(4), &key));
+            // Shards are still chosen by the older encoding.
+            let routed = routing_key(TableId(4), &key);
+            prop_assert_eq!(routed.as_slice(), old.as_slice());
+        }
+    }
+
     #[test]
     fn a_found_slot_takes_the_next_version_until_the_index_changes() {
         let mut index = PrimaryIndex::new();
@@ -1820,7 +2090,7 @@ mod tests {
         let mut bytes = Vec::new();
         index.write_to(&mut bytes);
         bytes[12] ^= 1;
-        let err = PrimaryIndex::read_from(&bytes).err().unwrap().to_string();
+        let err = PrimaryIndex::read_from(&bytes, Some(&|k| Ok(KeyBytes::from_slice(k)))).err().unwrap().to_string();
         assert!(err.contains("checksum"), "{err}");
     }
 

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use crate::buffer::{ActiveBlock, Block, BlockBuilder, BlockData, FileKind, LakeFile, PartState, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, ShardId, TableId, Ts};
-use crate::index::{KeyBytes, KeySlot, MainIndex, PrimaryIndex, encode_key, encode_row_key};
+use crate::index::{KeyBytes, KeySlot, MainIndex, PrimaryIndex, RoutingKey, encode_key, encode_row_key, routing_key};
 use crate::lake::ts_range;
 use crate::mvcc::lock;
 use crate::schema::{Row, TableDef, Value, render_key};
@@ -119,6 +119,16 @@ impl ShardOp {
             | ShardOp::Delete { key, .. }
             | ShardOp::Update { key, .. }
             | ShardOp::Upsert { key, .. } => key,
+        }
+    }
+
+    /// The bytes its shard is chosen by ([`routing_key`]).
+    pub fn routing_key(&self) -> RoutingKey {
+        match self {
+            ShardOp::Insert { table, row, .. }
+            | ShardOp::Update { table, row, .. }
+            | ShardOp::Upsert { table, row, .. } => routing_key(table.id, table.key_values(row)),
+            ShardOp::Delete { table, values, .. } => routing_key(table.id, values),
         }
     }
 
