@@ -899,6 +899,8 @@ impl Engine {
             .map(|t| (t.id.0, t.primary_key.iter().map(|&i| t.schema.field(i).data_type().clone()).collect()))
             .collect();
         let upgrade = |key: &[u8]| upgrade_key(key, |t| key_types.get(&t.0).map(Vec::as_slice));
+        // The chains the next checkpoint extends (none of an older format).
+        let to_extend = m.to_extend();
         let c = Ts(m.checkpoint_ts);
         let lake = engine.lake.clone();
         let mut named: HashSet<String> = HashSet::new();
@@ -915,7 +917,7 @@ impl Engine {
                     .apply_delta(&lake.get(&Path::from(d.as_str()))?, Some(&upgrade))
                     .map_err(in_objects([d]))?;
             }
-            if sm.index_sizes.is_empty() || m.format < MANIFEST_FORMAT {
+            if to_extend.shards[s].index_sizes.is_empty() {
                 // No chain to extend (format 1), or one of older keys
                 // (format 2): the next checkpoint writes a base image of
                 // every key.
@@ -991,7 +993,7 @@ impl Engine {
         drop(lake);
         // The next checkpoint extends this one's chains: the keys changed
         // since are what it writes.
-        *lock(&engine.last_checkpoint) = Some(Arc::new(m.to_extend()));
+        *lock(&engine.last_checkpoint) = Some(Arc::new(to_extend));
         if vacuum {
             engine.vacuum(&named)?;
         }

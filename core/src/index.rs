@@ -1053,7 +1053,9 @@ impl PrimaryIndex {
     pub fn apply_delta(&mut self, bytes: &[u8], upgrade: Option<KeyUpgrade<'_>>) -> Result<()> {
         let (format, n, mut r) = open_image(bytes)?;
         if format == INDEX_FORMAT {
-            return Err(image_corrupt(&format!("a delta must be of format {IMAGE_FORMAT} or 2, not {format}")));
+            return Err(image_corrupt(&format!(
+                "a delta must be of format {IMAGE_FORMAT} or {IMAGE_FORMAT_WIDE_INTS}, not {format}"
+            )));
         }
         let upgrade = key_upgrade(format, upgrade)?;
         for _ in 0..n {

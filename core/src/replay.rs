@@ -112,16 +112,6 @@ pub enum ShardOp {
 }
 
 impl ShardOp {
-    /// The encoded key (routing uses it).
-    pub fn key(&self) -> &KeyBytes {
-        match self {
-            ShardOp::Insert { key, .. }
-            | ShardOp::Delete { key, .. }
-            | ShardOp::Update { key, .. }
-            | ShardOp::Upsert { key, .. } => key,
-        }
-    }
-
     /// The bytes its shard is chosen by ([`routing_key`]).
     pub fn routing_key(&self) -> RoutingKey {
         match self {
@@ -346,21 +336,21 @@ impl Shard {
                     self.index.put(key, ts, row_id)?;
                 }
                 ShardOp::Delete { table, key, values } => {
-                    let slot = self.live_slot(table, key, || values.clone())?;
-                    self.delete_row(table, slot, ts)?;
-                    self.index.tombstone_at(slot.0, key, ts)?;
+                    let (slot, row_id) = self.live_slot(table, key, || values.clone())?;
+                    self.delete_row(table, row_id, ts)?;
+                    self.index.tombstone_at(slot, key, ts)?;
                 }
                 ShardOp::Update { table, key, row } => {
-                    let slot = self.live_slot(table, key, || table.key_of(row))?;
-                    self.delete_row(table, slot, ts)?;
+                    let (slot, old) = self.live_slot(table, key, || table.key_of(row))?;
+                    self.delete_row(table, old, ts)?;
                     let row_id = self.append_row(table, row, ts, ctx)?;
-                    self.index.put_at(slot.0, key, ts, row_id)?;
+                    self.index.put_at(slot, key, ts, row_id)?;
                 }
                 ShardOp::Upsert { table, key, row } => match self.index.latest_slot(key) {
-                    Some(slot) => {
-                        self.delete_row(table, slot, ts)?;
+                    Some((slot, old)) => {
+                        self.delete_row(table, old, ts)?;
                         let row_id = self.append_row(table, row, ts, ctx)?;
-                        self.index.put_at(slot.0, key, ts, row_id)?;
+                        self.index.put_at(slot, key, ts, row_id)?;
                     }
                     None => {
                         let row_id = self.append_row(table, row, ts, ctx)?;
@@ -385,8 +375,8 @@ impl Shard {
             .ok_or_else(|| conflict(table, &values(), "delete of a key with no live row (not validated)"))
     }
 
-    /// Marks the live row found at `(_, row_id)` deleted from `ts` on.
-    fn delete_row(&mut self, table: &TableDef, (_, row_id): (KeySlot, RowId), ts: Ts) -> Result<()> {
+    /// Marks live row `row_id` of `table` deleted from `ts` on.
+    fn delete_row(&mut self, table: &TableDef, row_id: RowId, ts: Ts) -> Result<()> {
         let loc = self
             .main
             .locate(row_id)
