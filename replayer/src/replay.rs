@@ -98,6 +98,8 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         checkpoint_txns: u64::MAX,
         checkpoint_interval: Duration::MAX,
         ddl,
+        // The maintenance thread below does it, beside the replay.
+        maintain_on_checkpoint: false,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;
