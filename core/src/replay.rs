@@ -153,11 +153,16 @@ impl ShardOp {
                 let table = table_of(table)?;
                 table.check_key(&key)?;
                 table.check_row(&row)?;
-                let old = encode_key(table.id, &key);
                 let new = encode_row_key(&table, &row);
-                if old == new {
+                // Most updates keep their key: values that are the same
+                // encode the same, so the old key is encoded only to tell
+                // otherwise.
+                // (`check_key` made sure there is a value per key column.)
+                let kept = table.key_values(&row).zip(&key).all(|(a, b)| a.is_identical(b));
+                if kept || encode_key(table.id, &key) == new {
                     emit(ShardOp::Update { table, key: new, row });
                 } else {
+                    let old = encode_key(table.id, &key);
                     emit(ShardOp::Delete { table: Arc::clone(&table), key: old, values: key });
                     emit(ShardOp::Insert { table, key: new, row });
                 }
@@ -515,4 +520,54 @@ fn op_table(op: &ShardOp) -> &Arc<TableDef> {
 
 fn conflict(table: &TableDef, key: &[Value], message: &str) -> Error {
     Error::KeyConflict { table: table.name.clone(), key: render_key(key), message: message.into(), op: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    /// An update whose key values stay as they were is one update of that
+    /// key; one whose key encodes differently is a delete of the old key
+    /// and an insert of the new, also where `==` calls the values equal
+    /// (`0.0` and `-0.0`) and where it calls them unequal but they encode
+    /// the same (NaN).
+    #[test]
+    fn an_update_is_split_exactly_where_its_key_encodes_differently() {
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("x", DataType::Float64, false),
+            Field::new("v", DataType::Utf8, true),
+        ]);
+        let table = TableDef::new(TableId(7), "s.t", Arc::new(schema), vec![1, 0]).unwrap();
+        let row = |a: i64, x: f64| vec![Value::Int(a), Value::Float(x), Value::Utf8("v".into())];
+        let cases = [
+            ((1, 2.5), (1, 2.5)),
+            ((1, 2.5), (2, 2.5)),
+            ((1, 2.5), (1, 3.5)),
+            ((1, 0.0), (1, -0.0)),
+            ((1, f64::NAN), (1, f64::NAN)),
+            ((1, f64::NAN), (1, -f64::NAN)),
+        ];
+        for ((a, x), (b, y)) in cases {
+            let key = vec![Value::Float(x), Value::Int(a)];
+            let new = row(b, y);
+            let (old_key, new_key) = (encode_key(table.id, &key), encode_row_key(&table, &new));
+            let mut ops = Vec::new();
+            let op = Op::Update { table: table.id, key: key.clone(), row: new };
+            ShardOp::from_op(op, |_| Ok(Arc::clone(&table)), |o| ops.push(o)).unwrap();
+            let what = format!("{key:?} -> ({b}, {y})");
+            match ops.as_slice() {
+                [ShardOp::Update { key, .. }] => {
+                    assert_eq!(old_key, new_key, "{what}: the key changed");
+                    assert_eq!(*key, new_key, "{what}");
+                }
+                [ShardOp::Delete { key: deleted, .. }, ShardOp::Insert { key: inserted, .. }] => {
+                    assert_ne!(old_key, new_key, "{what}: the key stayed");
+                    assert_eq!((deleted, inserted), (&old_key, &new_key), "{what}");
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
 }

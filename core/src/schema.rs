@@ -35,6 +35,15 @@ impl Value {
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }
+
+    /// The same value, floats compared by their bits (`==` has `0.0 ==
+    /// -0.0` and `NaN != NaN`): identical values encode identically.
+    pub fn is_identical(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            _ => self == other,
+        }
+    }
 }
 
 impl fmt::Display for Value {

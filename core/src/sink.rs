@@ -307,7 +307,10 @@ pub struct Sink {
     operations: Vec<CatalogOperation>,
     stats: SinkStats,
     since_checkpoint: u64,
-    last_checkpoint: Instant,
+    /// When a checkpoint falls due by time (`None`: never, the interval
+    /// being unbounded): a deadline, so that an unbounded interval costs
+    /// no clock read per record.
+    checkpoint_due: Option<Instant>,
     /// The input reader's state, written with each checkpoint.
     source_state: Option<String>,
     /// Where the newest checkpoint of this sink resumes.
@@ -439,6 +442,7 @@ impl Sink {
         }
         let tables = engine.tables().into_iter().map(|def| (def.name.clone(), TableShape::new(def))).collect();
         let ddl = config.ddl.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        let checkpoint_due = Instant::now().checked_add(config.checkpoint_interval);
         let mut sink = Sink {
             pool: ShardPool::start(Arc::clone(&engine))?,
             chunks: VecDeque::new(),
@@ -460,7 +464,7 @@ impl Sink {
             operations: Vec::new(),
             stats: SinkStats::default(),
             since_checkpoint: 0,
-            last_checkpoint: Instant::now(),
+            checkpoint_due,
             source_state: None,
             checkpointed_at: None,
             writing: None,
@@ -1062,7 +1066,7 @@ impl Sink {
         }
         self.finish_checkpoint(false)?;
         let due = self.since_checkpoint >= self.config.checkpoint_txns
-            || (self.since_checkpoint > 0 && self.last_checkpoint.elapsed() >= self.config.checkpoint_interval);
+            || (self.since_checkpoint > 0 && self.checkpoint_due.is_some_and(|due| Instant::now() >= due));
         if due {
             self.start_checkpoint(next, &mut |_| Ok(None))?;
         }
@@ -1164,7 +1168,7 @@ impl Sink {
         let thread = std::thread::Builder::new().name("fovea-checkpoint".into()).spawn(move || job.run())?;
         self.writing = Some(CheckpointInFlight { thread, resume, began, captured });
         self.since_checkpoint = 0;
-        self.last_checkpoint = Instant::now();
+        self.checkpoint_due = Instant::now().checked_add(self.config.checkpoint_interval);
         Ok(true)
     }
 

@@ -397,13 +397,15 @@ impl Scalar<'_> {
 pub struct TypedTables {
     source: Arc<dyn CurrentTables>,
     generation: u64,
-    shapes: FastMap<String, Option<TableShape>>,
+    /// hashbrown's: its `entry_ref` looks a name up once, allocating only
+    /// to insert.
+    shapes: hashbrown::HashMap<String, Option<TableShape>, foldhash::fast::RandomState>,
 }
 
 impl TypedTables {
     /// A view of `source`'s tables.
     pub fn new(source: Arc<dyn CurrentTables>) -> TypedTables {
-        TypedTables { source, generation: u64::MAX, shapes: FastMap::default() }
+        TypedTables { source, generation: u64::MAX, shapes: Default::default() }
     }
 
     /// The shape of table `name`, if it exists. Borrowed: the shapes are
@@ -415,11 +417,8 @@ impl TypedTables {
             self.shapes.clear();
             self.generation = generation;
         }
-        if !self.shapes.contains_key(name) {
-            let shape = self.source.current(name).map(TableShape::new);
-            self.shapes.insert(name.to_owned(), shape);
-        }
-        self.shapes.get(name).and_then(Option::as_ref)
+        let source = &self.source;
+        self.shapes.entry_ref(name).or_insert_with(|| source.current(name).map(TableShape::new)).as_ref()
     }
 }
 
