@@ -311,14 +311,21 @@ pub mod conformance {
             catalog.applied_identities(1).unwrap()
         };
         assert_eq!(window, HashSet::from(["c", "snapshot:1:s.t"].map(str::to_owned)));
+        // Only identities that start with the prefix, exactly, are
+        // snapshot runs.
+        let near = ["snapshot;1", "snapshot", "Snapshot:1", "snapshot:"];
+        let history_near: Vec<HistoryEntry> = (12..).zip(near).map(|(ts, id)| history(ts, id)).collect();
+        catalog.commit(0, 3, &CatalogCommit { history: history_near, ..Default::default() }).unwrap();
+        let window = catalog.applied_identities(1).unwrap();
+        assert_eq!(window, HashSet::from(["snapshot:", "snapshot:1:s.t"].map(str::to_owned)));
         // An identity applied again beyond the dedup window (a source
         // transaction id reused) is history like any other.
-        catalog.commit(0, 3, &CatalogCommit { history: vec![history(11, "a")], ..Default::default() }).unwrap();
-        assert_eq!(catalog.history(None, 1).unwrap(), vec![history(11, "a")]);
+        catalog.commit(0, 4, &CatalogCommit { history: vec![history(16, "a")], ..Default::default() }).unwrap();
+        assert_eq!(catalog.history(None, 1).unwrap(), vec![history(16, "a")]);
         // Versions are contiguous: neither an existing one nor a gap.
-        assert!(matches!(catalog.put_version(0, 4, &CatalogCommit::default()), Err(Error::VersionExists { .. })));
+        assert!(matches!(catalog.put_version(0, 5, &CatalogCommit::default()), Err(Error::VersionExists { .. })));
         assert!(matches!(catalog.put_version(0, 9, &CatalogCommit::default()), Err(Error::VersionExists { .. })));
-        assert_eq!(catalog.version().unwrap(), 4);
+        assert_eq!(catalog.version().unwrap(), 5);
         // The storage-GC queue.
         let stale = |f: u64, deleted: usize| StaleFile { table: "s.t".into(), file: FileId(f), rows: 100, deleted };
         catalog.set_storage_gc_queue(0, &[stale(1, 10), stale(2, 60)]).unwrap();

@@ -57,7 +57,7 @@ impl SqliteCatalog {
                  ts INTEGER PRIMARY KEY, source_txid TEXT NOT NULL, commit_us INTEGER,
                  tables TEXT NOT NULL, rows INTEGER NOT NULL, replayed_us INTEGER NOT NULL);
              DROP INDEX IF EXISTS history_source;
-             CREATE INDEX IF NOT EXISTS history_source_txid ON history (source_txid);
+             DROP INDEX IF EXISTS history_source_txid;
              CREATE TABLE IF NOT EXISTS catalog_versions (
                  version INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, checkpoint INTEGER NOT NULL,
                  files TEXT NOT NULL, created_us INTEGER NOT NULL);
@@ -68,6 +68,14 @@ impl SqliteCatalog {
                  table_name TEXT NOT NULL, file_id INTEGER NOT NULL, rows INTEGER NOT NULL,
                  deleted INTEGER NOT NULL, seen_us INTEGER NOT NULL, PRIMARY KEY (table_name, file_id));",
         )?;
+        // Only snapshot runs are looked up by identity (every other
+        // transaction by recency, `ts`): the index holds just those, so a
+        // checkpoint's history rows (one per source transaction) go in
+        // without an index insert each.
+        conn.execute_batch(&format!(
+            "CREATE INDEX IF NOT EXISTS history_snapshots ON history (source_txid) WHERE {};",
+            snapshot_identities()
+        ))?;
         // Lakes written before sources had state lack the column.
         let has_state =
             conn.prepare("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'source_state'")?.exists([])?;
@@ -270,8 +278,10 @@ impl Catalog for SqliteCatalog {
         for id in newest.query_map(params![window as i64], |r| r.get::<_, String>(0))? {
             out.insert(id?);
         }
-        let mut snapshots = conn.prepare("SELECT source_txid FROM history WHERE source_txid LIKE ?1")?;
-        for id in snapshots.query_map(params![format!("{}%", super::SNAPSHOT_IDENTITY_PREFIX)], |r| r.get(0))? {
+        // The same condition as the partial index's, so the index serves.
+        let mut snapshots =
+            conn.prepare(&format!("SELECT source_txid FROM history WHERE {}", snapshot_identities()))?;
+        for id in snapshots.query_map([], |r| r.get(0))? {
             out.insert(id?);
         }
         Ok(out)
@@ -311,6 +321,18 @@ impl Catalog for SqliteCatalog {
     }
 }
 
+/// The SQL condition of a history row of a snapshot run: its identity
+/// starts with [`super::SNAPSHOT_IDENTITY_PREFIX`] (a range of the text, as
+/// an index can serve it; `LIKE` is case-insensitive and cannot).
+fn snapshot_identities() -> String {
+    let prefix = super::SNAPSHOT_IDENTITY_PREFIX;
+    // The first text after every text that starts with the prefix: its
+    // last character, one up (the prefix is ASCII and does not end in DEL).
+    let (head, last) = prefix.split_at(prefix.len() - 1);
+    let above = format!("{head}{}", char::from(last.as_bytes()[0] + 1));
+    format!("source_txid >= '{prefix}' AND source_txid < '{above}'")
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -318,6 +340,19 @@ mod tests {
 
     use super::*;
     use crate::mvcc::{SqliteTxnStore, TxnStore};
+
+    /// Snapshot runs are found through their partial index, not by a scan
+    /// of every source transaction's history row.
+    #[test]
+    fn snapshot_runs_are_searched_in_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = SqliteCatalog::open(&dir.path().join("catalog.sqlite"), &dir.path().join("txn.sqlite")).unwrap();
+        let conn = lock(&catalog.conn);
+        let sql = format!("EXPLAIN QUERY PLAN SELECT source_txid FROM history WHERE {}", snapshot_identities());
+        let plan: Vec<String> =
+            conn.prepare(&sql).unwrap().query_map([], |r| r.get::<_, String>(3)).unwrap().map(|r| r.unwrap()).collect();
+        assert!(plan.iter().any(|p| p.starts_with("SEARCH") && p.contains("history_snapshots")), "{plan:?}");
+    }
 
     #[test]
     fn sqlite_catalog_conformance() {
