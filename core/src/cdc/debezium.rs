@@ -21,7 +21,7 @@ use serde_json::Value as Json;
 use serde_json::value::RawValue;
 use smol_str::ToSmolStr as _;
 
-use super::typed::{BorrowedStr, Image, TypedRow, TypedTables};
+use super::typed::{AfterImageSeed, BorrowedStr, Image, TableShape, TypedRow, TypedTables};
 use super::types::{DEBEZIUM_TIMESTAMP_INFINITY, DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY};
 use super::{
     ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SmolStr, SourcePosition, input_error,
@@ -112,6 +112,15 @@ struct Fields<'a> {
     /// Row images, read once the table is known (typed, or as columns).
     before: Option<&'a RawValue>,
     after: Option<&'a RawValue>,
+    /// A Kafka record's topic (read where typed decoding may guess by it).
+    topic: Option<Cow<'a, str>>,
+    /// The after image was read in the pass, against the table the topic
+    /// guessed (`Some` of its definition's number), into `after_row`.
+    after_read: Option<u64>,
+    after_row: Option<Row>,
+    /// The topic guessed a table (its after image, if any, is read
+    /// against that table).
+    guessed: bool,
     source: Option<FastSource<'a>>,
     op: Option<Cow<'a, str>>,
     status: Option<Cow<'a, str>>,
@@ -129,6 +138,7 @@ struct Fields<'a> {
 #[derive(serde::Deserialize, Clone, Copy)]
 #[serde(field_identifier, rename_all = "snake_case")]
 enum FieldKey {
+    Topic,
     Key,
     Value,
     Schema,
@@ -175,12 +185,17 @@ enum SourceKey {
 /// twice, a field of another type) is refused here too, and so is what
 /// fovea's records never hold (a `value` inside a `value`, a record or a
 /// `source` written as an array): the general path decodes or refuses it.
-struct FieldsFill<'f, 'a> {
+struct FieldsFill<'f, 'a, 's> {
     out: &'f mut Fields<'a>,
     value: Option<&'f mut Fields<'a>>,
+    /// Typed decoding's tables, to guess a Kafka record's table by its
+    /// topic (top level only).
+    tables: Option<&'s mut TypedTables>,
+    /// The table guessed: an after image is read straight into its row.
+    guess: Option<&'s TableShape>,
 }
 
-impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a> {
+impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -189,22 +204,40 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a> {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
         use serde::de::{Error as _, IgnoredAny};
-        let FieldsFill { out, mut value } = self;
+        let FieldsFill { out, mut value, mut tables, mut guess } = self;
         let mut seen = 0u32;
         while let Some(key) = map.next_key::<FieldKey>()? {
             if !matches!(key, FieldKey::Other) {
                 first_time(&mut seen, key as u32)?;
             }
             match key {
+                // Read only where it may guess (else skipped, as before).
+                FieldKey::Topic if tables.is_some() => {
+                    out.topic = map.next_value::<AnyText<'a>>()?.0;
+                    if let (Some(topic), Some(t)) = (&out.topic, tables.take()) {
+                        guess = t.guess(topic);
+                        out.guessed = guess.is_some();
+                    }
+                }
+                FieldKey::Topic => {
+                    map.next_value::<IgnoredAny>()?;
+                }
                 FieldKey::Key => out.key = map.next_value()?,
                 FieldKey::Value => {
                     let Some(inner) = value.take() else { return Err(A::Error::custom("a value inside a value")) };
-                    out.nested = map.next_value_seed(OrNull(FieldsFill { out: inner, value: None }))?;
+                    let fill = FieldsFill { out: inner, value: None, tables: None, guess };
+                    out.nested = map.next_value_seed(OrNull(fill))?;
                 }
                 FieldKey::Schema => out.schema = map.next_value()?,
                 FieldKey::Payload => out.payload = map.next_value()?,
                 FieldKey::Before => out.before = map.next_value()?,
-                FieldKey::After => out.after = map.next_value()?,
+                FieldKey::After => match guess {
+                    Some(shape) => {
+                        out.after_row = map.next_value_seed(AfterImageSeed(shape))?;
+                        out.after_read = Some(shape.def.instance());
+                    }
+                    None => out.after = map.next_value()?,
+                },
                 FieldKey::Source => {
                     let source = out.source.insert(FastSource::default());
                     if !map.next_value_seed(OrNull(SourceFill(source)))? {
@@ -303,6 +336,52 @@ impl<'de, V: serde::de::Visitor<'de, Value = ()>> serde::de::Visitor<'de> for Or
     }
 }
 
+/// Any JSON value, kept where it is a string (a Kafka record's topic:
+/// what is no string is skipped, as any field fovea does not read).
+struct AnyText<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for AnyText<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = AnyText<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(Some(Cow::Borrowed(s))))
+            }
+            fn visit_str<E>(self, s: &str) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(Some(Cow::Owned(s.to_owned()))))
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                while m.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(AnyText(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> std::result::Result<Self::Value, A::Error> {
+                while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(AnyText(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// One entry of an END record's `data_collections`.
 #[derive(serde::Deserialize)]
 struct DataCollection<'a> {
@@ -325,9 +404,16 @@ struct FastSource<'a> {
 
 /// Reads `line` into `top` (and a Kafka record's value into `value`), as
 /// `serde_json::from_str` would: one JSON value and nothing after it.
-fn read_fields<'a>(line: &'a str, top: &mut Fields<'a>, value: &mut Fields<'a>) -> serde_json::Result<()> {
+/// With `tables`, a Kafka record's after image is read into the row of
+/// the table its topic guesses, if it guesses one.
+fn read_fields<'a>(
+    line: &'a str,
+    top: &mut Fields<'a>,
+    value: &mut Fields<'a>,
+    tables: Option<&mut TypedTables>,
+) -> serde_json::Result<()> {
     let mut de = serde_json::Deserializer::from_str(line);
-    serde::Deserializer::deserialize_map(&mut de, FieldsFill { out: top, value: Some(value) })?;
+    serde::Deserializer::deserialize_map(&mut de, FieldsFill { out: top, value: Some(value), tables, guess: None })?;
     de.end()
 }
 
@@ -390,24 +476,55 @@ type Typed = (TableId, u64, Row, Row);
 fn decode_fields(
     line: &str,
     position: SourcePosition,
-    tables: Option<&mut TypedTables>,
+    mut tables: Option<&mut TypedTables>,
     dms_possible: bool,
 ) -> Result<(ChangeRecord, Option<Typed>)> {
-    let general = || -> Result<(ChangeRecord, Option<Typed>)> {
+    // With typed tables, first as the record's topic guesses; where the
+    // guess does not hold, once more without.
+    if let Some(t) = tables.as_deref_mut()
+        && let Some(done) = decode_pass(line, position, Some(t), dms_possible, true)?
+    {
+        return Ok(done);
+    }
+    decode_pass(line, position, tables, dms_possible, false)?
+        .ok_or_else(|| crate::error::Error::invariant("a record read without a guess asked for another pass"))
+}
+
+/// One pass of [`decode_fields`]. `guessing`: a Kafka record's after image
+/// may be read in the pass, against the table its topic guesses; `None`
+/// when that guess did not hold (the record is read again without).
+fn decode_pass(
+    line: &str,
+    position: SourcePosition,
+    mut tables: Option<&mut TypedTables>,
+    dms_possible: bool,
+    guessing: bool,
+) -> Result<Option<(ChangeRecord, Option<Typed>)>> {
+    let general = || -> Result<Option<(ChangeRecord, Option<Typed>)>> {
         if dms_possible {
-            return super::decode_line(line, position, super::InputFormat::Auto).map(|r| (r, None));
+            return super::decode_line(line, position, super::InputFormat::Auto).map(|r| Some((r, None)));
         }
         let json: Json = serde_json::from_str(line)
             .map_err(|e| input_error(position, None, None, format!("malformed JSON: {e}")))?;
-        decode(json, position).map(|r| (r, None))
+        decode(json, position).map(|r| Some((r, None)))
     };
     // Anything the fast path does not read as it expects (malformed JSON,
     // a field of another type, a field twice) is the general path's to
     // decode or to refuse, with its errors.
     let (mut top, mut value) = (Fields::default(), Fields::default());
-    if read_fields(line, &mut top, &mut value).is_err() {
+    let guesser = if guessing { tables.as_deref_mut() } else { None };
+    if read_fields(line, &mut top, &mut value, guesser).is_err() {
+        if top.guessed {
+            // Maybe the image did not read as the guessed table's row.
+            if let (Some(t), Some(topic)) = (tables, &top.topic) {
+                t.guess_failed(topic);
+            }
+            return Ok(None);
+        }
         return general();
     }
+    let topic = top.topic.take();
+    let guessed = top.guessed;
     if top.metadata && dms_possible {
         return general();
     }
@@ -431,7 +548,7 @@ fn decode_fields(
         };
         let ts_ms = payload.ts_ms.as_ref().and_then(Json::as_i64);
         return transaction_record(&status, payload.id.as_ref(), ts_ms, event_count, per_table, position)
-            .map(|r| (r, None));
+            .map(|r| Some((r, None)));
     }
     if let Some(k) = key
         && k.get().contains("\"schema\"")
@@ -449,9 +566,39 @@ fn decode_fields(
     let bad = |e: serde_json::Error| {
         input_error(position, Some(&table), txid.as_deref(), format!("malformed row image: {e}"))
     };
-    let typed = tables.and_then(|t| t.shape(&table)).and_then(|shape| {
-        let (key, row) = shape.decode(op, key, payload.before, payload.after)?;
-        Some((shape.def.id, shape.def.instance(), key, row))
+    if guessing
+        && !guessed
+        && let (Some(t), Some(topic)) = (tables.as_deref_mut(), &topic)
+    {
+        t.learn(topic, &table);
+    }
+    let shape = tables.as_deref_mut().and_then(|t| t.shape(&table));
+    let typed = match (shape, payload.after_read) {
+        (Some(shape), None) => shape.decode(op, key, payload.before, payload.after),
+        // The after image was read against the guessed table's current
+        // definition: this table's, or the record is read again.
+        (Some(shape), Some(read)) if read == shape.def.instance() => {
+            let typed = shape.decode_read(op, key, payload.before, payload.after_row);
+            if typed.is_none() {
+                // The untyped record needs the image the pass did not keep.
+                if let (Some(t), Some(topic)) = (tables, &topic) {
+                    t.guess_failed(topic);
+                }
+                return Ok(None);
+            }
+            typed
+        }
+        (_, Some(_)) => {
+            if let (Some(t), Some(topic)) = (tables, &topic) {
+                t.learn(topic, &table);
+            }
+            return Ok(None);
+        }
+        (None, None) => None,
+    }
+    .map(|(key, row)| {
+        let def = &shape.unwrap_or_else(|| unreachable!("typed rows come of a shape")).def;
+        (def.id, def.instance(), key, row)
     });
     // A typed row needs no JSON images (the line is kept to decode again).
     let (key, before, after) = match typed {
@@ -484,7 +631,7 @@ fn decode_fields(
         txid,
         table,
     }));
-    Ok((record, typed))
+    Ok(Some((record, typed)))
 }
 
 /// Decodes one Debezium record.

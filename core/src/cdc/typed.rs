@@ -16,6 +16,15 @@
 //!                                                  no  ─▶ decode `line` again, general path
 //! ```
 //!
+//! A Kafka record names its table (in `source`) after its images, so the
+//! images would be read twice: skipped in the record's pass, then read
+//! against the table. A decoder remembers the table each Kafka topic's
+//! last record changed ([`TypedTables::learn`]); the next record of the
+//! topic reads its after image straight into that table's row in its one
+//! pass, and `source` confirms the guess. Where it does not (the topic
+//! carries several tables) or the image does not read as a typed row,
+//! the record is read again without a guess.
+//!
 //! **Contract.** A typed row is made only where the general path would
 //! make exactly the same operation: the after image names every column of
 //! `def` once and nothing else, every value converts to its column's type
@@ -126,6 +135,22 @@ impl TableShape {
         before: Option<&RawValue>,
         after: Option<&RawValue>,
     ) -> Option<(Row, Row)> {
+        let row = match op {
+            RowOp::Delete => None,
+            _ => Some(read_image(after?, FullImage { shape: self })?),
+        };
+        self.decode_read(op, key, before, row)
+    }
+
+    /// [`Self::decode`] of a record whose after image is read already
+    /// (`row`: `None` where there is none, or it was `null`).
+    pub(crate) fn decode_read(
+        &self,
+        op: RowOp,
+        key: Option<&RawValue>,
+        before: Option<&RawValue>,
+        row: Option<Row>,
+    ) -> Option<(Row, Row)> {
         // A key that is no object is an error on the general path, even
         // where the key is not needed.
         if key.is_some_and(|k| !k.get().starts_with('{')) {
@@ -133,7 +158,7 @@ impl TableShape {
         }
         let row = match op {
             RowOp::Delete => Vec::new(),
-            _ => read_image(after?, FullImage { shape: self })?,
+            _ => row?,
         };
         if op == RowOp::Insert || op == RowOp::SnapshotRead {
             return Some((Vec::new(), row));
@@ -223,6 +248,35 @@ impl<'de> Visitor<'de> for FullImage<'_> {
             return Err(A::Error::custom(UNTYPED));
         }
         Ok(row)
+    }
+}
+
+/// Reads an after image straight into a row of `0`'s table, in the
+/// record's one pass (`null`: no row). An image that does not read as a
+/// typed row fails the pass: the caller reads the record again without it.
+pub(crate) struct AfterImageSeed<'s>(pub(crate) &'s TableShape);
+
+impl<'de> serde::de::DeserializeSeed<'de> for AfterImageSeed<'_> {
+    type Value = Option<Row>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<Row>, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AfterImageSeed<'_> {
+    type Value = Option<Row>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object of columns or null")
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Option<Row>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Option<Row>, E> {
+        Ok(None)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<Row>, D::Error> {
+        d.deserialize_map(FullImage { shape: self.0 }).map(Some)
     }
 }
 
@@ -397,28 +451,100 @@ impl Scalar<'_> {
 pub struct TypedTables {
     source: Arc<dyn CurrentTables>,
     generation: u64,
-    /// hashbrown's: its `entry_ref` looks a name up once, allocating only
-    /// to insert.
-    shapes: hashbrown::HashMap<String, Option<TableShape>, foldhash::fast::RandomState>,
+    /// Per Kafka topic: the table its records were last seen to change,
+    /// so that a record's after image can be read into that table's row
+    /// in the record's one pass (the table itself comes after the images,
+    /// in `source`, and confirms the guess).
+    topics: FastMap<String, TopicTable>,
+    shapes: Shapes,
 }
 
 impl TypedTables {
     /// A view of `source`'s tables.
     pub fn new(source: Arc<dyn CurrentTables>) -> TypedTables {
-        TypedTables { source, generation: u64::MAX, shapes: Default::default() }
+        TypedTables { source, generation: u64::MAX, topics: FastMap::default(), shapes: Default::default() }
     }
 
     /// The shape of table `name`, if it exists. Borrowed: the shapes are
     /// this decoder's own, so no reference count shared with other
     /// threads changes per record.
     pub(crate) fn shape(&mut self, name: &str) -> Option<&TableShape> {
-        let generation = self.source.generation();
-        if generation != self.generation {
-            self.shapes.clear();
-            self.generation = generation;
+        let TypedTables { source, generation, shapes, .. } = self;
+        shape_of(source, generation, shapes, name)
+    }
+}
+
+/// [`TypedTables::shape`], of its parts (so that a topic's entry can name
+/// the table while its shape is looked up).
+fn shape_of<'t>(
+    source: &Arc<dyn CurrentTables>,
+    seen: &mut u64,
+    shapes: &'t mut Shapes,
+    name: &str,
+) -> Option<&'t TableShape> {
+    let generation = source.generation();
+    if generation != *seen {
+        shapes.clear();
+        *seen = generation;
+    }
+    shapes.entry_ref(name).or_insert_with(|| source.current(name).map(TableShape::new)).as_ref()
+}
+
+/// A decoder's table shapes by name (hashbrown's: its `entry_ref` looks a
+/// name up once, allocating only to insert).
+type Shapes = hashbrown::HashMap<String, Option<TableShape>, foldhash::fast::RandomState>;
+
+/// What a decoder knows of a Kafka topic's records.
+struct TopicTable {
+    /// The table the last record of the topic changed.
+    table: String,
+    /// Records of the topic still to be read without a guess, after a
+    /// guess failed (an image the typed path does not read, such as one
+    /// with an unchanged-TOAST marker, fails the pass it is read in):
+    /// such records cost a pass more only once in a while.
+    wait: u32,
+}
+
+/// Records of a topic read without a guess after one failed.
+const GUESS_WAIT: u32 = 256;
+
+/// Topics a decoder remembers (a stream has about one per table).
+const MAX_TOPICS: usize = 4096;
+
+impl TypedTables {
+    /// The shape of the table that records of Kafka topic `topic` change,
+    /// going by the last one seen, if its after image may be read against
+    /// it in the record's pass.
+    pub(crate) fn guess(&mut self, topic: &str) -> Option<&TableShape> {
+        let known = self.topics.get_mut(topic)?;
+        if known.wait > 0 {
+            known.wait -= 1;
+            return None;
         }
-        let source = &self.source;
-        self.shapes.entry_ref(name).or_insert_with(|| source.current(name).map(TableShape::new)).as_ref()
+        let TypedTables { source, generation, shapes, .. } = self;
+        shape_of(source, generation, shapes, &known.table)
+    }
+
+    /// Records that the record of Kafka topic `topic` just read changes
+    /// table `table`.
+    pub(crate) fn learn(&mut self, topic: &str, table: &str) {
+        if let Some(known) = self.topics.get_mut(topic) {
+            if known.table != table {
+                known.table.clear();
+                known.table.push_str(table);
+            }
+        } else if self.topics.len() < MAX_TOPICS {
+            self.topics.insert(topic.to_owned(), TopicTable { table: table.to_owned(), wait: 0 });
+        }
+    }
+
+    /// Records that reading a record of Kafka topic `topic` with its guess
+    /// failed: the next [`GUESS_WAIT`] records of the topic are read
+    /// without one.
+    pub(crate) fn guess_failed(&mut self, topic: &str) {
+        if let Some(known) = self.topics.get_mut(topic) {
+            known.wait = GUESS_WAIT;
+        }
     }
 }
 
@@ -439,6 +565,43 @@ impl TypedRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tables `s.t` and `s.u`, unchanging.
+    struct Two(Vec<Arc<TableDef>>);
+
+    impl CurrentTables for Two {
+        fn generation(&self) -> u64 {
+            1
+        }
+        fn current(&self, name: &str) -> Option<Arc<TableDef>> {
+            self.0.iter().find(|d| d.name == name).cloned()
+        }
+    }
+
+    /// A topic guesses the table its last record changed; after a failed
+    /// guess, the topic's next records are read without one for a while.
+    #[test]
+    fn a_topic_guesses_the_table_of_its_last_record() {
+        use arrow::datatypes::{Field, Schema};
+        let def = |id: u32, name: &str| {
+            let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+            TableDef::new(crate::ids::TableId(id), name, schema, vec![0]).unwrap()
+        };
+        let mut tables = TypedTables::new(Arc::new(Two(vec![def(1, "s.t"), def(2, "s.u")])));
+        let guessed = |tables: &mut TypedTables, topic: &str| tables.guess(topic).map(|s| s.def.name.clone());
+        assert_eq!(guessed(&mut tables, "all"), None, "nothing seen of the topic");
+        tables.learn("all", "s.t");
+        assert_eq!(guessed(&mut tables, "all").as_deref(), Some("s.t"));
+        tables.learn("all", "s.u");
+        assert_eq!(guessed(&mut tables, "all").as_deref(), Some("s.u"));
+        tables.learn("gone", "s.gone");
+        assert_eq!(guessed(&mut tables, "gone"), None, "a table that does not exist");
+        tables.guess_failed("all");
+        for _ in 0..GUESS_WAIT {
+            assert_eq!(guessed(&mut tables, "all"), None);
+        }
+        assert_eq!(guessed(&mut tables, "all").as_deref(), Some("s.u"));
+    }
 
     /// Every scalar read straight into a value converts exactly as
     /// [`to_value`] converts the same JSON (NaN compared as NaN).
