@@ -74,7 +74,12 @@ fn unwrap_envelope(v: Json) -> (Option<Json>, Json) {
 fn xid(id: &Json) -> Option<SmolStr> {
     match id {
         Json::String(s) => Some(SmolStr::new(s.split(':').next().unwrap_or(s))),
-        Json::Number(n) => Some(n.to_smolstr()),
+        // Integers (every transaction id) without the formatting machinery.
+        Json::Number(n) => Some(match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => SmolStr::new(itoa::Buffer::new().format(u)),
+            (None, Some(i)) => SmolStr::new(itoa::Buffer::new().format(i)),
+            _ => n.to_smolstr(),
+        }),
         _ => None,
     }
 }
@@ -881,6 +886,15 @@ pub fn decimal_from_base64(b64: &str, scale: i8) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A numeric transaction id reads as serde_json prints it.
+    #[test]
+    fn numeric_transaction_ids_read_as_printed() {
+        for text in ["0", "7", "18446744073709551615", "-5", "-9223372036854775808", "1.5", "1e300"] {
+            let n: Json = serde_json::from_str(text).unwrap();
+            assert_eq!(xid(&n).as_deref(), Some(n.to_string().as_str()), "{text}");
+        }
+    }
 
     /// The fast path (one pass into [`Fields`]) against the general path
     /// (a JSON tree) on the same line: the same record or the same error.
