@@ -21,7 +21,7 @@ use serde_json::Value as Json;
 use serde_json::value::RawValue;
 use smol_str::ToSmolStr as _;
 
-use super::typed::{AfterImageSeed, BorrowedStr, Image, TableShape, TypedRow, TypedTables};
+use super::typed::{AfterImageSeed, BorrowedStr, Image, Scalar, TableShape, TypedRow, TypedTables};
 use super::types::{DEBEZIUM_TIMESTAMP_INFINITY, DEBEZIUM_TIMESTAMP_NEGATIVE_INFINITY};
 use super::{
     ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SmolStr, SourcePosition, input_error,
@@ -218,7 +218,11 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a, '_> {
             match key {
                 // Read only where it may guess (else skipped, as before).
                 FieldKey::Topic if tables.is_some() => {
-                    out.topic = map.next_value::<AnyText<'a>>()?.0;
+                    // Any JSON value: what is no string guesses nothing.
+                    out.topic = match map.next_value::<Scalar<'de>>()? {
+                        Scalar::Str(topic) => Some(topic),
+                        _ => None,
+                    };
                     if let (Some(topic), Some(t)) = (&out.topic, tables.take()) {
                         guess = t.guess(topic);
                         out.guessed = guess.is_some();
@@ -338,52 +342,6 @@ impl<'de, V: serde::de::Visitor<'de, Value = ()>> serde::de::Visitor<'de> for Or
 
     fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<bool, D::Error> {
         d.deserialize_map(self.0).map(|()| true)
-    }
-}
-
-/// Any JSON value, kept where it is a string (a Kafka record's topic:
-/// what is no string is skipped, as any field fovea does not read).
-struct AnyText<'a>(Option<Cow<'a, str>>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for AnyText<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = AnyText<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(Some(Cow::Borrowed(s))))
-            }
-            fn visit_str<E>(self, s: &str) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(Some(Cow::Owned(s.to_owned()))))
-            }
-            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(None))
-            }
-            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-                Ok(AnyText(None))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
-                while m.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(AnyText(None))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> std::result::Result<Self::Value, A::Error> {
-                while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(AnyText(None))
-            }
-        }
-        d.deserialize_any(V)
     }
 }
 
