@@ -536,20 +536,19 @@ fn decode_pass(
         t.learn(topic, &table);
     }
     let shape = tables.as_deref_mut().and_then(|t| t.shape(&table));
-    let typed = match (shape, payload.after_read) {
-        (Some(shape), None) => shape.decode(op, key, payload.before, payload.after),
+    let read = match (shape, payload.after_read) {
+        (Some(shape), None) => shape.decode(op, key, payload.before, payload.after).map(|r| (shape, r)),
         // The after image was read against the guessed table's current
         // definition: this table's, or the record is read again.
         (Some(shape), Some(read)) if read == shape.def.instance() => {
-            let typed = shape.decode_read(op, key, payload.before, payload.after_row);
-            if typed.is_none() {
+            let Some(read) = shape.decode_read(op, key, payload.before, payload.after_row) else {
                 // The untyped record needs the image the pass did not keep.
                 if let (Some(t), Some(topic)) = (tables, &topic) {
                     t.guess_failed(topic);
                 }
                 return Ok(None);
-            }
-            typed
+            };
+            Some((shape, read))
         }
         (_, Some(_)) => {
             if let (Some(t), Some(topic)) = (tables, &topic) {
@@ -558,11 +557,8 @@ fn decode_pass(
             return Ok(None);
         }
         (None, None) => None,
-    }
-    .map(|(key, row)| {
-        let def = &shape.unwrap_or_else(|| unreachable!("typed rows come of a shape")).def;
-        (def.id, def.instance(), key, row)
-    });
+    };
+    let typed = read.map(|(shape, (key, row))| (shape.def.id, shape.def.instance(), key, row));
     // A typed row needs no JSON images (the line is kept to decode again).
     let (key, before, after) = match typed {
         Some(_) => (None, None, None),

@@ -251,7 +251,7 @@ impl<'de> Visitor<'de> for FullImage<'_> {
     }
 }
 
-/// Reads an after image straight into a row of `0`'s table, in the
+/// Reads an after image straight into a row of the shape's table, in the
 /// record's one pass (`null`: no row). An image that does not read as a
 /// typed row fails the pass: the caller reads the record again without it.
 pub(crate) struct AfterImageSeed<'s>(pub(crate) &'s TableShape);
