@@ -159,12 +159,12 @@ impl ShardOp {
                 // otherwise.
                 // (`check_key` made sure there is a value per key column.)
                 let kept = table.key_values(&row).zip(&key).all(|(a, b)| a.is_identical(b));
-                if kept || encode_key(table.id, &key) == new {
-                    emit(ShardOp::Update { table, key: new, row });
-                } else {
-                    let old = encode_key(table.id, &key);
-                    emit(ShardOp::Delete { table: Arc::clone(&table), key: old, values: key });
-                    emit(ShardOp::Insert { table, key: new, row });
+                match (!kept).then(|| encode_key(table.id, &key)).filter(|old| *old != new) {
+                    None => emit(ShardOp::Update { table, key: new, row }),
+                    Some(old) => {
+                        emit(ShardOp::Delete { table: Arc::clone(&table), key: old, values: key });
+                        emit(ShardOp::Insert { table, key: new, row });
+                    }
                 }
             }
         }
