@@ -204,6 +204,24 @@ fn read_loop(mut source: LineSource, to: Vec<SyncSender<LineBatch>>, follow: boo
     };
     // Acquire: pairs with the Release store of `FileSource::drop`.
     while !stop.load(Ordering::Acquire) {
+        // The whole lines held already, in one go; the rest (a line across
+        // reads, the end, an error, a followed file) a line at a time.
+        let held = source.append_held_lines(&mut text, BATCH_LINES - lines.len(), |pos, next, range| {
+            lines.push((pos, next, range));
+        });
+        match held {
+            Ok(0) => {}
+            Ok(_) => {
+                if lines.len() == BATCH_LINES && !send(take(&mut text, &mut lines, None, None)) {
+                    return;
+                }
+                continue;
+            }
+            Err(e) => {
+                send(take(&mut text, &mut lines, None, Some(e)));
+                return;
+            }
+        }
         match source.append_line(&mut text) {
             Ok(Some((pos, range))) => {
                 lines.push((pos, source.position(), range));
