@@ -434,7 +434,9 @@ pub fn encode_block(batches: &[RecordBatch], row_group_rows: usize) -> Result<By
         .into_builder()
         .set_dictionary_enabled(false)
         .build();
-    let mut out = Vec::new();
+    // Sized for the values as they are in memory (about what an
+    // uncompressed file without dictionaries takes): no regrowth.
+    let mut out = Vec::with_capacity(batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>() + 4096);
     let mut writer = ArrowWriter::try_new(&mut out, schema, Some(properties))?;
     for b in batches {
         writer.write(b)?;
@@ -444,6 +446,48 @@ pub fn encode_block(batches: &[RecordBatch], row_group_rows: usize) -> Result<By
     writer.close()?;
     Ok(Bytes::from(out))
 }
+
+/// Whether a dictionary is likely to pay for a column whose values are
+/// like `column`'s: not where more than half of a sample of its values
+/// (the first [`DICTIONARY_SAMPLE`] non-null ones) are distinct (keys,
+/// timestamps, measurements). There the dictionary holds most values once
+/// more, an index of at least 9 bits rides on every row, and building it
+/// (parquet's interner hashing every value of every row group) was a
+/// quarter of a combine's CPU. Columns too short to judge, and of other
+/// types (nested; boolean, which has no dictionary), keep parquet's
+/// default.
+fn dictionary_pays(column: &dyn arrow::array::Array) -> bool {
+    use arrow::array::AsArray as _;
+    use arrow::datatypes::DataType;
+    let present = (0..column.len()).filter(|&i| column.is_valid(i)).take(DICTIONARY_SAMPLE);
+    let data = column.to_data();
+    let values: Box<dyn Iterator<Item = &[u8]>> = match column.data_type() {
+        DataType::Utf8 => Box::new(present.map(|i| column.as_string::<i32>().value(i).as_bytes())),
+        DataType::LargeUtf8 => Box::new(present.map(|i| column.as_string::<i64>().value(i).as_bytes())),
+        DataType::Utf8View => Box::new(present.map(|i| column.as_string_view().value(i).as_bytes())),
+        DataType::Binary => Box::new(present.map(|i| column.as_binary::<i32>().value(i))),
+        DataType::LargeBinary => Box::new(present.map(|i| column.as_binary::<i64>().value(i))),
+        DataType::BinaryView => Box::new(present.map(|i| column.as_binary_view().value(i))),
+        DataType::FixedSizeBinary(_) => Box::new(present.map(|i| column.as_fixed_size_binary().value(i))),
+        t if t.is_primitive() => {
+            let (Some(width), Some(values)) = (t.primitive_width(), data.buffers().first()) else { return true };
+            // The values of a primitive array, from its offset on.
+            let values = &values.as_slice()[data.offset() * width..];
+            Box::new(present.map(move |i| &values[i * width..(i + 1) * width]))
+        }
+        _ => return true,
+    };
+    let mut distinct: hashbrown::HashSet<&[u8], foldhash::fast::FixedState> = Default::default();
+    let mut sampled = 0;
+    for value in values {
+        sampled += 1;
+        distinct.insert(value);
+    }
+    sampled < DICTIONARY_SAMPLE / 4 || distinct.len() * 2 <= sampled
+}
+
+/// Values [`dictionary_pays`] samples.
+const DICTIONARY_SAMPLE: usize = 1024;
 
 /// Loads the footer of a regular file held in `bytes`.
 pub fn load_metadata(bytes: &Bytes) -> Result<ArrowReaderMetadata> {
@@ -481,11 +525,16 @@ impl RegularFileWriter {
     pub fn push(&mut self, block: &RecordBatch) -> Result<()> {
         let writer = match &mut self.writer {
             Some(w) => w,
-            None => self.writer.insert(ArrowWriter::try_new(
-                Vec::new(),
-                block.schema(),
-                Some(writer_properties(self.row_group_rows, Compression::SNAPPY)),
-            )?),
+            None => {
+                // Dictionaries where the first block says they pay.
+                let mut properties = writer_properties(self.row_group_rows, Compression::SNAPPY).into_builder();
+                for (field, column) in block.schema().fields().iter().zip(block.columns()) {
+                    if !dictionary_pays(column.as_ref()) {
+                        properties = properties.set_column_dictionary_enabled(field.name().as_str().into(), false);
+                    }
+                }
+                self.writer.insert(ArrowWriter::try_new(Vec::new(), block.schema(), Some(properties.build()))?)
+            }
         };
         writer.write(block)?;
         // One row group per block keeps row groups aligned with blocks.
@@ -686,5 +735,56 @@ mod tests {
         drop(writer);
         assert!(lake.get(&path).is_err());
         assert!(lake.list(&Path::from("a")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_combined_file_has_dictionaries_where_values_repeat_only() {
+        use arrow::array::{ArrayRef, Int64Array, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let rows = 4000i64;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("status", DataType::Utf8, false),
+            Field::new("tiny", DataType::Int64, true),
+            Field::new("pairs", DataType::Int64, false),
+            Field::new("mostly_distinct", DataType::Int64, false),
+            Field::new(crate::schema::CREATE_TS_COLUMN, DataType::Int64, false),
+        ]));
+        let block = |from: i64| {
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from_iter_values(from..from + rows)),
+                // Unique where present, mostly NULL.
+                Arc::new(StringArray::from_iter((from..from + rows).map(|i| (i % 3 == 0).then(|| format!("n{i}"))))),
+                Arc::new(StringArray::from_iter_values(
+                    (from..from + rows).map(|i| ["new", "paid", "sent"][i as usize % 3]),
+                )),
+                // Unique, but too few values present to judge.
+                Arc::new(Int64Array::from_iter((from..from + rows).map(|i| (i % 40 == 0).then_some(i)))),
+                // Half distinct: a dictionary still pays.
+                Arc::new(Int64Array::from_iter_values((from..from + rows).map(|i| i / 2))),
+                // Three values in four distinct: it does not.
+                Arc::new(Int64Array::from_iter_values((from..from + rows).map(|i| i - (i % 4 == 3) as i64))),
+                Arc::new(Int64Array::from_iter_values(from..from + rows)),
+            ];
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+        };
+        let mut writer = RegularFileWriter::new(rows as usize);
+        writer.push(&block(0)).unwrap();
+        writer.push(&block(rows)).unwrap();
+        let (bytes, groups) = writer.finish().unwrap();
+        assert_eq!(groups.len(), 2);
+        let metadata = load_metadata(&bytes).unwrap();
+        for group in metadata.metadata().row_groups() {
+            let dictionary: Vec<bool> = group.columns().iter().map(|c| c.dictionary_page_offset().is_some()).collect();
+            assert_eq!(dictionary, [false, false, true, true, true, false, false]);
+        }
+        // The values read back as written.
+        let read: Vec<RecordBatch> = parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(bytes, 8192)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let read = arrow::compute::concat_batches(&schema, &read).unwrap();
+        assert_eq!(read, arrow::compute::concat_batches(&schema, &[block(0), block(rows)]).unwrap());
     }
 }
