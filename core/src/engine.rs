@@ -283,7 +283,7 @@ pub struct Engine {
     pub(crate) checkpointing: std::sync::atomic::AtomicBool,
     /// Source commit time (µs) of replayed transactions by mirror ts; below
     /// LWM only the newest entry is kept.
-    source_commits: Mutex<std::collections::BTreeMap<u64, i64>>,
+    source_commits: Mutex<SourceCommits>,
     /// Told the freshness (µs from source commit to mirror commit) of each
     /// committed transaction with a known source commit time.
     freshness_observer: std::sync::OnceLock<FreshnessObserver>,
@@ -346,7 +346,7 @@ impl Engine {
             image: Mutex::new(false),
             image_written: Condvar::new(),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
-            source_commits: Mutex::new(std::collections::BTreeMap::new()),
+            source_commits: Mutex::new(SourceCommits::default()),
             freshness_observer: std::sync::OnceLock::new(),
             storage_gc_pauses: Arc::default(),
             rewrite_worker: Mutex::new(Arc::new(LocalRewrites::new(lake.clone()))),
@@ -719,7 +719,7 @@ impl Engine {
     pub fn commit(&self, ts: Ts) -> Result<()> {
         self.clock.commit(ts)?;
         if let Some(observe) = self.freshness_observer.get() {
-            let source = lock(&self.source_commits).get(&ts.get()).copied();
+            let source = lock(&self.source_commits).get(ts.get());
             if let Some(us) = source {
                 observe(crate::catalog::now_us() - us);
             }
@@ -786,7 +786,7 @@ impl Engine {
     /// commit time: `(mirror ts, source commit µs)`. Freshness of a query is
     /// its start time minus that commit time.
     pub fn source_commit_at(&self, qts: Ts) -> Option<(Ts, i64)> {
-        lock(&self.source_commits).range(..=qts.get()).next_back().map(|(t, c)| (Ts(*t), *c))
+        lock(&self.source_commits).at_or_below(qts.get()).map(|(t, c)| (Ts(t), c))
     }
 
     /// Registers a query at the newest replayed state.
@@ -967,11 +967,8 @@ impl Engine {
             table.forget_before(lwm);
         }
         {
-            let mut commits = lock(&self.source_commits);
             // Keep the newest entry at or below LWM: snapshots at LWM need it.
-            if let Some(keep) = commits.range(..=lwm.get()).next_back().map(|(t, _)| *t) {
-                commits.retain(|t, _| *t >= keep);
-            }
+            lock(&self.source_commits).forget_below_newest_at(lwm.get());
         }
         let oldest = self.clock.oldest_registration();
         let floor = self.oldest_reader()?.map_or(u64::MAX, Ts::get);
@@ -1057,6 +1054,42 @@ impl Engine {
 }
 
 /// Operations split by shard, with their indices in the caller's list.
+/// Source commit times (µs) by mirror ts, in ts order. Mirror
+/// transactions are noted in the order they begin, so a note is an
+/// append (it was a `BTreeMap` insert per transaction).
+#[derive(Default)]
+struct SourceCommits(std::collections::VecDeque<(u64, i64)>);
+
+impl SourceCommits {
+    fn insert(&mut self, ts: u64, us: i64) {
+        let at = match self.0.back() {
+            Some(&(last, _)) if last < ts => self.0.len(),
+            _ => self.0.partition_point(|&(t, _)| t < ts),
+        };
+        match self.0.get_mut(at) {
+            Some(entry) if entry.0 == ts => entry.1 = us,
+            _ => self.0.insert(at, (ts, us)),
+        }
+    }
+
+    fn get(&self, ts: u64) -> Option<i64> {
+        let at = self.0.partition_point(|&(t, _)| t < ts);
+        self.0.get(at).filter(|e| e.0 == ts).map(|e| e.1)
+    }
+
+    /// The newest entry at or below `ts`.
+    fn at_or_below(&self, ts: u64) -> Option<(u64, i64)> {
+        let at = self.0.partition_point(|&(t, _)| t <= ts);
+        at.checked_sub(1).map(|i| self.0[i])
+    }
+
+    /// Drops the entries below the newest one at or below `ts`.
+    fn forget_below_newest_at(&mut self, ts: u64) {
+        let at = self.0.partition_point(|&(t, _)| t <= ts);
+        self.0.drain(..at.saturating_sub(1));
+    }
+}
+
 pub(crate) type Routed = (Vec<Vec<ShardOp>>, Vec<Vec<usize>>);
 
 /// Maps a shard-local operation index in a key conflict to the caller's.
@@ -1158,6 +1191,35 @@ mod tests {
         // Relaxed: a test flag, set before the flush is queued.
         if PANIC_FLUSH.load(Ordering::Relaxed) {
             panic!("injected flush panic");
+        }
+    }
+
+    proptest::proptest! {
+        /// Source commit times answer as the ordered map they replaced,
+        /// notes in any order (begun order is only the common case).
+        #[test]
+        fn source_commits_answer_as_an_ordered_map(
+            steps in proptest::collection::vec((0u8..4, 0u64..64, proptest::num::i64::ANY), 1..200),
+        ) {
+            let (mut commits, mut model) = (SourceCommits::default(), std::collections::BTreeMap::new());
+            for (what, ts, us) in steps {
+                match what {
+                    0 | 1 => {
+                        commits.insert(ts, us);
+                        model.insert(ts, us);
+                    }
+                    2 => {
+                        commits.forget_below_newest_at(ts);
+                        if let Some(keep) = model.range(..=ts).next_back().map(|(t, _)| *t) {
+                            model.retain(|t, _| *t >= keep);
+                        }
+                    }
+                    _ => {}
+                }
+                proptest::prop_assert_eq!(commits.get(ts), model.get(&ts).copied());
+                proptest::prop_assert_eq!(commits.at_or_below(ts), model.range(..=ts).next_back().map(|(t, c)| (*t, *c)));
+                proptest::prop_assert_eq!(commits.0.iter().copied().collect::<Vec<_>>(), model.iter().map(|(t, c)| (*t, *c)).collect::<Vec<_>>());
+            }
         }
     }
 
