@@ -527,16 +527,28 @@ impl ChangedKeys {
     }
 
     fn sorted_offsets<T: Copy + Into<u64>>(&self, narrow: impl Fn(usize) -> T) -> Vec<T> {
-        let mut offsets = Vec::with_capacity(self.count);
+        // Each key beside its first 16 bytes as numbers: most keys (a
+        // table id and an integer or a short text) are told apart by
+        // those alone, so the sort mostly compares numbers in hand instead
+        // of bytes behind two offsets. Zero padding makes a short key tie
+        // with a longer one only where the longer goes on with zeros; the
+        // bytes decide there.
+        let mut keyed: Vec<(u64, u64, T)> = Vec::with_capacity(self.count);
         let mut at = 0;
         while at + 4 <= self.bytes.len() {
-            offsets.push(narrow(at));
-            at += 4 + key_len_at(&self.bytes, at);
+            let key = key_at(&self.bytes, at);
+            let mut head = [0u8; 16];
+            let n = key.len().min(16);
+            head[..n].copy_from_slice(&key[..n]);
+            let (high, low) = head.split_at(8);
+            let number = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_else(|_| unreachable!("8 bytes")));
+            keyed.push((number(high), number(low), narrow(at)));
+            at += 4 + key.len();
         }
         let key = |o: T| key_at(&self.bytes, o.into() as usize);
-        offsets.sort_unstable_by(|&a, &b| key(a).cmp(key(b)));
-        offsets.dedup_by(|a, b| key(*a) == key(*b));
-        offsets
+        keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| key(a.2).cmp(key(b.2))));
+        keyed.dedup_by(|a, b| (a.0, a.1) == (b.0, b.1) && key(a.2) == key(b.2));
+        keyed.into_iter().map(|(_, _, offset)| offset).collect()
     }
 }
 
@@ -1746,6 +1758,30 @@ mod tests {
         }
         let sorted: Vec<&[u8]> = changed.sorted().iter().collect();
         assert_eq!(sorted, [b"".as_slice(), b"a", b"a\0", b"ab", b"b"]);
+    }
+
+    proptest::proptest! {
+        /// Changed keys come out as the distinct keys sorted by their
+        /// bytes: short and long, ties in the first 16 bytes, zeros after
+        /// a shorter key's end.
+        #[test]
+        fn changed_keys_sort_as_their_bytes(
+            keys in proptest::collection::vec(
+                (proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1u8), Just(255u8), any::<u8>()], 0..24), 0usize..3),
+                0..200,
+            ),
+        ) {
+            let mut changed = ChangedKeys::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (key, repeats) in &keys {
+                for _ in 0..=*repeats {
+                    changed.push(key);
+                }
+                model.insert(key.as_slice());
+            }
+            let sorted: Vec<&[u8]> = changed.sorted().iter().collect();
+            proptest::prop_assert_eq!(sorted, model.into_iter().collect::<Vec<_>>());
+        }
     }
 
     #[test]
