@@ -37,12 +37,31 @@ const NO_TABLE: &str = "row record without source.schema/source.table";
 fn qualified(namespace: Option<&str>, table: Option<&str>) -> Option<SmolStr> {
     let (namespace, table) = (namespace?, table?);
     // Built directly: once per record, without the formatting machinery
-    // (and, up to 23 bytes, without an allocation).
+    // (and, up to 23 bytes, in place, without an allocation).
+    let len = namespace.len() + 1 + table.len();
+    if len <= 23 {
+        let mut name = [b'.'; 23];
+        name[..namespace.len()].copy_from_slice(namespace.as_bytes());
+        name[namespace.len() + 1..len].copy_from_slice(table.as_bytes());
+        // Two strings and a dot: UTF-8 (checked anyway, 23 bytes at most).
+        return std::str::from_utf8(&name[..len]).ok().map(SmolStr::new_inline);
+    }
     let mut name = smol_str::SmolStrBuilder::new();
     name.push_str(namespace);
     name.push('.');
     name.push_str(table);
     Some(name.finish())
+}
+
+/// A `source.snapshot` value: Debezium's own markers without a copy.
+fn snapshot_marker(marker: &str) -> SmolStr {
+    match marker {
+        "false" => SmolStr::new_static("false"),
+        "true" => SmolStr::new_static("true"),
+        "first" => SmolStr::new_static("first"),
+        "last" => SmolStr::new_static("last"),
+        other => SmolStr::new(other),
+    }
 }
 
 /// The row operation of a Debezium `op` code that carries a row.
@@ -76,8 +95,9 @@ fn xid(id: &Json) -> Option<SmolStr> {
         Json::String(s) => Some(SmolStr::new(s.split(':').next().unwrap_or(s))),
         // Integers (every transaction id) without the formatting machinery.
         Json::Number(n) => Some(match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => SmolStr::new(itoa::Buffer::new().format(u)),
-            (None, Some(i)) => SmolStr::new(itoa::Buffer::new().format(i)),
+            // At most 20 characters: inline, no check for a heap string.
+            (Some(u), _) => SmolStr::new_inline(itoa::Buffer::new().format(u)),
+            (None, Some(i)) => SmolStr::new_inline(itoa::Buffer::new().format(i)),
             _ => n.to_smolstr(),
         }),
         _ => None,
@@ -493,17 +513,19 @@ fn decode_pass(
     }
     // (A Kafka record whose value is null, a tombstone, has no source and
     // goes to the general path, which skips it.)
+    // (Borrowed, not moved: the fields are half a kilobyte.)
     let (key, payload) =
-        if top.nested && top.source.is_none() && top.op.is_none() { (top.key, value) } else { (None, top) };
+        if top.nested && top.source.is_none() && top.op.is_none() { (top.key, &mut value) } else { (None, &mut top) };
     if payload.schema.is_some() || payload.payload.is_some() {
         return general();
     }
-    if let Some(status) = payload.status {
+    if let Some(status) = payload.status.take() {
         // `as_i64` / `as_u64`, as the general path reads them.
         let event_count = payload.event_count.as_ref().and_then(Json::as_u64);
         let per_table = || {
             payload
                 .data_collections
+                .take()
                 .unwrap_or_default()
                 .into_iter()
                 .filter_map(|d| Some((d.data_collection?.into_owned(), d.event_count?.as_u64()?)))
@@ -518,7 +540,7 @@ fn decode_pass(
     {
         return general();
     }
-    let Some(source) = payload.source else { return general() };
+    let Some(source) = payload.source.take() else { return general() };
     let table = qualified(source.schema.as_deref().or(source.db.as_deref()), source.table.as_deref())
         .ok_or_else(|| input_error(position, None, None, NO_TABLE))?;
     let txid = source.tx_id.as_ref().filter(|v| !v.is_null()).and_then(xid).or_else(|| {
@@ -541,7 +563,7 @@ fn decode_pass(
         // The after image was read against the guessed table's current
         // definition: this table's, or the record is read again.
         (Some(shape), Some(read)) if read == shape.def.instance() => {
-            let Some(read) = shape.decode_read(op, key, payload.before, payload.after_row) else {
+            let Some(read) = shape.decode_read(op, key, payload.before, payload.after_row.take()) else {
                 // The untyped record needs the image the pass did not keep.
                 if let (Some(t), Some(topic)) = (tables, &topic) {
                     t.guess_failed(topic);
@@ -581,7 +603,7 @@ fn decode_pass(
             Some(us) => Some(us),
             None => commit_micros(source.ts_ms).map_err(|e| input_error(position, Some(&table), txid.as_deref(), e))?,
         },
-        snapshot: source.snapshot.map(SmolStr::new),
+        snapshot: source.snapshot.as_deref().map(snapshot_marker),
         declared: None,
         key_names,
         in_transaction_block: payload.transaction.is_some_and(|t| t.get() != "null"),
@@ -847,6 +869,23 @@ mod tests {
         for text in ["0", "7", "18446744073709551615", "-5", "-9223372036854775808", "1.5", "1e300"] {
             let n: Json = serde_json::from_str(text).unwrap();
             assert_eq!(xid(&n).as_deref(), Some(n.to_string().as_str()), "{text}");
+        }
+    }
+
+    /// A table's qualified name and a snapshot marker read as written,
+    /// names short enough to be inline or not.
+    #[test]
+    fn qualified_names_and_snapshot_markers_read_as_written() {
+        for namespace in ["", "s", "hybench", "sch\u{e9}ma", "a_namespace_of_21_chr"] {
+            for table in ["", "t", "account", "t\u{1f600}", "a_table_named_at_length_24"] {
+                let name = qualified(Some(namespace), Some(table)).unwrap();
+                assert_eq!(name, format!("{namespace}.{table}"));
+            }
+        }
+        assert_eq!(qualified(None, Some("t")), None);
+        assert_eq!(qualified(Some("s"), None), None);
+        for marker in ["false", "true", "first", "last", "incremental", "", "a marker longer than twenty-three"] {
+            assert_eq!(snapshot_marker(marker), marker);
         }
     }
 
