@@ -455,3 +455,63 @@ fn records_of_topics_named_otherwise_than_by_table_replay_the_same_typed() {
     let text = |s: &str| Some(Value::Utf8(s.into()));
     assert_eq!((a(3), a(4), a(45), a(46)), (text("v3"), text("v4b"), text("v45"), text("v46b")));
 }
+
+/// Kafka keys and before images where they name a row: in any field
+/// order, changing the key, with or without each other, in a schema
+/// envelope.
+#[test]
+fn kafka_keys_and_before_images_replay_the_same_typed() {
+    let value = |txid: u64, op: &str, before: &str, after: &str| {
+        format!(
+            r#"{{"before":{before},"after":{after},"source":{{"schema":"public","table":"t","txId":{txid},"snapshot":"false"}},"op":"{op}"}}"#
+        )
+    };
+    let row = |id: u64, a: &str| format!(r#"{{"id":{id},"a":"{a}","n":{id}}}"#);
+    let mut lines: Vec<String> =
+        (0..50).map(|i| rec(1, "c", &format!(r#"{{"id":{i}}}"#), "null", &row(i, "x"))).collect();
+    for i in 0..50u64 {
+        let txid = 10 + i;
+        let key = format!(r#"{{"id":{i}}}"#);
+        let before = row(i, "x");
+        lines.push(match i % 7 {
+            // Key and before image (REPLICA IDENTITY FULL).
+            0 => rec(txid, "u", &key, &before, &row(i, "full")),
+            // The key after the value, or before the topic.
+            1 => {
+                format!(r#"{{"topic":"s.public.t","value":{},"key":{key}}}"#, value(txid, "u", "null", &row(i, "late")))
+            }
+            2 => format!(
+                r#"{{"key":{key},"topic":"s.public.t","value":{}}}"#,
+                value(txid, "u", "null", &row(i, "early"))
+            ),
+            // A key change: the key, or the before image alone, names the
+            // old key; the key wins over the before image.
+            3 => rec(txid, "u", &key, "null", &row(i + 100, "moved")),
+            4 => rec(txid, "u", r#"{"other":1}"#, &before, &row(i + 200, "moved")),
+            5 => rec(txid, "u", &key, &row(i + 1, "x"), &row(i + 300, "moved")),
+            // A delete by key and before image.
+            _ => rec(txid, "d", &key, &before, "null"),
+        });
+    }
+    // Last (each sends the topic's next records down the general path): a
+    // key in a schema envelope, which the general path unwraps, and a delete
+    // by its before image alone.
+    // (The enveloped key names row 7, moved to 50.)
+    lines.push(format!(
+        r#"{{"topic":"s.public.t","key":{{"schema":{{"type":"struct"}},"payload":{{"id":7}}}},"value":{}}}"#,
+        value(100, "u", "null", &row(50, "enveloped"))
+    ));
+    lines.push(format!(r#"{{"topic":"s.public.t","key":null,"value":{}}}"#, value(101, "d", &row(8, "x"), "null")));
+    let (outcome, typed) = same_both_ways(&lines, SinkConfig::default);
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(typed >= 95, "{typed} rows typed");
+    let rows = &outcome.tables["public.t"].1;
+    let a = |id: i64| rows.iter().find(|r| r[0] == Value::Int(id)).map(|r| r[1].clone());
+    let text = |s: &str| Some(Value::Utf8(s.into()));
+    assert_eq!((a(0), a(1), a(2), a(7), a(50)), (text("full"), text("late"), text("early"), None, text("enveloped")));
+    assert_eq!(
+        (a(3), a(103), a(4), a(204), a(5), a(305)),
+        (None, text("moved"), None, text("moved"), None, text("moved"))
+    );
+    assert_eq!((a(6), a(8), a(13)), (None, None, None));
+}
