@@ -1053,7 +1053,6 @@ impl Engine {
     }
 }
 
-/// Operations split by shard, with their indices in the caller's list.
 /// Source commit times (µs) by mirror ts, in ts order. Mirror
 /// transactions are noted in the order they begin, so a note is an
 /// append (it was a `BTreeMap` insert per transaction).
@@ -1090,6 +1089,7 @@ impl SourceCommits {
     }
 }
 
+/// Operations split by shard, with their indices in the caller's list.
 pub(crate) type Routed = (Vec<Vec<ShardOp>>, Vec<Vec<usize>>);
 
 /// Maps a shard-local operation index in a key conflict to the caller's.
