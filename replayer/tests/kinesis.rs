@@ -408,8 +408,8 @@ fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
     let chunk = records.len() / 10;
     producer.put("bank", &records[..chunk]).unwrap();
     let lake = dir.path().join("lake");
-    let port = common::free_port();
-    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let [port, mport] = common::free_ports();
+    let metrics = format!("127.0.0.1:{mport}");
     let mut cmd = aws.fovea();
     cmd.args(["serve", "--lake", lake.to_str().unwrap(), "--input", "kinesis://bank?poll_ms=5"])
         .args(["--listen", &format!("127.0.0.1:{port}"), "--checkpoint-secs", "1", "--metrics", &metrics])

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, eventually, free_port, ok};
+use common::{Server, eventually, free_ports, ok};
 use fovea_aws::lambda_local::LocalLambda;
 use fovea_aws::moto::Moto;
 
@@ -64,8 +64,7 @@ const BLOCKS: [&str; 4] = ["--block-rows", "1024", "--blocks-per-file", "4"];
 /// `fovea serve` of `input` into the S3 lake `prefix`, rewrites by the
 /// functions behind `lambda`.
 fn serve(moto: &Moto, lambda: &LocalLambda, prefix: &str, input: &Path, functions: &str) -> Server {
-    let port = free_port();
-    let mport = free_port();
+    let [port, mport] = free_ports();
     let stderr = input.with_extension(format!("serve-{port}.log"));
     let mut cmd = fovea(moto);
     cmd.args(["serve", "--lake", &format!("s3://lake/{prefix}"), "--state", &format!("dynamodb://fovea-{prefix}")])

@@ -51,6 +51,13 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// `N` distinct free ports: each is held until all are chosen (ports
+/// chosen one after another may repeat, as a just-freed port is free).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
+}
+
 /// A `fovea serve` process.
 pub struct Server {
     pub child: Child,
@@ -64,8 +71,7 @@ pub struct Server {
 impl Server {
     /// Starts `fovea serve` with `args` and waits for it to listen.
     pub fn start(lake: &Path, input: &str, extra: &[&str]) -> Server {
-        let port = free_port();
-        let mport = free_port();
+        let [port, mport] = free_ports();
         let stderr = lake.with_extension(format!("serve-{port}.log"));
         let mut cmd = fovea();
         cmd.args(["serve", "--lake"])
