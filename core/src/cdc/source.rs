@@ -203,13 +203,7 @@ impl LineSource {
     /// take one allocation, not one each.
     pub fn append_line(&mut self, buf: &mut String) -> Result<Option<(SourcePosition, std::ops::Range<usize>)>> {
         let start = buf.len();
-        let pos = self.next;
-        let n = read_line(&mut *self.reader, buf).map_err(|e| Error::Input {
-            position: pos,
-            table: None,
-            txid: None,
-            message: format!("cannot read {}: {e}", self.name),
-        })?;
+        let n = read_line(&mut *self.reader, buf).map_err(|e| self.read_error(e))?;
         if self.follow {
             if !self.partial.is_empty() {
                 buf.insert_str(start, &self.partial);
@@ -222,14 +216,28 @@ impl LineSource {
         } else if n == 0 {
             return Ok(None);
         }
-        let n = buf.len() - start;
-        self.next = SourcePosition { line: pos.line + 1, offset: pos.offset + n as u64 };
-        let end = start + buf[start..].trim_end_matches(['\n', '\r']).len();
-        Ok(Some((SourcePosition { line: pos.line + 1, offset: pos.offset }, start..end)))
+        Ok(Some(self.line_taken(buf, start..buf.len())))
     }
-}
 
-impl LineSource {
+    /// Counts the line at `line` of `buf` (its newline included) as read:
+    /// its position, and its range without the newline (and any CR).
+    fn line_taken(&mut self, buf: &str, line: std::ops::Range<usize>) -> (SourcePosition, std::ops::Range<usize>) {
+        let pos = self.next;
+        self.next = SourcePosition { line: pos.line + 1, offset: pos.offset + line.len() as u64 };
+        let end = line.start + buf[line.clone()].trim_end_matches(['\n', '\r']).len();
+        (SourcePosition { line: pos.line + 1, offset: pos.offset }, line.start..end)
+    }
+
+    /// A read of this input that failed, at the next line's position.
+    fn read_error(&self, e: std::io::Error) -> Error {
+        Error::Input {
+            position: self.next,
+            table: None,
+            txid: None,
+            message: format!("cannot read {}: {e}", self.name),
+        }
+    }
+
     /// Appends to `buf` the whole lines the reader holds already (reading
     /// more only when it holds nothing), at most `max`, calling `line` with
     /// each one's position, the position after it and its range in `buf`,
@@ -249,12 +257,10 @@ impl LineSource {
         if self.follow || max == 0 {
             return Ok(0);
         }
-        let held = self.reader.fill_buf().map_err(|e| Error::Input {
-            position: self.next,
-            table: None,
-            txid: None,
-            message: format!("cannot read {}: {e}", self.name),
-        })?;
+        let held = match self.reader.fill_buf() {
+            Ok(held) => held,
+            Err(e) => return Err(self.read_error(e)),
+        };
         // The end of the `max`-th whole line held (or of the last one).
         let Some(end) = memchr::memchr_iter(b'\n', held).take(max).last().map(|nl| nl + 1) else { return Ok(0) };
         let text = match simdutf8::compat::from_utf8(&held[..end]) {
@@ -273,11 +279,8 @@ impl LineSource {
         let mut at = start;
         let mut count = 0;
         for nl in memchr::memchr_iter(b'\n', &buf.as_bytes()[start..]).map(|i| start + i) {
-            let pos = self.next;
-            let n = (nl + 1 - at) as u64;
-            self.next = SourcePosition { line: pos.line + 1, offset: pos.offset + n };
-            let trimmed = at + buf[at..nl].trim_end_matches('\r').len();
-            line(SourcePosition { line: pos.line + 1, offset: pos.offset }, self.next, at..trimmed);
+            let (pos, range) = self.line_taken(buf, at..nl + 1);
+            line(pos, self.next, range);
             at = nl + 1;
             count += 1;
         }
