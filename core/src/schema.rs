@@ -79,6 +79,9 @@ pub struct TableDef {
     /// This definition's number, which no other definition made by this
     /// process has (see [`Self::instance`]).
     instance: u64,
+    /// Per user column: what its values must be, worked out once from its
+    /// field (every row of a replay is checked against them).
+    checks: Vec<ColumnCheck>,
 }
 
 /// The number the next table definition gets.
@@ -125,7 +128,12 @@ impl TableDef {
         let file_schema = Arc::new(Schema::new(fields));
         // Relaxed: the number only has to be unique, and a fetch_add is.
         let instance = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, instance }))
+        let checks = schema
+            .fields()
+            .iter()
+            .map(|f| ColumnCheck { kind: CheckKind::of(f.data_type()), nullable: f.is_nullable() })
+            .collect();
+        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, instance, checks }))
     }
 
     /// The identity of this definition: a number no other definition made
@@ -135,6 +143,13 @@ impl TableDef {
     /// the `Arc`s would, without holding a reference to it.
     pub fn instance(&self) -> u64 {
         self.instance
+    }
+
+    /// Whether column `column` can store `v` by its type (nullability
+    /// aside): what [`accepts`] tells, from the check worked out when the
+    /// definition was made.
+    pub fn column_accepts(&self, column: usize, v: &Value) -> bool {
+        v.is_null() || self.checks.get(column).is_some_and(|c| c.kind.fits(v))
     }
 
     /// The primary-key values of a full row.
@@ -155,6 +170,11 @@ impl TableDef {
                 column: String::new(),
                 message: format!("row has {} values, the table has {} columns", row.len(), self.schema.fields().len()),
             });
+        }
+        // The common case in one pass over the precomputed checks; the
+        // column at fault is found and told below.
+        if self.checks.iter().zip(row).all(|(c, v)| c.admits(v)) {
+            return Ok(());
         }
         for (f, v) in self.schema.fields().iter().zip(row) {
             if v.is_null() && !f.is_nullable() {
@@ -280,6 +300,80 @@ fn exact_into(from: &DataType, to: &DataType, rescale: bool) -> bool {
     }
 }
 
+/// What a column's values must be: [`accepts`] for its type, and not
+/// NULL unless it is nullable.
+#[derive(Clone, Copy, Debug)]
+struct ColumnCheck {
+    kind: CheckKind,
+    nullable: bool,
+}
+
+impl ColumnCheck {
+    /// Whether the column can store `v`.
+    #[inline]
+    fn admits(self, v: &Value) -> bool {
+        if v.is_null() { self.nullable } else { self.kind.fits(v) }
+    }
+}
+
+/// The non-null values a column type takes, as [`accepts`] decides.
+#[derive(Clone, Copy, Debug)]
+enum CheckKind {
+    Bool,
+    /// Integers from `lo` to `hi` (Int8…Int32, Date32).
+    Int {
+        lo: i64,
+        hi: i64,
+    },
+    /// Any integer (Int64, timestamps).
+    AnyInt,
+    /// Floats and integers.
+    Float,
+    /// Decimals below `max` in magnitude (10 to the precision).
+    Decimal {
+        max: u128,
+    },
+    Utf8,
+    /// Bytes and text.
+    Binary,
+    /// No non-null value (a type fovea does not store).
+    Nothing,
+}
+
+impl CheckKind {
+    fn of(t: &DataType) -> CheckKind {
+        match t {
+            DataType::Boolean => CheckKind::Bool,
+            DataType::Int8 => CheckKind::Int { lo: i8::MIN.into(), hi: i8::MAX.into() },
+            DataType::Int16 => CheckKind::Int { lo: i16::MIN.into(), hi: i16::MAX.into() },
+            DataType::Int32 | DataType::Date32 => CheckKind::Int { lo: i32::MIN.into(), hi: i32::MAX.into() },
+            DataType::Int64 | DataType::Timestamp(_, _) => CheckKind::AnyInt,
+            DataType::Float32 | DataType::Float64 => CheckKind::Float,
+            DataType::Decimal128(p, _) => {
+                CheckKind::Decimal { max: 10u128.checked_pow(u32::from(*p)).unwrap_or(u128::MAX) }
+            }
+            DataType::Utf8 => CheckKind::Utf8,
+            DataType::Binary => CheckKind::Binary,
+            _ => CheckKind::Nothing,
+        }
+    }
+
+    /// Whether a column of this kind stores non-null `v`.
+    #[inline]
+    fn fits(self, v: &Value) -> bool {
+        match (self, v) {
+            (CheckKind::Bool, Value::Bool(_))
+            | (CheckKind::AnyInt, Value::Int(_))
+            | (CheckKind::Float, Value::Float(_) | Value::Int(_))
+            | (CheckKind::Utf8, Value::Utf8(_))
+            | (CheckKind::Binary, Value::Binary(_) | Value::Utf8(_)) => true,
+            (CheckKind::Int { lo, hi }, Value::Int(i)) => lo <= *i && *i <= hi,
+            (CheckKind::Decimal { max }, Value::Decimal(d)) => d.unsigned_abs() < max,
+            _ => false,
+        }
+    }
+}
+
 /// Whether `v` can be stored in a column of type `t`.
 pub fn accepts(t: &DataType, v: &Value) -> std::result::Result<(), String> {
     fn int_range(i: i64, lo: i64, hi: i64) -> std::result::Result<(), String> {
@@ -393,6 +487,116 @@ mod tests {
         ];
         for (from, to, key, expected) in cases {
             assert_eq!(TypeChange::of(&from, &to, key), expected, "{from} -> {to} (key: {key})");
+        }
+    }
+}
+
+#[cfg(test)]
+mod column_check_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Column types: every one fovea stores, every decimal precision, and
+    /// some types it does not store.
+    fn data_types() -> Vec<DataType> {
+        let mut types = vec![
+            DataType::Boolean,
+            DataType::Int8,
+            DataType::Int16,
+            DataType::Int32,
+            DataType::Int64,
+            DataType::Float32,
+            DataType::Float64,
+            DataType::Utf8,
+            DataType::Binary,
+            DataType::Date32,
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            DataType::Timestamp(TimeUnit::Nanosecond, None),
+            DataType::Float16,
+            DataType::LargeUtf8,
+        ];
+        types.extend((1u8..=38).map(|p| DataType::Decimal128(p, (p as i8).min(4))));
+        types
+    }
+
+    /// Values at and around the types' bounds, and one of each kind.
+    fn edge_values() -> Vec<Value> {
+        let ints = [i8::MIN.into(), i8::MAX.into(), i16::MIN.into(), i16::MAX.into()]
+            .into_iter()
+            .chain([i32::MIN.into(), i32::MAX.into(), i64::MIN, i64::MAX, 0])
+            .flat_map(|b: i64| [b.saturating_sub(1), b, b.saturating_add(1)])
+            .map(Value::Int);
+        let decimals = (0..=38u32)
+            .map(|p| 10i128.pow(p))
+            .flat_map(|x| [x - 1, x, x + 1, 1 - x, -x, -x - 1])
+            .chain([i128::MIN, i128::MAX])
+            .map(Value::Decimal);
+        let others = [
+            Value::Null,
+            Value::Bool(true),
+            Value::Float(0.5),
+            Value::Float(f64::NAN),
+            Value::Utf8("x".into()),
+            Value::Binary(vec![1]),
+        ];
+        ints.chain(decimals).chain(others).collect()
+    }
+
+    /// Whether the column check of `t` (nullable or not) decides `v` as
+    /// [`accepts`] and nullability do, in every form it is used.
+    fn check_agrees(t: &DataType, nullable: bool, v: &Value) -> std::result::Result<(), TestCaseError> {
+        let by_type = accepts(t, v).is_ok();
+        let admitted = by_type && (nullable || !v.is_null());
+        prop_assert_eq!(CheckKind::of(t).fits(v) || v.is_null(), by_type, "{} {:?}", t, v);
+        prop_assert_eq!(ColumnCheck { kind: CheckKind::of(t), nullable }.admits(v), admitted, "{} {:?}", t, v);
+        if is_supported(t) {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int64, false),
+                Field::new("c", t.clone(), nullable),
+            ]));
+            let def = TableDef::new(TableId(1), "s.t", schema, vec![0]).unwrap();
+            prop_assert_eq!(def.column_accepts(1, v), by_type, "{} {:?}", t, v);
+            match def.check_row(&[Value::Int(1), v.clone()]) {
+                Ok(()) => prop_assert!(admitted, "{} {:?} passed", t, v),
+                Err(Error::Schema { column, .. }) => {
+                    prop_assert!(!admitted, "{} {:?} refused", t, v);
+                    prop_assert_eq!(column, "c");
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every type against every edge value.
+    #[test]
+    fn column_checks_decide_edge_values_as_accepts() {
+        for t in data_types() {
+            for v in edge_values() {
+                for nullable in [false, true] {
+                    check_agrees(&t, nullable, &v).unwrap();
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// Every type against any value.
+        #[test]
+        fn column_checks_decide_as_accepts(
+            t in proptest::sample::select(data_types()),
+            nullable in any::<bool>(),
+            v in prop_oneof![
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::Int),
+                any::<f64>().prop_map(Value::Float),
+                any::<i128>().prop_map(Value::Decimal),
+                ".{0,4}".prop_map(Value::Utf8),
+                proptest::collection::vec(any::<u8>(), 0..4).prop_map(Value::Binary),
+            ],
+        ) {
+            check_agrees(&t, nullable, &v)?;
         }
     }
 }

@@ -385,6 +385,12 @@ struct FastSource<'a> {
     snapshot: Option<Cow<'a, str>>,
 }
 
+/// Finds a `"schema"` field in a Kafka key (a key in a schema envelope is
+/// the general path's), searched with memchr's finder: `str::contains`
+/// set up a searcher of its own for every record.
+static SCHEMA_FIELD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"schema\""));
+
 /// Reads `line` into `top` (and a Kafka record's value into `value`), as
 /// `serde_json::from_str` would: one JSON value and nothing after it.
 /// With `tables`, a Kafka record's after image is read into the row of
@@ -536,7 +542,7 @@ fn decode_pass(
             .map(|r| Some((r, None)));
     }
     if let Some(k) = key
-        && k.get().contains("\"schema\"")
+        && SCHEMA_FIELD.find(k.get().as_bytes()).is_some()
     {
         return general();
     }

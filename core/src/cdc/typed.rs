@@ -28,7 +28,7 @@
 //! **Contract.** A typed row is made only where the general path would
 //! make exactly the same operation: the after image names every column of
 //! `def` once and nothing else, every value converts to its column's type
-//! and fits it ([`to_value`], [`accepts`]), and no value is Debezium's
+//! and fits it ([`to_value`], [`crate::schema::accepts`]), and no value is Debezium's
 //! unchanged-TOAST marker; every primary-key column has a non-null value in
 //! the key, before or after image (the first such, as the general path
 //! takes it). Anything else (an unknown column, a value of another type,
@@ -52,7 +52,7 @@ use smallvec::SmallVec;
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
 use super::types::{date_from_days, parse_date, parse_decimal, parse_timestamp, timestamp_from_micros, to_value};
-use crate::schema::{Row, TableDef, Value, accepts};
+use crate::schema::{Row, TableDef, Value};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -241,7 +241,10 @@ impl<'de> Visitor<'de> for FullImage<'_> {
             }
             named[word] |= bit;
             let t = fields[i].data_type();
-            row[i] = value.to_value(t).filter(|v| accepts(t, v).is_ok()).ok_or_else(|| A::Error::custom(UNTYPED))?;
+            row[i] = value
+                .to_value(t)
+                .filter(|v| self.shape.def.column_accepts(i, v))
+                .ok_or_else(|| A::Error::custom(UNTYPED))?;
             hint += 1;
         }
         if hint != fields.len() {
