@@ -381,7 +381,7 @@ pub struct Sink {
     /// Records are grouped by transaction id (no BEGIN/END in this stream).
     grouping: bool,
     open: Option<OpenTxn>,
-    held: HashMap<String, Vec<(SourcePosition, Box<RowChange>)>>,
+    held: HashMap<String, Vec<(SourcePosition, RowChange)>>,
     history: Vec<HistoryEntry>,
     operations: Vec<CatalogOperation>,
     stats: SinkStats,
@@ -698,7 +698,7 @@ impl Sink {
 
     /// Records without transaction metadata: group by source transaction id,
     /// and runs of snapshot records into one initial load.
-    fn push_grouped(&mut self, row: Box<RowChange>, position: SourcePosition) -> Result<()> {
+    fn push_grouped(&mut self, row: RowChange, position: SourcePosition) -> Result<()> {
         let snapshot = row.op == RowOp::SnapshotRead;
         let same = match &self.open {
             Some(o) if snapshot => o.kind == TxnKind::Snapshot,
@@ -839,7 +839,7 @@ impl Sink {
         Ok(())
     }
 
-    fn add_row(&mut self, position: SourcePosition, mut row: Box<RowChange>) -> Result<()> {
+    fn add_row(&mut self, position: SourcePosition, mut row: RowChange) -> Result<()> {
         // A row read against a definition its table no longer has (an
         // earlier record changed the table) is decoded again.
         if let Some(typed) = &row.typed

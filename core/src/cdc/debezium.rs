@@ -600,7 +600,7 @@ fn decode_pass(
         }
     };
     let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect());
-    let record = ChangeRecord::Row(Box::new(RowChange {
+    let record = ChangeRecord::Row(RowChange {
         op,
         key,
         before,
@@ -617,7 +617,7 @@ fn decode_pass(
         typed: None,
         txid,
         table,
-    }));
+    });
     Ok(Some((record, typed)))
 }
 
@@ -720,7 +720,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
     let snapshot = source.and_then(|s| s.get("snapshot")).and_then(Json::as_str).map(SmolStr::new);
     let in_transaction_block = payload.get("transaction").is_some_and(|t| !t.is_null());
     let commit_us = micros(source, &payload).map_err(|e| input_error(position, Some(&table), txid.as_deref(), e))?;
-    Ok(ChangeRecord::Row(Box::new(RowChange {
+    Ok(ChangeRecord::Row(RowChange {
         table,
         op,
         key: key_cols,
@@ -734,7 +734,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         in_transaction_block,
         omits_nulls: false,
         typed: None,
-    })))
+    }))
 }
 
 fn struct_fields<'a>(schema: &'a Json, field: &str) -> Option<&'a Vec<Json>> {

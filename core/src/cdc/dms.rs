@@ -60,7 +60,7 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         RowOp::Update => (before_image, data),
         _ => (None, data),
     };
-    Ok(ChangeRecord::Row(Box::new(RowChange {
+    Ok(ChangeRecord::Row(RowChange {
         table: table.into(),
         op,
         key: None,
@@ -74,5 +74,5 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         in_transaction_block: false,
         omits_nulls: true,
         typed: None,
-    })))
+    }))
 }

@@ -122,7 +122,7 @@ impl RowChange {
     /// This row on the general path: its typed form dropped, its line
     /// decoded again into JSON images. A row without a typed form is
     /// returned as it is.
-    pub fn untyped(self: Box<Self>, position: SourcePosition) -> Result<Box<RowChange>> {
+    pub fn untyped(self, position: SourcePosition) -> Result<RowChange> {
         let Some(typed) = &self.typed else { return Ok(self) };
         match debezium::decode_str(typed.line.as_str(), position)? {
             ChangeRecord::Row(row) => Ok(row),
@@ -132,6 +132,12 @@ impl RowChange {
 }
 
 /// One decoded input record.
+///
+/// A row change is held in place, not boxed: rows are decoded on one
+/// thread and applied on another, and a box per row cost an allocation
+/// there and a free here that mimalloc makes slow across threads. A
+/// record is moved a few times on its way, which costs less.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum ChangeRecord {
     /// A transaction starts.
@@ -153,7 +159,7 @@ pub enum ChangeRecord {
         commit_us: Option<i64>,
     },
     /// A row change.
-    Row(Box<RowChange>),
+    Row(RowChange),
     /// A table's definition without a row (its columns in `declared`, its
     /// key in `key_names`): the table is created if it is new, so an empty
     /// source table exists in the mirror too.

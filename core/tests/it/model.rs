@@ -166,7 +166,7 @@ fn record(engine: &Engine, op: &Op, txid: &str) -> ChangeRecord {
         Op::Delete { table, key } => (*table, RowOp::Delete, Some(key_image(*table, key)), None),
         Op::Upsert { .. } => unreachable!("to_op makes no upserts"),
     };
-    ChangeRecord::Row(Box::new(RowChange {
+    ChangeRecord::Row(RowChange {
         table: def(table).name.as_str().into(),
         op,
         before: key.clone(),
@@ -180,7 +180,7 @@ fn record(engine: &Engine, op: &Op, txid: &str) -> ChangeRecord {
         in_transaction_block: true,
         omits_nulls: false,
         typed: None,
-    }))
+    })
 }
 
 /// Tables at most (two of the oracle's, and ones created by transactions).

@@ -307,7 +307,7 @@ fn a_replaced_table_takes_any_type_and_old_snapshots_keep_their_columns() {
     first.after = None;
     push(&mut sink, ChangeRecord::Replace(Box::new(first))).unwrap();
     for (id, code) in [(1, "5"), (2, "6")] {
-        push(&mut sink, ChangeRecord::Row(Box::new(change("1", id, json!(code), DataType::Utf8)))).unwrap();
+        push(&mut sink, ChangeRecord::Row(change("1", id, json!(code), DataType::Utf8))).unwrap();
     }
     push(&mut sink, end("1")).unwrap();
     sink.sync().unwrap();
@@ -331,8 +331,8 @@ fn a_replaced_table_takes_any_type_and_old_snapshots_keep_their_columns() {
     let mut replace = change("2", 0, Json::Null, DataType::Int32);
     replace.after = None;
     push(&mut sink, ChangeRecord::Replace(Box::new(replace))).unwrap();
-    push(&mut sink, ChangeRecord::Row(Box::new(change("2", 1, json!(5), DataType::Int32)))).unwrap();
-    push(&mut sink, ChangeRecord::Row(Box::new(change("2", 3, json!(70), DataType::Int32)))).unwrap();
+    push(&mut sink, ChangeRecord::Row(change("2", 1, json!(5), DataType::Int32))).unwrap();
+    push(&mut sink, ChangeRecord::Row(change("2", 3, json!(70), DataType::Int32))).unwrap();
     push(&mut sink, end("2")).unwrap();
     sink.sync().unwrap();
     assert_eq!(lake.engine.table("public.c").unwrap().schema.field(1).data_type(), &DataType::Int32);
@@ -351,7 +351,7 @@ fn a_replaced_table_takes_any_type_and_old_snapshots_keep_their_columns() {
     let mut again = change("3", 0, Json::Null, DataType::Utf8);
     again.after = None;
     push(&mut sink, ChangeRecord::Replace(Box::new(again))).unwrap();
-    push(&mut sink, ChangeRecord::Row(Box::new(change("3", 9, json!("nine"), DataType::Utf8)))).unwrap();
+    push(&mut sink, ChangeRecord::Row(change("3", 9, json!("nine"), DataType::Utf8))).unwrap();
     push(&mut sink, end("3")).unwrap();
     sink.sync().unwrap();
     let with_text = lake.engine.snapshot();
@@ -406,7 +406,7 @@ fn a_type_change_the_rows_cannot_follow_keeps_a_type_that_holds_both() {
                rows: Vec<RowChange>| {
         push(sink, ChangeRecord::Begin { txid: txid.into(), commit_us: None })?;
         for r in rows {
-            push(sink, ChangeRecord::Row(Box::new(r)))?;
+            push(sink, ChangeRecord::Row(r))?;
         }
         push(sink, ChangeRecord::End { txid: txid.into(), event_count: None, per_table: vec![], commit_us: None })
     };

@@ -494,7 +494,7 @@ impl PgSource {
                     if keyless {
                         after.push((ROWID_COLUMN.to_owned(), Json::from(n)));
                     }
-                    sink.push(ChangeRecord::Row(Box::new(row_change(Some(after)))), position, position)?;
+                    sink.push(ChangeRecord::Row(row_change(Some(after))), position, position)?;
                     n += 1;
                 }
                 if fetched == 0 {
@@ -803,7 +803,7 @@ impl TxnRecords {
             None => self.per_table.push((row.table.to_string(), 1)),
         }
         row.txid = Some(self.identity.as_str().into());
-        sink.push(ChangeRecord::Row(Box::new(row)), self.first, self.first)?;
+        sink.push(ChangeRecord::Row(row), self.first, self.first)?;
         Ok(())
     }
 
