@@ -596,9 +596,10 @@ impl Engine {
     /// Splits operations by shard; `origins[s][i]` is the index in `ops` of
     /// shard `s`'s `i`-th operation.
     pub(crate) fn route(&self, ops: Vec<Op>) -> Result<Routed> {
-        // Sized for an even spread (keys hash evenly), so that a shard's
-        // list rarely grows while it is filled.
-        let even = ops.len() / self.shards.len() + 1;
+        // Sized for an even spread (keys hash evenly) and half as much
+        // again, so that a shard's list rarely grows while it is filled (a
+        // small transaction's keys seldom spread evenly).
+        let even = (ops.len() / self.shards.len() * 3 / 2 + 4).min(ops.len());
         let mut routed: Vec<Vec<ShardOp>> = (0..self.shards.len()).map(|_| Vec::with_capacity(even)).collect();
         let mut origins: Vec<Vec<usize>> = (0..self.shards.len()).map(|_| Vec::with_capacity(even)).collect();
         let tables = self.tables();

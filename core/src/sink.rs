@@ -87,6 +87,7 @@ impl TableCounts {
     const INDEXED: usize = 16;
 
     /// The entry of `table`, if counted.
+    #[inline]
     fn position(&self, table: &str) -> Option<usize> {
         if self.counts.get(self.last).is_some_and(|(t, _)| t == table) {
             return Some(self.last);
@@ -98,6 +99,7 @@ impl TableCounts {
     }
 
     /// Counts one more record of `table`.
+    #[inline]
     fn bump(&mut self, table: &str) {
         let i = match self.position(table) {
             Some(i) => i,
@@ -140,7 +142,7 @@ impl TableCounts {
 
     /// The counts by table name, sorted.
     fn into_sorted(self) -> Vec<(String, u64)> {
-        let mut tables: Vec<(String, u64)> = self.counts.into_iter().map(|(t, n)| (t.to_string(), n)).collect();
+        let mut tables: Vec<(String, u64)> = self.counts.into_iter().map(|(t, n)| (t.as_str().to_owned(), n)).collect();
         tables.sort();
         tables
     }
