@@ -492,33 +492,34 @@ mod tests {
 }
 
 #[cfg(test)]
+/// Column types: every one fovea stores, every decimal precision, and
+/// some types it does not store.
+pub(crate) fn column_types_for_tests() -> Vec<DataType> {
+    let mut types = vec![
+        DataType::Boolean,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Float32,
+        DataType::Float64,
+        DataType::Utf8,
+        DataType::Binary,
+        DataType::Date32,
+        DataType::Timestamp(TimeUnit::Microsecond, None),
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        DataType::Timestamp(TimeUnit::Nanosecond, None),
+        DataType::Float16,
+        DataType::LargeUtf8,
+    ];
+    types.extend((1u8..=38).map(|p| DataType::Decimal128(p, (p as i8).min(4))));
+    types
+}
+
+#[cfg(test)]
 mod column_check_tests {
     use super::*;
     use proptest::prelude::*;
-
-    /// Column types: every one fovea stores, every decimal precision, and
-    /// some types it does not store.
-    fn data_types() -> Vec<DataType> {
-        let mut types = vec![
-            DataType::Boolean,
-            DataType::Int8,
-            DataType::Int16,
-            DataType::Int32,
-            DataType::Int64,
-            DataType::Float32,
-            DataType::Float64,
-            DataType::Utf8,
-            DataType::Binary,
-            DataType::Date32,
-            DataType::Timestamp(TimeUnit::Microsecond, None),
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            DataType::Timestamp(TimeUnit::Nanosecond, None),
-            DataType::Float16,
-            DataType::LargeUtf8,
-        ];
-        types.extend((1u8..=38).map(|p| DataType::Decimal128(p, (p as i8).min(4))));
-        types
-    }
 
     /// Values at and around the types' bounds, and one of each kind.
     fn edge_values() -> Vec<Value> {
@@ -572,7 +573,7 @@ mod column_check_tests {
     /// Every type against every edge value.
     #[test]
     fn column_checks_decide_edge_values_as_accepts() {
-        for t in data_types() {
+        for t in column_types_for_tests() {
             for v in edge_values() {
                 for nullable in [false, true] {
                     check_agrees(&t, nullable, &v).unwrap();
@@ -585,7 +586,7 @@ mod column_check_tests {
         /// Every type against any value.
         #[test]
         fn column_checks_decide_as_accepts(
-            t in proptest::sample::select(data_types()),
+            t in proptest::sample::select(column_types_for_tests()),
             nullable in any::<bool>(),
             v in prop_oneof![
                 any::<bool>().prop_map(Value::Bool),
