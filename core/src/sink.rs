@@ -843,11 +843,17 @@ impl Sink {
 
     fn add_row(&mut self, position: SourcePosition, mut row: RowChange) -> Result<()> {
         // A row read against a definition its table no longer has (an
-        // earlier record changed the table) is decoded again.
-        if let Some(typed) = &row.typed
-            && !self.tables.get(row.table.as_str()).is_some_and(|t| typed.is_for(&t.def))
-        {
-            row = row.untyped(position)?;
+        // earlier record changed the table) is decoded again. An update
+        // that kept its key gets it from its row here, on this thread.
+        if let Some(typed) = &mut row.typed {
+            match self.tables.get(row.table.as_str()) {
+                Some(t) if typed.is_for(&t.def) => {
+                    if row.op == RowOp::Update && typed.key.is_empty() {
+                        typed.key = t.def.key_of(&typed.row);
+                    }
+                }
+                _ => row = row.untyped(position)?,
+            }
         }
         let open = self.open.as_mut().ok_or_else(|| Error::invariant("row without an open transaction"))?;
         open.received += 1;

@@ -78,8 +78,10 @@ pub struct TypedRow {
     /// ([`TableDef::instance`]; no reference to it is held, so decoder
     /// threads share no reference count with the sink per row).
     pub definition: u64,
-    /// Primary-key values in key order (updates and deletes; empty for
-    /// inserts).
+    /// Primary-key values in key order: of deletes, and of updates that
+    /// change the key (the old key). Empty for inserts, and for updates
+    /// that keep their key, whose key is the row's (the sink takes it
+    /// there).
     pub key: Row,
     /// Every column's value in table order (inserts and updates; empty
     /// for deletes).
@@ -173,6 +175,16 @@ impl TableShape {
                 let v = row.get(self.def.primary_key[k]).filter(|v| !v.is_null())?;
                 *slot = Some(v.clone());
             }
+        }
+        // An update that keeps its key carries none: the sink takes it
+        // from the row, so no list is made here to be freed on its thread.
+        if op == RowOp::Update
+            && found
+                .iter()
+                .zip(&self.def.primary_key)
+                .all(|(v, &i)| v.as_ref().zip(row.get(i)).is_some_and(|(v, r)| v.is_identical(r)))
+        {
+            return Some((Vec::new(), row));
         }
         Some((found.into_iter().flatten().collect(), row))
     }
