@@ -16,6 +16,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde_json::json;
 
+use crate::bench_scan::median;
+
 /// Sizes of the component benchmark.
 #[derive(Clone, Copy, Debug)]
 pub struct ComponentSizes {
@@ -305,11 +307,8 @@ pub fn vfor_overhead_ratio(s: ComponentSizes) -> (f64, f64, f64) {
         on.push(t_on);
         off.push(t_off);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let ms = |v: Vec<std::time::Duration>| median(&mut v.into_iter().map(|d| d.as_secs_f64() * 1e3).collect());
+    let ms =
+        |v: Vec<std::time::Duration>| median(&mut v.into_iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>());
     (median(&mut ratios), ms(on), ms(off))
 }
 
@@ -507,7 +506,7 @@ pub fn replay(
     }
     let rows_per_s_runs: Vec<f64> = replays.iter().map(|(r, _)| (r.rows as f64 / r.seconds).round()).collect();
     let cpu_runs: Vec<f64> = replays.iter().filter_map(|(_, c)| *c).collect();
-    let cpu_us_per_row = (!cpu_runs.is_empty()).then(|| crate::bench_scan::median(&mut cpu_runs.clone()));
+    let cpu_us_per_row = (!cpu_runs.is_empty()).then(|| median(&mut cpu_runs.clone()));
     // The run of the median rate stands for the others below.
     let at_median = {
         let mut order: Vec<usize> = (0..replays.len()).collect();
@@ -618,7 +617,7 @@ pub fn freshness(rate: u64, seconds: u64, json_out: bool) -> crate::replay::CliR
 
 /// `fovea bench query`: the price of live data for queries, and of queries
 /// for replay.
-pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
+pub fn query(rows: usize, rounds: usize, json_out: bool) -> crate::replay::CliResult<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     // A live table with 1% of its rows changed by replay, and a static copy
     // of exactly its visible rows.
@@ -658,105 +657,46 @@ pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
     engine.gc()?;
     let time = |table: &str| -> crate::replay::CliResult<f64> {
         let sql = format!("SELECT b, count(*), sum(a), max(name) FROM {table} WHERE b < 50 GROUP BY b");
-        let mut t = Vec::new();
-        for _ in 0..7 {
-            let snap = engine.snapshot();
-            let start = Instant::now();
-            runtime.block_on(fovea_sql::query(&engine, &snap, &sql))?;
-            t.push(start.elapsed().as_secs_f64());
-        }
-        t.sort_by(f64::total_cmp);
-        Ok(t[t.len() / 2])
+        let snap = engine.snapshot();
+        let start = Instant::now();
+        runtime.block_on(fovea_sql::query(&engine, &snap, &sql))?;
+        Ok(start.elapsed().as_secs_f64())
     };
+    // Pairs back to back, the first of a pair alternating, and the median of
+    // the pairs' ratios: the machine drifts between pairs, hardly within one.
     time("bench.live")?;
-    let (live_s, static_s) = (time("bench.live")?, time("bench.static")?);
+    time("bench.static")?;
+    let (mut live, mut stat, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for pair in 0..9 {
+        let (l, s) = if pair % 2 == 0 {
+            let l = time("bench.live")?;
+            (l, time("bench.static")?)
+        } else {
+            let s = time("bench.static")?;
+            (time("bench.live")?, s)
+        };
+        live.push(l);
+        stat.push(s);
+        ratios.push(l / s);
+    }
+    let (live_s, static_s, live_over_static) = (median(&mut live), median(&mut stat), median(&mut ratios));
 
-    // Replay throughput alone and with a query loop beside it: paced at 1
-    // and 10 queries/s, and back to back (`Some(None)`).
-    let replay_rate = |queries: Option<Option<f64>>| -> crate::replay::CliResult<f64> {
-        let engine = Engine::in_memory(EngineConfig::default())?;
-        let t = engine.create_table(
-            "hy.account",
-            Arc::new(Schema::new(vec![
-                Field::new("id", DataType::Int64, false),
-                Field::new("balance", DataType::Int64, false),
-            ])),
-            vec![0],
-        )?;
-        engine.apply(
-            (0..10_000).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(0)] }).collect(),
-        )?;
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let mut rows = 0u64;
-        let mut elapsed = 0.0;
-        std::thread::scope(|s| -> crate::replay::CliResult<()> {
-            if let Some(per_s) = queries {
-                let (engine, stop) = (&engine, &stop);
-                s.spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
-                    let Ok(rt) = rt else { return };
-                    let began = Instant::now();
-                    let mut sent = 0u32;
-                    // Relaxed: a stop flag; nothing is published through it.
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        if let Some(rate) = per_s {
-                            // The next query's slot (a paced loop, not a burst).
-                            let due = Duration::from_secs_f64(f64::from(sent) / rate);
-                            if let Some(wait) = due.checked_sub(began.elapsed()) {
-                                std::thread::sleep(wait.min(Duration::from_millis(20)));
-                                continue;
-                            }
-                        }
-                        let snap = engine.snapshot();
-                        let _ = rt.block_on(fovea_sql::query(engine, &snap, "SELECT sum(balance) FROM hy.account"));
-                        sent += 1;
-                    }
-                });
-            }
-            let mut rng = SmallRng::seed_from_u64(1);
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(4) {
-                let ops: Vec<Op> = (0..10)
-                    .map(|_| {
-                        let k = rng.random_range(0..10_000i64);
-                        Op::Update {
-                            table: t.id,
-                            key: vec![Value::Int(k)],
-                            row: vec![Value::Int(k), Value::Int(rows as i64)],
-                        }
-                    })
-                    .collect();
-                rows += ops.len() as u64;
-                engine.apply(ops)?;
-                if rows.is_multiple_of(100_000) {
-                    engine.gc()?;
-                }
-            }
-            elapsed = start.elapsed().as_secs_f64();
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            Ok(())
-        })?;
-        Ok(rows as f64 / elapsed)
-    };
-    // Alone before and after the others: their mean is the baseline.
-    let before = replay_rate(None)?;
-    let with_1 = replay_rate(Some(Some(1.0)))?;
-    let with_10 = replay_rate(Some(Some(10.0)))?;
-    let with = replay_rate(Some(None))?;
-    let without = (before + replay_rate(None)?) / 2.0;
-    let ratio = |r: f64| ((r / without) * 1000.0).round() / 1000.0;
+    let replay = replay_beside_queries(rounds)?;
+    let ratio = |r: f64| (r * 1000.0).round() / 1000.0;
     let result = json!({
         "rows": rows,
         "live_query_ms": (live_s * 1e4).round() / 10.0,
         "static_query_ms": (static_s * 1e4).round() / 10.0,
-        "live_over_static_ratio": ((live_s / static_s) * 1000.0).round() / 1000.0,
-        "replay_rows_per_s_without_queries": without.round(),
-        "replay_rows_per_s_with_1qps": with_1.round(),
-        "replay_rows_per_s_with_10qps": with_10.round(),
-        "replay_rows_per_s_with_queries": with.round(),
-        "replay_with_1qps_over_without": ratio(with_1),
-        "replay_with_10qps_over_without": ratio(with_10),
-        "replay_with_queries_over_without": ratio(with),
+        "live_over_static_ratio": ratio(live_over_static),
+        "replay_rows_per_s_without_queries": replay.rows_per_s[0].round(),
+        "replay_rows_per_s_with_1qps": replay.rows_per_s[1].round(),
+        "replay_rows_per_s_with_10qps": replay.rows_per_s[2].round(),
+        "replay_rows_per_s_with_queries": replay.rows_per_s[3].round(),
+        "replay_with_1qps_over_without": ratio(replay.over_without[1]),
+        "replay_with_10qps_over_without": ratio(replay.over_without[2]),
+        "replay_with_queries_over_without": ratio(replay.over_without[3]),
+        "replay_rounds": rounds,
+        "replay_window_s": QUERY_LOAD_WINDOW.as_secs_f64(),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
     if json_out {
@@ -764,14 +704,160 @@ pub fn query(rows: usize, json_out: bool) -> crate::replay::CliResult<()> {
     } else {
         println!(
             "query on live data / static copy: {:.3} ({:.1} / {:.1} ms)\nreplay with / without a query loop: 1 query/s {:.3}, 10 queries/s {:.3}, back to back {:.3} ({:.0} rows/s alone)",
-            live_s / static_s,
+            ratio(live_over_static),
             live_s * 1e3,
             static_s * 1e3,
-            ratio(with_1),
-            ratio(with_10),
-            ratio(with),
-            without
+            ratio(replay.over_without[1]),
+            ratio(replay.over_without[2]),
+            ratio(replay.over_without[3]),
+            replay.rows_per_s[0]
         );
     }
     Ok(())
+}
+
+/// The query loads replay is measured beside, in the order of
+/// [`ReplayBesideQueries`]' arrays: none, paced at 1 and at 10 queries/s,
+/// and back to back.
+const QUERY_LOADS: [QueryLoad; 4] =
+    [QueryLoad::Off, QueryLoad::Paced(1.0), QueryLoad::Paced(10.0), QueryLoad::BackToBack];
+
+/// How long replay runs under one query load before the next one.
+const QUERY_LOAD_WINDOW: Duration = Duration::from_secs(2);
+
+/// A query loop's pace.
+#[derive(Clone, Copy)]
+enum QueryLoad {
+    /// No queries.
+    Off,
+    /// This many queries a second, each at its slot from the window's start.
+    Paced(f64),
+    /// One query after another.
+    BackToBack,
+}
+
+/// Replay rows/s under each of [`QUERY_LOADS`].
+struct ReplayBesideQueries {
+    /// The median rows/s of each load's windows.
+    rows_per_s: [f64; 4],
+    /// The median over rounds of each load's rows/s over that round's
+    /// replay without queries.
+    over_without: [f64; 4],
+}
+
+/// Replays 10-row update transactions on one engine without a break while a
+/// query thread switches between [`QUERY_LOADS`], a window of
+/// [`QUERY_LOAD_WINDOW`] each, `rounds` times over with the order rotated.
+///
+/// Each load is compared with the window without queries of its own round:
+/// the machine's speed drifts over tens of seconds (10–30% on a shared VM)
+/// far more than within one round, and one engine replaying throughout keeps
+/// its state the same for every load. A window starts only once the query
+/// thread has taken up its load, so a query of the last window does not
+/// spill into it.
+fn replay_beside_queries(rounds: usize) -> crate::replay::CliResult<ReplayBesideQueries> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    let engine = Engine::in_memory(EngineConfig::default())?;
+    let t = engine.create_table(
+        "hy.account",
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("balance", DataType::Int64, false),
+        ])),
+        vec![0],
+    )?;
+    engine.apply((0..10_000).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(0)] }).collect())?;
+    let load = AtomicUsize::new(0);
+    let window = AtomicU64::new(0);
+    let taken_up = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let mut rates = vec![[0.0f64; 4]; rounds];
+    std::thread::scope(|s| -> crate::replay::CliResult<()> {
+        let queries = s.spawn(|| -> crate::replay::CliResult<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let (mut current, mut began, mut sent) = (0u64, Instant::now(), 0u32);
+            // Relaxed: a stop flag; nothing is published through it.
+            while !stop.load(Ordering::Relaxed) {
+                // Acquire pairs with the Release that starts a window, so
+                // the load stored before it is the one read here.
+                let w = window.load(Ordering::Acquire);
+                if w != current {
+                    (current, began, sent) = (w, Instant::now(), 0);
+                    // Release: the main thread starts timing only after
+                    // this, when no query of the last load is in flight.
+                    taken_up.store(w, Ordering::Release);
+                }
+                match QUERY_LOADS[load.load(Ordering::Relaxed)] {
+                    QueryLoad::Off => {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    QueryLoad::Paced(per_s) => {
+                        let due = Duration::from_secs_f64(f64::from(sent) / per_s);
+                        if let Some(wait) = due.checked_sub(began.elapsed()) {
+                            std::thread::sleep(wait.min(Duration::from_millis(5)));
+                            continue;
+                        }
+                    }
+                    QueryLoad::BackToBack => {}
+                }
+                let snap = engine.snapshot();
+                rt.block_on(fovea_sql::query(&engine, &snap, "SELECT sum(balance) FROM hy.account"))?;
+                sent += 1;
+            }
+            Ok(())
+        });
+        let replayed = (|| -> crate::replay::CliResult<()> {
+            let mut rng = SmallRng::seed_from_u64(1);
+            let mut rows = 0u64;
+            for (round, rates) in rates.iter_mut().enumerate() {
+                for i in 0..QUERY_LOADS.len() {
+                    let which = (i + round) % QUERY_LOADS.len();
+                    // Every window starts from the same state: what the last
+                    // one left stale is rewritten away, as the replayer's
+                    // maintenance does between its rounds.
+                    crate::replay::maintenance_round(&engine, crate::replay::STORAGE_GC_THRESHOLD)?;
+                    load.store(which, Ordering::Relaxed);
+                    // Release: publishes the load stored just above.
+                    let w = window.fetch_add(1, Ordering::Release) + 1;
+                    // Acquire pairs with the query thread's Release.
+                    while taken_up.load(Ordering::Acquire) != w {
+                        if queries.is_finished() {
+                            return Ok(()); // its error is reported below
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    let (start, first) = (Instant::now(), rows);
+                    while start.elapsed() < QUERY_LOAD_WINDOW {
+                        let ops: Vec<Op> = (0..10)
+                            .map(|_| {
+                                let k = rng.random_range(0..10_000i64);
+                                Op::Update {
+                                    table: t.id,
+                                    key: vec![Value::Int(k)],
+                                    row: vec![Value::Int(k), Value::Int(rows as i64)],
+                                }
+                            })
+                            .collect();
+                        rows += ops.len() as u64;
+                        engine.apply(ops)?;
+                        if rows.is_multiple_of(100_000) {
+                            engine.gc()?;
+                        }
+                    }
+                    rates[which] = (rows - first) as f64 / start.elapsed().as_secs_f64();
+                }
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let queried = queries.join().map_err(|_| "the query loop panicked")?;
+        replayed.and(queried)
+    })?;
+    let mut result = ReplayBesideQueries { rows_per_s: [0.0; 4], over_without: [0.0; 4] };
+    for which in 0..QUERY_LOADS.len() {
+        result.rows_per_s[which] = median(&mut rates.iter().map(|r| r[which]).collect::<Vec<_>>());
+        result.over_without[which] = median(&mut rates.iter().map(|r| r[which] / r[0]).collect::<Vec<_>>());
+    }
+    Ok(result)
 }

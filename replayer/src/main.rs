@@ -325,6 +325,11 @@ enum BenchCommand {
         /// Rows of the queried table.
         #[arg(long, default_value_t = 2_000_000)]
         rows: usize,
+        /// Rounds of replay windows, one per query load (none, 1 and 10
+        /// queries/s, back to back), 2 s each; ratios are medians over
+        /// rounds.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+        rounds: u32,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -558,7 +563,7 @@ fn main() -> ExitCode {
         Command::Bench { which: BenchCommand::Freshness { rate, seconds, json } } => {
             bench::freshness(rate, seconds, json)
         }
-        Command::Bench { which: BenchCommand::Query { rows, json } } => bench::query(rows, json),
+        Command::Bench { which: BenchCommand::Query { rows, rounds, json } } => bench::query(rows, rounds as usize, json),
         Command::Bench { which: BenchCommand::Scan { json, scan: Some(target), rows, lake, state, .. } } => {
             bench_lambda::run(&bench_lambda::LambdaScanBench { target, rows, lake: lake.zip(state), json })
         }

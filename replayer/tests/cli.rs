@@ -27,6 +27,27 @@ fn bench_components_prints_every_field_as_json() {
 }
 
 #[test]
+fn bench_query_prints_every_ratio_as_json() {
+    let out = fovea().args(["bench", "query", "--rows", "20000", "--rounds", "1", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "live_over_static_ratio",
+        "replay_rows_per_s_without_queries",
+        "replay_rows_per_s_with_1qps",
+        "replay_rows_per_s_with_10qps",
+        "replay_rows_per_s_with_queries",
+        "replay_with_1qps_over_without",
+        "replay_with_10qps_over_without",
+        "replay_with_queries_over_without",
+    ] {
+        let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{field} = {x}");
+    }
+    assert_eq!(v["replay_rounds"], 1);
+}
+
+#[test]
 fn demo_replays_queries_and_reports() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
