@@ -42,6 +42,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::{Array, Int64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 
 use crate::catalog::{
@@ -51,11 +52,11 @@ use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::typed::TableShape;
 use crate::cdc::types::{convert_exact, infer_type, to_value};
-use crate::cdc::{ChangeRecord, Columns, RowChange, RowOp, SourcePosition, input_error};
+use crate::cdc::{ChangeRecord, Columns, ROWID_COLUMN, RowChange, RowOp, SourcePosition, input_error};
 use crate::checkpoint::PendingCheckpoint;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::ids::Ts;
+use crate::ids::{TableId, Ts};
 use crate::replay::Op;
 use crate::schema::{Row, TypeChange, Value, render_key};
 use crate::workers::{ShardPool, WorkerError};
@@ -411,6 +412,10 @@ pub struct Sink {
     /// means its record was not applied, so the caller's position stays
     /// exact (a resume point past a committed END, never at it).
     deferred: Option<Error>,
+    /// The next hidden row id ([`ROWID_COLUMN`]) of each table without a
+    /// primary key that this run inserted into, by table: one past the
+    /// largest the table had when the run first needed one.
+    next_rowid: HashMap<TableId, i64>,
 }
 
 /// A checkpoint captured by [`Sink::start_checkpoint`], being written.
@@ -556,6 +561,7 @@ impl Sink {
             writing: None,
             unreported: None,
             deferred: None,
+            next_rowid: HashMap::new(),
         };
         sink.create_declared_tables()?;
         Ok(sink)
@@ -993,7 +999,7 @@ impl Sink {
         for d in &missing {
             let fields = d.columns.iter().map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable)).collect();
             let at = SourcePosition::default();
-            self.create_table(&d.name, fields, d.primary_key.clone(), Some(ts), &|m| {
+            self.create_table(&d.name, fields, d.primary_key.clone(), true, Some(ts), &|m| {
                 input_error(at, Some(&d.name), None, format!("schema file: {m}"))
             })?;
         }
@@ -1328,10 +1334,14 @@ impl Sink {
     fn table(&mut self, r: &RowChange, position: SourcePosition, txid: &str) -> Result<&TableShape> {
         if !self.tables.contains_key(r.table.as_str()) {
             let err = |m: String| input_error(position, Some(r.table.as_str()), Some(txid), m);
-            let (fields, pk): (Vec<Field>, Vec<String>) = if let Some(d) = self.ddl.get(r.table.as_str()) {
+            // The source says the table has no key where its declaration
+            // names none, or where a record's key is null.
+            let (fields, pk, keyless): (Vec<Field>, Vec<String>, bool) = if let Some(d) = self.ddl.get(r.table.as_str())
+            {
                 (
                     d.columns.iter().map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable)).collect(),
                     d.primary_key.clone(),
+                    true,
                 )
             } else {
                 let pk = r.key_names.clone().unwrap_or_default();
@@ -1355,9 +1365,10 @@ impl Sink {
                             .collect()
                     }
                 };
-                (fields, pk)
+                let keyless = r.key_names.as_ref().is_some_and(Vec::is_empty);
+                (fields, pk, keyless)
             };
-            self.create_table(r.table.as_str(), fields, pk, None, &err)?;
+            self.create_table(r.table.as_str(), fields, pk, keyless, None, &err)?;
         }
         Ok(&self.tables[r.table.as_str()])
     }
@@ -1427,17 +1438,30 @@ impl Sink {
     }
 
     /// Creates table `name` in mirror transaction `ts` (`None`: see
-    /// [`Self::table_ts`]) and records the catalog operation.
+    /// [`Self::table_ts`]) and records the catalog operation. Without a
+    /// primary key, a table the source says has none (`keyless`) gets the
+    /// hidden key [`ROWID_COLUMN`] and is mirrored insert-only; any other
+    /// is refused, as its key is unknown.
     fn create_table(
         &mut self,
         name: &str,
-        fields: Vec<Field>,
-        pk: Vec<String>,
+        mut fields: Vec<Field>,
+        mut pk: Vec<String>,
+        keyless: bool,
         ts: Option<Ts>,
         err: &dyn Fn(String) -> Error,
     ) -> Result<()> {
         if pk.is_empty() {
-            return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with a CREATE TABLE … PRIMARY KEY".into()));
+            if !keyless {
+                return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with the table's CREATE TABLE … PRIMARY KEY (a table declared there without one is mirrored insert-only)".into()));
+            }
+            if fields.iter().any(|f| f.name() == ROWID_COLUMN) {
+                return Err(err(format!(
+                    "a table without a primary key cannot have a column named {ROWID_COLUMN}: fovea keys such tables by a hidden column of that name"
+                )));
+            }
+            fields.push(Field::new(ROWID_COLUMN, DataType::Int64, false));
+            pk.push(ROWID_COLUMN.to_owned());
         }
         let pk_idx = pk
             .iter()
@@ -1458,6 +1482,10 @@ impl Sink {
             self.since_checkpoint += 1;
         }
         let def = created.map_err(|e| err(e.to_string()))?;
+        if hidden_rowid(&def).is_some() {
+            // A new table: its rows are this run's from the first.
+            self.next_rowid.insert(def.id, 1);
+        }
         self.operations.push(CatalogOperation {
             description: format!("create table {name}"),
             actions: serde_json::json!([{ "add_table": name, "columns": def.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>() }]),
@@ -1569,7 +1597,9 @@ impl Sink {
             }
         }
         let added: Vec<&(String, serde_json::Value)> = after.iter().filter(|(n, _)| t.index_of(n).is_none()).collect();
-        // Left out of an image that omits NULLs, a column is NULL, not gone.
+        // Left out of an image that omits NULLs, a column is NULL, not gone;
+        // a hidden row id is fovea's, never the source's.
+        let hidden = hidden_rowid(&t.def);
         let gone: Vec<String> = if r.omits_nulls {
             Vec::new()
         } else {
@@ -1577,8 +1607,9 @@ impl Sink {
                 .schema
                 .fields()
                 .iter()
-                .map(|f| f.name().clone())
-                .filter(|n| !after.iter().any(|(a, _)| a == n))
+                .enumerate()
+                .filter(|&(i, f)| Some(i) != hidden && !after.iter().any(|(a, _)| a == f.name()))
+                .map(|(_, f)| f.name().clone())
                 .collect()
         };
         if r.declared.is_none() {
@@ -1713,10 +1744,30 @@ impl Sink {
         let kept = self.evolve_if_needed(r, position, txid)?;
         let t = &self.tables[r.table.as_str()];
         let id = t.def.id;
+        // A table without a primary key: its rows are keyed by a hidden row
+        // id, which a record carries only from PostgreSQL's replication.
+        let rowid = hidden_rowid(&t.def).filter(|&i| {
+            let name = t.def.schema.field(i).name();
+            ![&r.key, &r.before, &r.after].into_iter().flatten().flatten().any(|(n, _)| n == name)
+        });
+        if let Some(i) = rowid
+            && matches!(r.op, RowOp::Update | RowOp::Delete)
+        {
+            return Err(err(format!(
+                "{} on a table without a primary key: fovea mirrors such tables insert-only (each row under a hidden {}), as a row cannot be found again without a key. Help: give the table a primary key, or declare one for it in --schema-file",
+                if r.op == RowOp::Update { "UPDATE" } else { "DELETE" },
+                t.def.schema.field(i).name()
+            )));
+        }
         Ok(match r.op {
             RowOp::Insert | RowOp::SnapshotRead => {
                 let after = r.after.as_ref().ok_or_else(|| err("insert without an after image".into()))?;
-                let row = Self::image(t, after, &kept, &err)?;
+                let mut row = Self::image(t, after, &kept, &err)?;
+                if let Some(i) = rowid {
+                    let def = Arc::clone(&t.def);
+                    row[i] = Some(Value::Int(self.next_rowid(&def, i).map_err(|e| err(e.to_string()))?));
+                }
+                let t = &self.tables[r.table.as_str()];
                 if row.iter().any(Option::is_none) {
                     // Debezium sends a primary-key change as a delete of
                     // the old key, a tombstone and a create of the new key,
@@ -1768,6 +1819,38 @@ impl Sink {
         })
     }
 
+    /// The next hidden row id of `def`, a table without a primary key whose
+    /// column `column` holds them. The first a run needs for a table it did
+    /// not create is one past the largest the table holds once everything
+    /// handed to the shards is applied: every row this run inserts into the
+    /// table gets its id here, so none of them is missed.
+    fn next_rowid(&mut self, def: &crate::schema::TableDef, column: usize) -> Result<i64> {
+        let next = match self.next_rowid.get(&def.id) {
+            Some(&next) => next,
+            None => {
+                self.apply_chunk()?;
+                self.drain()?;
+                let mut largest = 0i64;
+                let options = crate::ScanOptions { projection: Some(vec![column]), ..Default::default() };
+                for batch in self.engine.scan(&self.engine.snapshot(), &def.name, options)? {
+                    let batch = batch?;
+                    let ids = batch.column(0).as_any().downcast_ref::<Int64Array>().ok_or_else(|| {
+                        Error::invariant(format!("{} of {} is not a 64-bit integer column", ROWID_COLUMN, def.name))
+                    })?;
+                    largest = largest.max(arrow::compute::max(ids).unwrap_or(0));
+                }
+                largest
+                    .checked_add(1)
+                    .ok_or_else(|| Error::invariant(format!("{ROWID_COLUMN} of {} is exhausted", def.name)))?
+            }
+        };
+        let after = next
+            .checked_add(1)
+            .ok_or_else(|| Error::invariant(format!("{ROWID_COLUMN} of {} is exhausted", def.name)))?;
+        self.next_rowid.insert(def.id, after);
+        Ok(next)
+    }
+
     /// `image` with its unchanged out-of-line values (`None`) taken from
     /// the newest row under `key`, or `None` if the key has no row. That
     /// row may be in this transaction's pending chunk: it is applied first.
@@ -1796,6 +1879,15 @@ impl Sink {
         let (Some(Op::Delete { key, .. }), Some(_)) = (open.ops.pop(), open.op_positions.pop()) else { return None };
         open.rows_per_table.take_back(name);
         Some(key)
+    }
+}
+
+/// The hidden row id column ([`ROWID_COLUMN`]) of a table keyed by it
+/// alone: one without a primary key of its own.
+fn hidden_rowid(def: &crate::schema::TableDef) -> Option<usize> {
+    match def.primary_key[..] {
+        [i] if def.schema.field(i).name() == ROWID_COLUMN => Some(i),
+        _ => None,
     }
 }
 

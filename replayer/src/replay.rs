@@ -177,7 +177,9 @@ fn maintain_until(engine: &Engine, stop: &AtomicBool, every: Duration) {
 }
 
 /// Writes the visible rows of `table` as CSV (header, source columns in
-/// order, sorted by primary key, NULL as an empty field).
+/// order, sorted by primary key, NULL as an empty field). fovea's hidden
+/// `_fovea_*` columns are left out, as SQL leaves them out; a table without
+/// a primary key comes in the order its rows were inserted.
 pub fn export(lake: &crate::lakes::LakeArgs, table: &str, as_of: Option<u64>, out: &mut dyn Write) -> CliResult<()> {
     let lake = lake.open_read()?;
     crate::query::check_as_of(&lake.reader, as_of)?;
@@ -188,11 +190,14 @@ pub fn export(lake: &crate::lakes::LakeArgs, table: &str, as_of: Option<u64>, ou
         rows.extend(rows_from_batch(b)?);
     }
     rows.sort_by_cached_key(|r| encode_row_key(&def, r));
-    let names: Vec<String> = def.schema.fields().iter().map(|f| csv_field(Some(f.name()))).collect();
+    let shown: Vec<usize> = (0..def.schema.fields().len())
+        .filter(|&i| !def.schema.field(i).name().starts_with(fovea_sql::HIDDEN_PREFIX))
+        .collect();
+    let names: Vec<String> = shown.iter().map(|&i| csv_field(Some(def.schema.field(i).name()))).collect();
     writeln!(out, "{}", names.join(","))?;
-    let types: Vec<_> = def.schema.fields().iter().map(|f| f.data_type().clone()).collect();
     for r in rows {
-        let fields: Vec<String> = r.iter().zip(&types).map(|(v, t)| csv_field(format_value(v, t).as_deref())).collect();
+        let fields: Vec<String> =
+            shown.iter().map(|&i| csv_field(format_value(&r[i], def.schema.field(i).data_type()).as_deref())).collect();
         writeln!(out, "{}", fields.join(","))?;
     }
     Ok(())

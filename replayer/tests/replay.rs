@@ -348,3 +348,139 @@ fn interactive_sql_prompt_reads_statements_until_quit() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("No field named nope"));
     assert!(dir.path().join(".fovea_history").is_file());
 }
+
+/// pg-tiny as if `tpcc.history` had no primary key, as TPC-C's HISTORY has
+/// none (the capture gave it `h_id`): its records' Kafka key is null and
+/// their rows lack `h_id`. The stream's lines, and the schema file without
+/// the key.
+fn keyless_history() -> (Vec<String>, String) {
+    let text = gunzip(&data().join("debezium_events.jsonl.gz"));
+    let lines = text
+        .lines()
+        .map(|l| {
+            if !l.contains(r#""topic":"tiny.tpcc.history""#) {
+                return l.to_owned();
+            }
+            // Edited as text: the columns keep their order.
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let id = &v["key"]["h_id"];
+            let edited = l.replacen(&format!(r#""key":{{"h_id":{id}}}"#), r#""key":null"#, 1).replacen(
+                &format!(r#""after":{{"h_id":{id},"#),
+                r#""after":{"#,
+                1,
+            );
+            assert_eq!(edited.len(), l.len() - 2 * format!(r#""h_id":{id}"#).len() + 1, "{l}");
+            edited
+        })
+        .collect();
+    let schema = std::fs::read_to_string(data().join("schema.sql")).unwrap();
+    let keyless = schema
+        .replace("CREATE TABLE tpcc.history (\n    h_id bigint NOT NULL,\n", "CREATE TABLE tpcc.history (\n")
+        .replace("    h_ratio double precision,\n    PRIMARY KEY (h_id)\n);", "    h_ratio double precision\n);");
+    assert!(!keyless.contains("h_id"), "pg-tiny's tpcc.history changed");
+    (lines, keyless)
+}
+
+/// `csv`'s rows without their first `skip` columns, `columns` columns
+/// each, sorted: a table without a key comes in insertion order, which need
+/// not be that of the key the capture added.
+fn unordered(csv: &str, skip: usize, columns: usize) -> Vec<String> {
+    let mut rows: Vec<String> =
+        csv.lines().map(|l| l.split(',').skip(skip).take(columns).collect::<Vec<_>>().join(",")).collect();
+    rows[1..].sort();
+    rows
+}
+
+#[test]
+fn a_table_without_a_primary_key_is_mirrored_insert_only() {
+    const HISTORY: &str = "tpcc.history";
+    let (lines, schema) = keyless_history();
+    let dir = tempfile::tempdir().unwrap();
+    let schema_file = dir.path().join("schema.sql");
+    std::fs::write(&schema_file, &schema).unwrap();
+    let with_schema = ["--schema-file", schema_file.to_str().unwrap()];
+    let input = dir.path().join("keyless.jsonl");
+    let check = |lake: &Path| {
+        for t in tables() {
+            if t == HISTORY {
+                assert_eq!(unordered(&export(lake, &t), 0, 9), unordered(&expected(&t), 1, 9));
+            } else {
+                assert_eq!(export(lake, &t), expected(&t), "table {t}");
+            }
+        }
+    };
+
+    // Declared without a key in the schema file.
+    std::fs::write(&input, format!("{}\n", lines.join("\n"))).unwrap();
+    let lake = dir.path().join("declared");
+    ok(replay(&lake, &input, &with_schema));
+    check(&lake);
+    // Its rows are keyed by a hidden row id that SQL does not show.
+    let sql = |q: &str| ok(fovea().args(["sql", "--format", "csv", "--lake"]).arg(&lake).arg(q).output().unwrap());
+    let want_rows = expected(HISTORY).lines().count() - 1;
+    assert_eq!(sql(&format!("SELECT count(*) AS n FROM {HISTORY}")), format!("n\n{want_rows}\n"));
+    let star = sql(&format!("SELECT * FROM {HISTORY} LIMIT 1"));
+    assert_eq!(
+        star.lines().next(),
+        Some("h_c_id,h_c_d_id,h_c_w_id,h_d_id,h_w_id,h_date,h_amount,h_data,h_ratio"),
+        "{star}"
+    );
+
+    // Replayed in two runs: the second's rows get ids past the first's
+    // (ids started again from 1 would replace rows of the first).
+    let ends: Vec<usize> =
+        lines.iter().enumerate().filter(|(_, l)| l.contains(r#""status":"END""#)).map(|(i, _)| i).collect();
+    let half = ends[ends.len() / 2] + 1;
+    assert!(lines[..half].iter().any(|l| l.contains("tiny.tpcc.history")));
+    assert!(lines[half..].iter().any(|l| l.contains("tiny.tpcc.history")));
+    let lake = dir.path().join("two-runs");
+    std::fs::write(&input, format!("{}\n", lines[..half].join("\n"))).unwrap();
+    ok(replay(&lake, &input, &with_schema));
+    std::fs::write(&input, format!("{}\n", lines.join("\n"))).unwrap();
+    let second = ok(replay(&lake, &input, &with_schema));
+    assert!(!second.contains("replayed 0 transactions"), "{second}");
+    check(&lake);
+
+    // Not declared at all: the records' null key says the table has none
+    // (its types are then inferred: the integer columns read the same).
+    let undeclared = dir.path().join("undeclared.sql");
+    let start = schema.find("CREATE TABLE tpcc.history").unwrap();
+    let end = start + schema[start..].find(");\n").unwrap() + 3;
+    std::fs::write(&undeclared, format!("{}{}", &schema[..start], &schema[end..])).unwrap();
+    let lake = dir.path().join("undeclared");
+    ok(replay(&lake, &input, &["--schema-file", undeclared.to_str().unwrap()]));
+    assert_eq!(unordered(&export(&lake, HISTORY), 0, 5), unordered(&expected(HISTORY), 1, 5));
+
+    // A record without any key field still says nothing of its table's key.
+    let no_key: Vec<String> = lines.iter().map(|l| l.replace(r#""key":null,"#, "")).collect();
+    assert_ne!(no_key, lines);
+    std::fs::write(&input, format!("{}\n", no_key.join("\n"))).unwrap();
+    let out = replay(&dir.path().join("no-key"), &input, &["--schema-file", undeclared.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no primary key is known"), "{stderr}");
+}
+
+#[test]
+fn update_of_a_table_without_a_primary_key_is_refused() {
+    let (lines, _) = keyless_history();
+    // The transaction of the first history row: its insert becomes an
+    // update.
+    let first = lines.iter().position(|l| l.contains("tiny.tpcc.history")).unwrap();
+    let begin = lines[..first].iter().rposition(|l| l.contains(r#""status":"END""#)).unwrap() + 1;
+    let end = first + lines[first..].iter().position(|l| l.contains(r#""status":"END""#)).unwrap();
+    let (good, rest) = lines.split_at(begin);
+    let mut bad = rest[..=end - begin].to_vec();
+    let at = first - begin;
+    assert!(bad[at].contains(r#""op":"c""#));
+    bad[at] = bad[at].replace(r#""op":"c""#, r#""op":"u""#);
+    assert_rejected(
+        good,
+        &bad,
+        &[
+            &format!("line {}", first + 1),
+            "table tpcc.history",
+            "UPDATE on a table without a primary key",
+            "insert-only",
+        ],
+    );
+}

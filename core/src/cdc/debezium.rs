@@ -129,6 +129,9 @@ fn commit_micros(ms: Option<i64>) -> Result<Option<i64>, String> {
 #[derive(Default)]
 struct Fields<'a> {
     key: Option<&'a RawValue>,
+    /// A Kafka record's `key` is there and `null`: Debezium's key of a
+    /// table without a primary key.
+    key_null: bool,
     /// `value` held an object: a Kafka record's value, read into the
     /// caller's second [`Fields`].
     nested: bool,
@@ -251,7 +254,10 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for FieldsFill<'_, 'a, '_> {
                 FieldKey::Topic => {
                     map.next_value::<IgnoredAny>()?;
                 }
-                FieldKey::Key => out.key = map.next_value()?,
+                FieldKey::Key => {
+                    out.key = map.next_value()?;
+                    out.key_null = out.key.is_none();
+                }
                 FieldKey::Value => {
                     let Some(inner) = value.take() else { return Err(A::Error::custom("a value inside a value")) };
                     let fill = FieldsFill { out: inner, value: None, tables: None, guess };
@@ -520,8 +526,11 @@ fn decode_pass(
     // (A Kafka record whose value is null, a tombstone, has no source and
     // goes to the general path, which skips it.)
     // (Borrowed, not moved: the fields are half a kilobyte.)
-    let (key, payload) =
-        if top.nested && top.source.is_none() && top.op.is_none() { (top.key, &mut value) } else { (None, &mut top) };
+    let (key, key_null, payload) = if top.nested && top.source.is_none() && top.op.is_none() {
+        (top.key, top.key_null, &mut value)
+    } else {
+        (None, false, &mut top)
+    };
     if payload.schema.is_some() || payload.payload.is_some() {
         return general();
     }
@@ -599,7 +608,7 @@ fn decode_pass(
             (key.map(Image::into_columns), before.map(Image::into_columns), after.map(Image::into_columns))
         }
     };
-    let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect());
+    let key_names = key.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect()).or_else(|| keyless(key_null));
     let record = ChangeRecord::Row(RowChange {
         op,
         key,
@@ -619,6 +628,14 @@ fn decode_pass(
         table,
     });
     Ok(Some((record, typed)))
+}
+
+/// The key names of a record whose Kafka key is `null` (`key_null`): none.
+/// Debezium gives a table without a primary key (and without
+/// `message.key.columns`) no key; a record without a `key` field at all
+/// says nothing of its table's key.
+fn keyless(key_null: bool) -> Option<Vec<String>> {
+    key_null.then(Vec::new)
 }
 
 /// Decodes one Debezium record.
@@ -709,14 +726,20 @@ pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {
         }
         None => (None, None),
     };
+    // With schemas, a null key is an envelope of a null payload.
+    let key_null = key_payload.as_ref().is_some_and(Json::is_null);
     let key_cols = key_payload.as_ref().and_then(object_columns);
-    let key_names = key_cols.as_ref().map(|k| k.iter().map(|(n, _)| n.clone()).collect()).or_else(|| {
-        key_schema.as_ref().and_then(|s| {
-            s.get("fields")?
-                .as_array()
-                .map(|f| f.iter().filter_map(|x| x.get("field")?.as_str().map(str::to_owned)).collect())
+    let key_names = key_cols
+        .as_ref()
+        .map(|k| k.iter().map(|(n, _)| n.clone()).collect())
+        .or_else(|| {
+            key_schema.as_ref().and_then(|s| {
+                s.get("fields")?
+                    .as_array()
+                    .map(|f| f.iter().filter_map(|x| x.get("field")?.as_str().map(str::to_owned)).collect())
+            })
         })
-    });
+        .or_else(|| keyless(key_null));
     let snapshot = source.and_then(|s| s.get("snapshot")).and_then(Json::as_str).map(SmolStr::new);
     let in_transaction_block = payload.get("transaction").is_some_and(|t| !t.is_null());
     let commit_us = micros(source, &payload).map_err(|e| input_error(position, Some(&table), txid.as_deref(), e))?;
@@ -916,6 +939,9 @@ mod tests {
             |extra: &str| format!(r#"{{"before":null,"after":{{"id":1,"v":"x"}},"source":{source},"op":"c"{extra}}}"#);
         let lines = [
             format!(r#"{{"topic":"s.public.t","key":{{"id":1}},"value":{}}}"#, value("")),
+            // The key of a table without a primary key, and no key at all.
+            format!(r#"{{"topic":"s.public.t","key":null,"value":{}}}"#, value("")),
+            format!(r#"{{"topic":"s.public.t","value":{}}}"#, value("")),
             value(""),
             value(r#","transaction":{"id":"7:1","total_order":1}"#),
             value(r#","transaction":null"#),
@@ -953,6 +979,30 @@ mod tests {
         for line in &lines {
             same_both_ways(line);
         }
+    }
+
+    #[test]
+    fn a_null_kafka_key_says_the_table_has_no_key() {
+        let value =
+            r#"{"before":null,"after":{"id":1},"source":{"schema":"public","table":"t","txId":7,"ts_ms":1},"op":"c"}"#;
+        let key_names = |line: &str| match decode_str(line, SourcePosition::default()).unwrap() {
+            ChangeRecord::Row(r) => r.key_names,
+            other => panic!("{other:?}"),
+        };
+        let no_names: Option<Vec<String>> = Some(Vec::new());
+        assert_eq!(key_names(&format!(r#"{{"topic":"s.public.t","key":null,"value":{value}}}"#)), no_names);
+        // With schemas, a null key is an envelope of a null payload.
+        let enveloped = format!(
+            r#"{{"topic":"s.public.t","key":{{"schema":null,"payload":null}},"value":{{"schema":{{"type":"struct"}},"payload":{value}}}}}"#
+        );
+        assert_eq!(key_names(&enveloped), no_names);
+        // No key field, or a bare value: nothing is known of the key.
+        assert_eq!(key_names(&format!(r#"{{"topic":"s.public.t","value":{value}}}"#)), None);
+        assert_eq!(key_names(value), None);
+        assert_eq!(
+            key_names(&format!(r#"{{"topic":"s.public.t","key":{{"id":1}},"value":{value}}}"#)),
+            Some(vec!["id".to_owned()])
+        );
     }
 
     #[test]

@@ -69,6 +69,21 @@ pub enum RowOp {
 /// Columns as `(name, value)` in source order.
 pub type Columns = Vec<(String, Json)>;
 
+/// The hidden key column of a table without a primary key, which fovea
+/// mirrors insert-only: a row cannot be found again without a key
+/// (PostgreSQL refuses updates and deletes on such a published table unless
+/// its replica identity is FULL; fovea refuses them, naming the record).
+/// Rows from PostgreSQL's replication get an id from their WAL position
+/// ([`pgoutput`]); Debezium and DMS rows get the next one of their table in
+/// the sink. SQL never shows `_fovea_*` columns.
+pub const ROWID_COLUMN: &str = "_fovea_rowid";
+
+/// The declared hidden key column of a table without a primary key
+/// ([`ROWID_COLUMN`]).
+pub fn rowid_column() -> DeclaredColumn {
+    DeclaredColumn { name: ROWID_COLUMN.to_owned(), data_type: DataType::Int64, nullable: false }
+}
+
 /// Declared column types that came with a record (schema envelope).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeclaredColumn {

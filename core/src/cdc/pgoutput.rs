@@ -37,15 +37,10 @@ use serde_json::Value as Json;
 
 use super::ddl::sql_type;
 use super::debezium::UNAVAILABLE;
-use super::{Columns, DeclaredColumn, RowChange, RowOp, SmolStr, SourcePosition, input_error};
+use super::{
+    Columns, DeclaredColumn, ROWID_COLUMN, RowChange, RowOp, SmolStr, SourcePosition, input_error, rowid_column,
+};
 use crate::error::Result;
-
-/// The hidden key column of a table without a primary key (insert-only:
-/// PostgreSQL refuses updates and deletes on such a published table unless
-/// its replica identity is FULL, which fovea reports as an error). Streamed
-/// rows get `LSN << 12 | n` (n: the row's place among rows of one WAL
-/// record), copied rows their ordinal in the copy: the two never meet.
-pub const ROWID_COLUMN: &str = "_fovea_rowid";
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 pub const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
@@ -623,6 +618,9 @@ impl PgOutputDecoder {
             }
             None => Vec::new(),
         };
+        // Streamed rows of a table without a key get `LSN << 12 | n` as
+        // their hidden row id (n: the row's place among rows of one WAL
+        // record), copied rows their ordinal in the copy: the two never meet.
         let keyless = key_names.is_empty();
         if keyless {
             if kind != b'I' {
@@ -702,11 +700,6 @@ impl PgOutputDecoder {
             }
         })
     }
-}
-
-/// The declared hidden key column of a table without a primary key.
-pub fn rowid_column() -> DeclaredColumn {
-    DeclaredColumn { name: ROWID_COLUMN.to_owned(), data_type: DataType::Int64, nullable: false }
 }
 
 fn rel_name(relations: &HashMap<u32, Relation>, id: u32) -> String {

@@ -26,12 +26,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fovea_core::Engine;
-use fovea_core::cdc::pgoutput::{
-    Lsn, PgOutputDecoder, PgTransaction, ROWID_COLUMN, SpillConfig, XidSnapshot, pg_type, rowid_column, text_json,
-};
+use fovea_core::cdc::pgoutput::{Lsn, PgOutputDecoder, PgTransaction, SpillConfig, XidSnapshot, pg_type, text_json};
 use fovea_core::cdc::source::{ChangeSource, Lag, Polled};
 use fovea_core::cdc::types::format_value;
-use fovea_core::cdc::{ChangeRecord, DeclaredColumn, RowChange, RowOp, SourcePosition};
+use fovea_core::cdc::{ChangeRecord, DeclaredColumn, ROWID_COLUMN, RowChange, RowOp, SourcePosition, rowid_column};
 use fovea_core::schema::{TypeChange, rows_from_batch};
 use fovea_core::sink::Sink;
 use serde::{Deserialize, Serialize};
