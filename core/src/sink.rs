@@ -52,7 +52,7 @@ use crate::cdc::ddl::TableDdl;
 use crate::cdc::debezium::UNAVAILABLE;
 use crate::cdc::typed::TableShape;
 use crate::cdc::types::{convert_exact, infer_type, to_value};
-use crate::cdc::{ChangeRecord, Columns, ROWID_COLUMN, RowChange, RowOp, SourcePosition, input_error};
+use crate::cdc::{ChangeRecord, Columns, ROWID_COLUMN, RowChange, RowOp, SourcePosition, hidden_rowid, input_error};
 use crate::checkpoint::PendingCheckpoint;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -898,7 +898,18 @@ impl Sink {
             }
         };
         let op = match row.typed.take() {
-            Some(typed) => typed_op(row.op, typed),
+            Some(mut typed) => {
+                // A row of a table without a key, read straight into typed
+                // values, leaves its hidden row id to the sink.
+                let def = &self.tables[row.table.as_str()].def;
+                if let Some(i) = hidden_rowid(def)
+                    && typed.row.get(i).is_some_and(Value::is_null)
+                {
+                    let def = Arc::clone(def);
+                    typed.row[i] = Value::Int(self.next_rowid(&def, i)?);
+                }
+                typed_op(row.op, typed)
+            }
             None => {
                 let txid = open.txid.clone();
                 self.op_of(&row, position, &txid)?
@@ -1879,15 +1890,6 @@ impl Sink {
         let (Some(Op::Delete { key, .. }), Some(_)) = (open.ops.pop(), open.op_positions.pop()) else { return None };
         open.rows_per_table.take_back(name);
         Some(key)
-    }
-}
-
-/// The hidden row id column ([`ROWID_COLUMN`]) of a table keyed by it
-/// alone: one without a primary key of its own.
-fn hidden_rowid(def: &crate::schema::TableDef) -> Option<usize> {
-    match def.primary_key[..] {
-        [i] if def.schema.field(i).name() == ROWID_COLUMN => Some(i),
-        _ => None,
     }
 }
 

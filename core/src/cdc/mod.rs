@@ -78,6 +78,15 @@ pub type Columns = Vec<(String, Json)>;
 /// the sink. SQL never shows `_fovea_*` columns.
 pub const ROWID_COLUMN: &str = "_fovea_rowid";
 
+/// The position of a table's hidden row id ([`ROWID_COLUMN`]) if the table
+/// is keyed by it alone: one without a primary key of its own.
+pub fn hidden_rowid(def: &crate::schema::TableDef) -> Option<usize> {
+    match def.primary_key[..] {
+        [i] if def.schema.field(i).name() == ROWID_COLUMN => Some(i),
+        _ => None,
+    }
+}
+
 /// The declared hidden key column of a table without a primary key
 /// ([`ROWID_COLUMN`]).
 pub fn rowid_column() -> DeclaredColumn {

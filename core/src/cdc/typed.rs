@@ -98,6 +98,9 @@ pub(crate) struct TableShape {
     index_of: FastMap<String, usize>,
     /// Per column: its position in the primary key, if it is a key column.
     key_position: Vec<Option<usize>>,
+    /// The hidden row id of a table without a primary key, which no image
+    /// names: the sink gives it (see [`super::hidden_rowid`]).
+    hidden: Option<usize>,
 }
 
 impl TableShape {
@@ -108,7 +111,8 @@ impl TableShape {
         for (k, &i) in def.primary_key.iter().enumerate() {
             key_position[i] = Some(k);
         }
-        TableShape { def, index_of, key_position }
+        let hidden = super::hidden_rowid(&def);
+        TableShape { def, index_of, key_position, hidden }
     }
 
     /// Index of column `name`.
@@ -259,7 +263,9 @@ impl<'de> Visitor<'de> for FullImage<'_> {
                 .ok_or_else(|| A::Error::custom(UNTYPED))?;
             hint += 1;
         }
-        if hint != fields.len() {
+        // Every column is named, but a hidden row id (left NULL here).
+        let unnamed_hidden = |i: usize| hint + 1 == fields.len() && named[i / 64] & (1u64 << (i % 64)) == 0;
+        if hint != fields.len() && !self.shape.hidden.is_some_and(unnamed_hidden) {
             return Err(A::Error::custom(UNTYPED));
         }
         Ok(row)
@@ -616,6 +622,40 @@ mod tests {
             assert_eq!(guessed(&mut tables, "all"), None);
         }
         assert_eq!(guessed(&mut tables, "all").as_deref(), Some("s.u"));
+    }
+
+    /// An image of a table without a key names every column but the
+    /// hidden row id, which is left NULL for the sink; any other column
+    /// missing, or the row id's key wanted (updates, deletes), leaves the
+    /// record to the general path.
+    #[test]
+    fn a_table_without_a_key_reads_its_images_without_the_row_id() {
+        use arrow::datatypes::{Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, true),
+            Field::new(crate::cdc::ROWID_COLUMN, DataType::Int64, false),
+        ]));
+        let def = TableDef::new(crate::ids::TableId(1), "s.h", schema, vec![2]).unwrap();
+        let shape = TableShape::new(def);
+        let raw = |s: &str| serde_json::value::RawValue::from_string(s.to_owned()).unwrap();
+        let (a, b) = (raw(r#"{"a":1,"b":"x"}"#), raw(r#"{"b":"x"}"#));
+        for op in [RowOp::Insert, RowOp::SnapshotRead] {
+            let (key, row) = shape.decode(op, None, None, Some(&a)).expect("typed");
+            assert!(key.is_empty());
+            assert_eq!(row, vec![Value::Int(1), Value::Utf8("x".into()), Value::Null]);
+            assert!(shape.decode(op, None, None, Some(&b)).is_none(), "a column other than the row id missing");
+        }
+        assert!(shape.decode(RowOp::Update, None, Some(&a), Some(&a)).is_none());
+        assert!(shape.decode(RowOp::Delete, None, Some(&a), None).is_none());
+        // A table keyed by a column of its own needs every column named.
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, true),
+            Field::new("k", DataType::Int64, false),
+        ]));
+        let keyed = TableShape::new(TableDef::new(crate::ids::TableId(2), "s.k", schema, vec![2]).unwrap());
+        assert!(keyed.decode(RowOp::Insert, None, None, Some(&a)).is_none());
     }
 
     /// Every scalar read straight into a value converts exactly as
