@@ -867,6 +867,9 @@ impl Sink {
         if open.skip {
             return Ok(());
         }
+        if row.op == RowOp::Truncate {
+            return self.truncate(position, &row);
+        }
         // A snapshot record waits in its table's segment until the
         // segment's identity is known (or is dropped if it was applied).
         let segment = match open.segments.as_mut() {
@@ -908,7 +911,7 @@ impl Sink {
                     let def = Arc::clone(def);
                     typed.row[i] = Value::Int(self.next_rowid(&def, i)?);
                 }
-                typed_op(row.op, typed)
+                typed_op(row.op, typed)?
             }
             None => {
                 let txid = open.txid.clone();
@@ -952,6 +955,43 @@ impl Sink {
             self.pool.flush_and_wait_for(2 * self.engine.config().shards);
             self.last_flush = Instant::now();
             self.check_workers()?;
+        }
+        Ok(())
+    }
+
+    /// A `TRUNCATE` of `r`'s table in the open transaction: every row live
+    /// before the transaction is deleted, in chunks as the scan of its keys
+    /// reads them. A table the mirror does not have has no rows to delete.
+    /// Rows of the table earlier in the same transaction are refused: they
+    /// are not visible to a scan until the transaction commits.
+    fn truncate(&mut self, position: SourcePosition, r: &RowChange) -> Result<()> {
+        let name = r.table.as_str();
+        let open = self.open.as_ref().ok_or_else(|| Error::invariant("a truncate without an open transaction"))?;
+        let err = |m: &str| input_error(position, Some(name), Some(&open.txid), m);
+        let Some(t) = self.tables.get(name) else { return Ok(()) };
+        if open.rows_per_table.contains(name) {
+            return Err(err(
+                "TRUNCATE of a table after rows of it in the same transaction is not supported (those rows cannot be found before the transaction commits)",
+            ));
+        }
+        let def = Arc::clone(&t.def);
+        // Everything before is applied, so the scan sees every live row.
+        self.apply_chunk()?;
+        self.drain()?;
+        let options = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
+        for batch in self.engine.scan(&self.engine.snapshot(), name, options)? {
+            let keys = crate::schema::rows_from_batch(&batch?)?;
+            let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+            for key in keys {
+                open.ops.push(Op::Delete { table: def.id, key });
+                open.op_positions.push(position);
+                open.rows_per_table.bump(name);
+            }
+            if open.ops.len() >= self.config.chunk_rows {
+                self.apply_chunk()?;
+                self.pool.flush_and_wait_for(2 * self.engine.config().shards);
+                self.check_workers()?;
+            }
         }
         Ok(())
     }
@@ -1810,6 +1850,7 @@ impl Sink {
                 if r.op == RowOp::SnapshotRead { Op::Upsert { table: id, row } } else { Op::Insert { table: id, row } }
             }
             RowOp::Delete => Op::Delete { table: id, key: Self::key_values(t, r, &kept, &err)? },
+            RowOp::Truncate => return Err(Error::invariant("a truncate is applied by Sink::truncate, not as one row")),
             RowOp::Update => {
                 let after = r.after.as_ref().ok_or_else(|| err("update without an after image".into()))?;
                 let key = Self::key_values(t, r, &kept, &err)?;
@@ -1895,14 +1936,15 @@ impl Sink {
 
 /// The operation of a row read against its table's current definition
 /// (checked by the caller): what [`Sink::op_of`] makes of the same record.
-fn typed_op(op: RowOp, typed: crate::cdc::typed::TypedRow) -> Op {
+fn typed_op(op: RowOp, typed: crate::cdc::typed::TypedRow) -> Result<Op> {
     let table = typed.table;
-    match op {
+    Ok(match op {
         RowOp::Insert => Op::Insert { table, row: typed.row },
         RowOp::SnapshotRead => Op::Upsert { table, row: typed.row },
         RowOp::Update => Op::Update { table, key: typed.key, row: typed.row },
         RowOp::Delete => Op::Delete { table, key: typed.key },
-    }
+        RowOp::Truncate => return Err(Error::invariant("a truncate has no row to read typed")),
+    })
 }
 
 impl OpenTxn {

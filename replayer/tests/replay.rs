@@ -484,3 +484,54 @@ fn update_of_a_table_without_a_primary_key_is_refused() {
         ],
     );
 }
+
+/// A `TRUNCATE` followed by new rows in one transaction, at the end of the
+/// real stream, as Debezium writes it when `skipped.operations` leaves `t`
+/// out: the table holds the new rows alone, every other table is
+/// PostgreSQL's; a truncate after rows of its table in one transaction is
+/// refused, naming it.
+#[test]
+fn truncate_deletes_every_row_of_its_table() {
+    let text = gunzip(&data().join("debezium_events.jsonl.gz"));
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let source =
+        r#""source":{"schema":"public","table":"pgbench_tellers","txId":99999,"lsn":999999999,"ts_ms":1796028099000}"#;
+    let txn = r#""transaction":{"id":"99999:999999999","total_order":1,"data_collection_order":1}"#;
+    let truncate = format!(
+        r#"{{"topic":"tiny.public.pgbench_tellers","key":null,"value":{{{source},"op":"t","ts_ms":1,{txn}}}}}"#
+    );
+    let insert = |tid: i64| {
+        format!(
+            r#"{{"topic":"tiny.public.pgbench_tellers","key":{{"tid":{tid}}},"value":{{"before":null,"after":{{"tid":{tid},"bid":1,"tbalance":{tid}00,"filler":null}},{source},"op":"c",{txn}}}}}"#
+        )
+    };
+    let begin = r#"{"topic":"tiny.transaction","key":{"id":"99999:999999999"},"value":{"status":"BEGIN","id":"99999:999999999"}}"#;
+    let end = r#"{"topic":"tiny.transaction","key":{"id":"99999:999999999"},"value":{"status":"END","id":"99999:999999999","event_count":3,"data_collections":[{"data_collection":"public.pgbench_tellers","event_count":3}]}}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("truncate.jsonl");
+    let tail = [begin.to_owned(), truncate.clone(), insert(11), insert(12), end.to_owned()];
+    std::fs::write(&input, format!("{}\n{}\n", lines.join("\n"), tail.join("\n"))).unwrap();
+    let schema = data().join("schema.sql");
+    let lake = dir.path().join("lake");
+    let out = ok(replay(&lake, &input, &["--schema-file", schema.to_str().unwrap()]));
+    assert!(out.contains("replayed 97 transactions"), "{out}");
+    for t in tables() {
+        let want = if t == "public.pgbench_tellers" {
+            "tid,bid,tbalance,filler\n11,1,1100,\n12,1,1200,\n".to_owned()
+        } else {
+            expected(&t)
+        };
+        assert_eq!(export(&lake, &t), want, "table {t}");
+    }
+    // Rows of the table before its truncate in the same transaction.
+    let bad = [begin.to_owned(), insert(11), truncate, insert(12), end.to_owned()];
+    assert_rejected(
+        &lines,
+        &bad,
+        &[
+            &format!("line {}", lines.len() + 3),
+            "table public.pgbench_tellers",
+            "TRUNCATE of a table after rows of it in the same transaction",
+        ],
+    );
+}

@@ -64,6 +64,9 @@ pub enum RowOp {
     Update,
     /// `d`: a delete.
     Delete,
+    /// `t`: every row of the table goes (`TRUNCATE`; Debezium emits it
+    /// where `skipped.operations` leaves `t` out). It has no images.
+    Truncate,
 }
 
 /// Columns as `(name, value)` in source order.
