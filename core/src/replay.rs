@@ -70,6 +70,18 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The table the operation changes.
+    pub fn table(&self) -> TableId {
+        match self {
+            Op::Insert { table, .. }
+            | Op::Delete { table, .. }
+            | Op::Upsert { table, .. }
+            | Op::Update { table, .. } => *table,
+        }
+    }
+}
+
 /// An operation routed to one shard, with its key encoded.
 #[derive(Clone, Debug)]
 pub enum ShardOp {

@@ -58,11 +58,14 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ids::{TableId, Ts};
 use crate::replay::Op;
-use crate::schema::{Row, TypeChange, Value, render_key};
+use crate::schema::{Row, TableDef, TypeChange, Value, render_key};
 use crate::workers::{ShardPool, WorkerError};
+use rows_by_content::RowsByContent;
 use smol_str::SmolStr;
 use std::hash::Hasher;
 use twox_hash::XxHash64;
+
+mod rows_by_content;
 
 /// Maps keyed by table and column names, hashed with foldhash (SipHash
 /// showed in replay profiles).
@@ -416,6 +419,11 @@ pub struct Sink {
     /// primary key that this run inserted into, by table: one past the
     /// largest the table had when the run first needed one.
     next_rowid: HashMap<TableId, i64>,
+    /// The live rows of each table without a primary key that an update
+    /// or delete named by its whole old image (REPLICA IDENTITY FULL), by
+    /// content: built when a run first needs one, then told every
+    /// operation handed on for the table ([`Sink::note_pushed`]).
+    by_content: HashMap<TableId, RowsByContent>,
 }
 
 /// A checkpoint captured by [`Sink::start_checkpoint`], being written.
@@ -562,6 +570,7 @@ impl Sink {
             unreported: None,
             deferred: None,
             next_rowid: HashMap::new(),
+            by_content: HashMap::new(),
         };
         sink.create_declared_tables()?;
         Ok(sink)
@@ -926,10 +935,11 @@ impl Sink {
                     held.push((op, position));
                 }
                 if seg.rows >= SNAPSHOT_IDENTITY_ROWS {
-                    self.settle_segments(Some(i));
+                    self.settle_segments(Some(i))?;
                 }
             }
             _ => {
+                Self::note_pushed(&mut self.by_content, &op)?;
                 open.rows_per_table.bump(row.table.as_str());
                 open.ops.push(op);
                 open.op_positions.push(position);
@@ -993,6 +1003,10 @@ impl Sink {
                 self.check_workers()?;
             }
         }
+        // The table is empty now.
+        if let Some(rows) = self.by_content.get_mut(&def.id) {
+            rows.clear();
+        }
         Ok(())
     }
 
@@ -1000,9 +1014,9 @@ impl Sink {
     /// (`None`: of every pending segment) from the records digested so far.
     /// A segment already applied by an earlier run is skipped; a new one's
     /// waiting operations join the transaction.
-    fn settle_segments(&mut self, only: Option<usize>) {
-        let Some(open) = self.open.as_mut() else { return };
-        let Some(segments) = open.segments.as_mut() else { return };
+    fn settle_segments(&mut self, only: Option<usize>) -> Result<()> {
+        let Some(open) = self.open.as_mut() else { return Ok(()) };
+        let Some(segments) = open.segments.as_mut() else { return Ok(()) };
         for (i, seg) in segments.iter_mut().enumerate() {
             if only.is_some_and(|o| o != i) || !matches!(seg.state, SegmentState::Pending(_)) {
                 continue;
@@ -1013,12 +1027,73 @@ impl Sink {
                 && matches!(seg.state, SegmentState::Applied)
             {
                 for (op, position) in held {
+                    Self::note_pushed(&mut self.by_content, &op)?;
                     open.rows_per_table.bump(&seg.table);
                     open.ops.push(op);
                     open.op_positions.push(position);
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Tells the content map of `op`'s table, if it has one, of `op`,
+    /// handed on now (see [`RowsByContent`]).
+    #[inline]
+    fn note_pushed(by_content: &mut HashMap<TableId, RowsByContent>, op: &Op) -> Result<()> {
+        if by_content.is_empty() {
+            return Ok(());
+        }
+        match by_content.get_mut(&op.table()) {
+            Some(rows) => rows.apply(op),
+            None => Ok(()),
+        }
+    }
+
+    /// The content map of `def`'s live rows, `def` being a table without a
+    /// primary key whose hidden row id is column `rowid`, built now if
+    /// this run has none for it yet: from the rows committed so far and
+    /// the open transaction's operations not yet handed to the shards.
+    /// Rows of the table the open transaction handed on already are
+    /// invisible until it commits, so a map cannot be built then (`err`).
+    fn rows_by_content(
+        &mut self,
+        def: &Arc<TableDef>,
+        rowid: usize,
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<&mut RowsByContent> {
+        if !self.by_content.get(&def.id).is_some_and(|m| m.is_for(def)) {
+            let open =
+                self.open.as_ref().ok_or_else(|| Error::invariant("a row change without an open transaction"))?;
+            let waiting = open.ops.iter().filter(|op| op.table() == def.id).count();
+            if open.rows_per_table.get(&def.name) > waiting as u64 {
+                return Err(err(format!(
+                    "the first change of this run to name a row of the table by its whole old image comes after rows of the table that its transaction (of more than {} rows) handed on already, which cannot be read before it commits. Help: give the table a primary key",
+                    self.config.chunk_rows
+                )));
+            }
+            let mut rows = RowsByContent::new(Arc::clone(def), rowid);
+            // The committed rows: everything handed on before is applied.
+            self.drain()?;
+            match self.engine.scan(&self.engine.snapshot(), &def.name, crate::ScanOptions::default()) {
+                Ok(scan) => {
+                    for batch in scan {
+                        for row in crate::schema::rows_from_batch(&batch?)? {
+                            rows.insert(&row)?;
+                        }
+                    }
+                }
+                // Created by the open transaction: no row is committed.
+                Err(Error::UnknownTable(_)) => {}
+                Err(e) => return Err(e),
+            }
+            let open = self.open.as_ref().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+            for op in open.ops.iter().filter(|op| op.table() == def.id) {
+                rows.apply(op)?;
+            }
+            self.by_content.insert(def.id, rows);
+        }
+        self.by_content.get_mut(&def.id).ok_or_else(|| Error::invariant("content map vanished"))
     }
 
     /// The mirror transaction a table created now belongs to: the open
@@ -1141,7 +1216,7 @@ impl Sink {
 
     fn finish(&mut self, open: OpenTxn) -> Result<()> {
         self.open = Some(open);
-        self.settle_segments(None);
+        self.settle_segments(None)?;
         if let Some(open) = self.open.as_mut()
             && let Some(segments) = &open.segments
         {
@@ -1485,6 +1560,7 @@ impl Sink {
             ts,
         });
         self.tables.insert(r.table.to_string(), TableShape::new(new));
+        self.by_content.remove(&def.id);
         Ok(())
     }
 
@@ -1688,7 +1764,7 @@ impl Sink {
     ) -> Result<Vec<Retyped>> {
         // Operations built with the old schema go in first (a snapshot
         // run's waiting ones too).
-        self.settle_segments(None);
+        self.settle_segments(None)?;
         self.apply_chunk()?;
         self.drain()?;
         let t = &self.tables[r.table.as_str()];
@@ -1804,12 +1880,14 @@ impl Sink {
         if let Some(i) = rowid
             && matches!(r.op, RowOp::Update | RowOp::Delete)
         {
-            return Err(err(format!(
-                "{} on a table without a primary key: fovea mirrors such tables insert-only (each row under a hidden {}), as a row cannot be found again without a key. Help: give the table a primary key, or declare one for it in --schema-file",
-                if r.op == RowOp::Update { "UPDATE" } else { "DELETE" },
-                t.def.schema.field(i).name()
-            )));
+            return self.change_by_old_image(r, i, &kept, &err);
         }
+        if hidden_rowid(&t.def).is_some() && matches!(r.op, RowOp::Update | RowOp::Delete) {
+            // The record names the hidden row id itself: the content map,
+            // if any, cannot tell which row that is until it is rebuilt.
+            self.by_content.remove(&id);
+        }
+        let t = &self.tables[r.table.as_str()];
         Ok(match r.op {
             RowOp::Insert | RowOp::SnapshotRead => {
                 let after = r.after.as_ref().ok_or_else(|| err("insert without an after image".into()))?;
@@ -1869,6 +1947,73 @@ impl Sink {
                 Op::Update { table: id, key, row }
             }
         })
+    }
+
+    /// The operation of `r`, an update or delete of a table without a
+    /// primary key (its hidden row id being column `rowid`), which names
+    /// its row by the whole old image: PostgreSQL sends one for a table
+    /// whose replica identity is FULL, and refuses such changes to any
+    /// other table without a key. Any live row equal to the old image in
+    /// every column is the one changed (equal rows cannot be told apart).
+    fn change_by_old_image(
+        &mut self,
+        r: &RowChange,
+        rowid: usize,
+        kept: &[Retyped],
+        err: &dyn Fn(String) -> Error,
+    ) -> Result<Op> {
+        let what = if r.op == RowOp::Update { "UPDATE" } else { "DELETE" };
+        let t = &self.tables[r.table.as_str()];
+        let def = Arc::clone(&t.def);
+        let refused = |lacking: String| {
+            err(format!(
+                "{what} on a table without a primary key whose old row image {lacking}: such a row can be found only by its whole old image (REPLICA IDENTITY FULL in PostgreSQL). Help: ALTER TABLE … REPLICA IDENTITY FULL in the source, give the table a primary key, or declare one for it in --schema-file"
+            ))
+        };
+        let before = r.before.as_ref().ok_or_else(|| refused("is missing".into()))?;
+        let image = Self::image(t, before, kept, err)?;
+        let old: Row = image
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                _ if i == rowid => Ok(Value::Null),
+                Some(v) => Ok(v),
+                None => Err(refused(format!("lacks the value of column {}", def.schema.field(i).name()))),
+            })
+            .collect::<Result<_>>()?;
+        if let Some(f) = def
+            .schema
+            .fields()
+            .iter()
+            .enumerate()
+            .find(|&(i, f)| i != rowid && !before.iter().any(|(n, _)| n == f.name()))
+            .map(|(_, f)| f)
+            .filter(|_| !r.omits_nulls)
+        {
+            return Err(refused(format!("lacks column {}", f.name())));
+        }
+        let rows = self.rows_by_content(&def, rowid, err)?;
+        let id = rows.find(rows.hash(&old)).ok_or_else(|| {
+            err(format!(
+                "{what} of a row that the table (without a primary key) does not hold: no live row equals the old image"
+            ))
+        })?;
+        let key = vec![Value::Int(id)];
+        if r.op == RowOp::Delete {
+            return Ok(Op::Delete { table: def.id, key });
+        }
+        let t = &self.tables[r.table.as_str()];
+        let after = r.after.as_ref().ok_or_else(|| err("update without an after image".into()))?;
+        let mut image = Self::image(t, after, kept, err)?;
+        image[rowid] = Some(Value::Int(id));
+        let row = if image.iter().any(Option::is_none) {
+            self.with_unchanged_values(&def, &key, image)?.ok_or_else(|| {
+                err(format!("update of the row with hidden id {id} keeps unchanged values, but it has no row"))
+            })?
+        } else {
+            image.into_iter().flatten().collect()
+        };
+        Ok(Op::Update { table: def.id, key, row })
     }
 
     /// The next hidden row id of `def`, a table without a primary key whose

@@ -461,7 +461,7 @@ fn a_table_without_a_primary_key_is_mirrored_insert_only() {
 }
 
 #[test]
-fn update_of_a_table_without_a_primary_key_is_refused() {
+fn update_of_a_table_without_a_primary_key_needs_its_whole_old_row() {
     let (lines, _) = keyless_history();
     // The transaction of the first history row: its insert becomes an
     // update.
@@ -479,8 +479,8 @@ fn update_of_a_table_without_a_primary_key_is_refused() {
         &[
             &format!("line {}", first + 1),
             "table tpcc.history",
-            "UPDATE on a table without a primary key",
-            "insert-only",
+            "UPDATE on a table without a primary key whose old row image is missing",
+            "REPLICA IDENTITY FULL",
         ],
     );
 }

@@ -1,7 +1,8 @@
 //! `fovea serve` following a real PostgreSQL 15 through logical
 //! replication: initial copy of tables filled before fovea starts, pgbench
-//! and a script with deletes, key changes, TOASTed values and multi-table
-//! transactions while fovea follows the slot, a SIGKILL in the middle, a
+//! and a script with deletes, key changes, TOASTed values, multi-table
+//! transactions and a table without a primary key (REPLICA IDENTITY FULL)
+//! while fovea follows the slot, a SIGKILL in the middle, a
 //! table that joins the publication later, and every table read through
 //! Flight SQL compared with PostgreSQL's own `COPY … TO`.
 
@@ -19,6 +20,7 @@ const TABLES: &[(&str, &str)] = &[
     ("public.pgbench_history", "tid, bid, aid, delta, mtime"),
     ("public.orders", "id"),
     ("public.order_lines", "order_id, line"),
+    ("public.events", "kind, n, payload"),
 ];
 
 const SCHEMA: &str = "
@@ -34,6 +36,14 @@ INSERT INTO orders (customer, amount, note, shipped, flag, score, ratio)
          ((g * 0.00731) * CASE g % 3 WHEN 0 THEN 1 WHEN 1 THEN 1e-6 ELSE 1e9 END)::real
   FROM generate_series(1, 300) g;
 INSERT INTO order_lines SELECT id, l, l * 2 FROM orders, generate_series(1, 3) l;
+-- No primary key: updates and deletes name their row by its whole old image,
+-- among rows equal in every column (rows 91 apart), some with a TOASTed payload.
+CREATE TABLE events (kind text, n int, payload text);
+ALTER TABLE events REPLICA IDENTITY FULL;
+INSERT INTO events
+  SELECT 'k' || (g % 7), g % 13,
+         CASE WHEN g % 40 = 0 THEN (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 200) i) END
+  FROM generate_series(1, 400) g;
 ";
 
 /// One transaction touching both tables: a new order with lines, an update
@@ -47,6 +57,10 @@ INSERT INTO order_lines VALUES (:new_id, 1, :c), (:new_id, 2, :c + 1);
 UPDATE orders SET amount = amount + 1, score = random() WHERE id = (:o / 10) * 10 + 10;
 UPDATE order_lines SET line = line + 1000 WHERE order_id = :new_id AND line = 2;
 DELETE FROM order_lines WHERE order_id = :o AND line = 3;
+UPDATE events SET n = n + 100 WHERE ctid = (SELECT ctid FROM events WHERE kind = 'k' || (:c % 7) AND n < 100 LIMIT 1);
+UPDATE events SET kind = kind || '+' WHERE payload IS NOT NULL AND n = :c % 13;
+DELETE FROM events WHERE ctid = (SELECT ctid FROM events WHERE n = :o % 13 LIMIT 1);
+INSERT INTO events VALUES ('k' || (:o % 7), :o % 13, NULL), ('k' || (:o % 7), :o % 13, NULL);
 COMMIT;
 BEGIN;
 DELETE FROM order_lines WHERE order_id = :new_id - 7;

@@ -621,11 +621,13 @@ impl PgOutputDecoder {
         // Streamed rows of a table without a key get `LSN << 12 | n` as
         // their hidden row id (n: the row's place among rows of one WAL
         // record), copied rows their ordinal in the copy: the two never meet.
+        // Their updates and deletes name the row by its whole old image,
+        // which only REPLICA IDENTITY FULL sends: the sink finds the row.
         let keyless = key_names.is_empty();
         if keyless {
-            if kind != b'I' {
+            if kind != b'I' && rel.identity != b'f' {
                 return Err(format!(
-                    "{} on a table without a primary key: fovea mirrors such tables insert-only; add a primary key",
+                    "{} on a table without a primary key or replica identity FULL: its row cannot be found. Help: ALTER TABLE … REPLICA IDENTITY FULL, or add a primary key",
                     if kind == b'U' { "UPDATE" } else { "DELETE" }
                 ));
             }
@@ -677,7 +679,12 @@ impl PgOutputDecoder {
             }
             b'D' => {
                 let old = old.ok_or_else(|| missing("an old"))?;
-                vec![change(RowOp::Delete, Some(columns(&old, true)?), None)]
+                vec![change(RowOp::Delete, Some(columns(&old, !keyless)?), None)]
+            }
+            _ if keyless => {
+                let old = old.as_ref().ok_or_else(|| missing("an old"))?;
+                let after = columns(new.as_ref().ok_or_else(|| missing("a new"))?, false)?;
+                vec![change(RowOp::Update, Some(columns(old, false)?), Some(after))]
             }
             _ => {
                 let after = columns(new.as_ref().ok_or_else(|| missing("a new"))?, false)?;

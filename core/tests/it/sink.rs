@@ -398,6 +398,142 @@ fn a_checkpoint_failing_in_the_background_is_reported_before_a_record_is_applied
     assert_eq!(sink.stats().checkpoints, 0, "a checkpoint was committed although every write failed");
 }
 
+/// Debezium's BEGIN, `records` (of tables in schema `public`) and END of
+/// transaction `txid`, with the END's counts.
+fn debezium_txn(txid: u64, records: Vec<String>) -> Vec<String> {
+    let mut per_table = BTreeMap::new();
+    for r in &records {
+        let table = r.split("\"table\":\"").nth(1).unwrap().split('"').next().unwrap();
+        *per_table.entry(format!("public.{table}")).or_insert(0) += 1;
+    }
+    let collections: Vec<String> =
+        per_table.iter().map(|(t, n)| format!(r#"{{"data_collection":"{t}","event_count":{n}}}"#)).collect();
+    let mut out = vec![format!(r#"{{"topic":"s.transaction","key":null,"value":{{"status":"BEGIN","id":"{txid}"}}}}"#)];
+    out.extend(records.iter().cloned());
+    out.push(format!(
+        r#"{{"topic":"s.transaction","key":null,"value":{{"status":"END","id":"{txid}","event_count":{},"data_collections":[{}]}}}}"#,
+        records.len(),
+        collections.join(",")
+    ));
+    out
+}
+
+/// A table without a primary key whose updates and deletes name their
+/// row by its whole old image (PostgreSQL's REPLICA IDENTITY FULL, through
+/// Debezium: a null Kafka key), driven through the sink against a naive
+/// multiset of rows after every transaction: equal rows, transactions
+/// larger than a chunk, rows inserted and changed in one transaction, and
+/// a second sink (a restart) that finds the rows again from the lake.
+/// Changes the map cannot serve are refused, naming the table: a row no
+/// live row equals, and a run's first such change after rows of the table
+/// its transaction handed on already.
+#[test]
+fn a_table_without_a_key_changes_rows_by_their_whole_old_image() {
+    let image = |(a, b): (i64, &str)| format!(r#"{{"a":{a},"b":"{b}"}}"#);
+    let rec = |txid: u64, op: &str, before: Option<(i64, &str)>, after: Option<(i64, &str)>| {
+        let (before, after) = (before.map_or("null".into(), image), after.map_or("null".into(), image));
+        format!(
+            r#"{{"topic":"s.public.log","key":null,"value":{{"before":{before},"after":{after},"source":{{"schema":"public","table":"log","txId":{txid}}},"op":"{op}","transaction":{{"id":"{txid}"}}}}}}"#
+        )
+    };
+    const B: [&str; 2] = ["x", "y"];
+    let dir = tempfile::tempdir().unwrap();
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    let config = || SinkConfig { chunk_rows: 4, ..SinkConfig::default() };
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config()).unwrap();
+    let line = std::cell::Cell::new(0u64);
+    let push = |sink: &mut Sink, lines: Vec<String>| -> Result<(), String> {
+        for l in lines {
+            line.set(line.get() + 1);
+            let line = line.get();
+            let pos = SourcePosition { line, offset: line };
+            sink.push(decode_line(&l, pos, InputFormat::Auto).unwrap(), pos, pos).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let mut model: Vec<(i64, &str)> = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for txid in 1..=120u64 {
+        if txid == 60 {
+            // A restart: the new sink knows nothing of the table's rows.
+            sink.finish_input(SourcePosition { line: line.get(), offset: line.get() }).unwrap();
+            sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config()).unwrap();
+        }
+        let mut records = Vec::new();
+        let mut txn_model = model.clone();
+        // A run's first change by an old image comes in a transaction not
+        // larger than a chunk: one inserted in it, and (after the restart)
+        // one the new sink finds in the lake.
+        if txid == 1 || txid == 60 {
+            records.push(rec(txid, "c", None, Some((7, "x"))));
+            if let Some(&m) = txn_model.first() {
+                records.push(rec(txid, "u", Some(m), Some((m.0 + 1, m.1))));
+                txn_model[0] = (m.0 + 1, m.1);
+            }
+            records.push(rec(txid, "d", Some((7, "x")), None));
+        }
+        // Mostly small transactions; now and then one larger than a chunk.
+        let size = if next() % 8 == 0 { 9 } else { 1 + next() % 4 };
+        for _ in 0..size {
+            let r = next();
+            let row = ((r % 4) as i64, B[(r >> 8) as usize % 2]);
+            let found = txn_model.iter().position(|&m| m == row);
+            match (r >> 16) % 3 {
+                0 => {
+                    records.push(rec(txid, "c", None, Some(row)));
+                    txn_model.push(row);
+                }
+                1 if found.is_some() => {
+                    let new = (row.0 + 1, B[(r >> 24) as usize % 2]);
+                    records.push(rec(txid, "u", Some(row), Some(new)));
+                    txn_model[found.unwrap()] = new;
+                }
+                2 if found.is_some() => {
+                    records.push(rec(txid, "d", Some(row), None));
+                    txn_model.remove(found.unwrap());
+                }
+                _ => {
+                    records.push(rec(txid, "c", None, Some(row)));
+                    txn_model.push(row);
+                }
+            }
+        }
+        push(&mut sink, debezium_txn(txid, records)).unwrap_or_else(|e| panic!("transaction {txid}: {e}"));
+        model = txn_model;
+        sink.sync().unwrap();
+        let mut rows: Vec<(i64, String)> = visible(&lake.engine)
+            .remove("public.log")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| match &r[..] {
+                [Value::Int(a), Value::Utf8(b), Value::Int(_)] => (*a, b.clone()),
+                other => panic!("row {other:?}"),
+            })
+            .collect();
+        rows.sort();
+        let mut expected: Vec<(i64, String)> = model.iter().map(|&(a, b)| (a, b.to_owned())).collect();
+        expected.sort();
+        assert_eq!(rows, expected, "after transaction {txid}");
+    }
+    let absent = (99, "x");
+    let err = push(&mut sink, debezium_txn(200, vec![rec(200, "d", Some(absent), None)])).unwrap_err();
+    assert!(err.contains("public.log") && err.contains("no live row equals the old image"), "{err}");
+
+    // A new run whose first such change comes after more than a chunk of
+    // the table's rows in its transaction.
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config()).unwrap();
+    let mut records: Vec<String> = (0..6).map(|_| rec(201, "c", None, Some((5, "x")))).collect();
+    records.push(rec(201, "d", Some((5, "x")), None));
+    let err = push(&mut sink, debezium_txn(201, records)).unwrap_err();
+    assert!(err.contains("public.log") && err.contains("cannot be read before it commits"), "{err}");
+}
+
 /// A truncate of a table larger than a chunk streams its deletes through
 /// the shards in chunks, with the new rows of its transaction after them;
 /// a truncate of a table the mirror does not have deletes nothing. Also
@@ -414,24 +550,7 @@ fn a_truncate_larger_than_a_chunk_leaves_only_the_rows_after_it() {
             r#"{{"topic":"s.public.{table}","key":{key},"value":{{{after}"source":{{"schema":"public","table":"{table}","txId":{txid}}},"op":"{op}","transaction":{{"id":"{txid}"}}}}}}"#
         )
     };
-    let txn = |txid: u64, records: Vec<String>| {
-        let mut per_table = BTreeMap::new();
-        for r in &records {
-            let table = r.split("\"table\":\"").nth(1).unwrap().split('"').next().unwrap();
-            *per_table.entry(format!("public.{table}")).or_insert(0) += 1;
-        }
-        let collections: Vec<String> =
-            per_table.iter().map(|(t, n)| format!(r#"{{"data_collection":"{t}","event_count":{n}}}"#)).collect();
-        let mut out =
-            vec![format!(r#"{{"topic":"s.transaction","key":null,"value":{{"status":"BEGIN","id":"{txid}"}}}}"#)];
-        out.extend(records.iter().cloned());
-        out.push(format!(
-            r#"{{"topic":"s.transaction","key":null,"value":{{"status":"END","id":"{txid}","event_count":{},"data_collections":[{}]}}}}"#,
-            records.len(),
-            collections.join(",")
-        ));
-        out
-    };
+    let txn = debezium_txn;
     let mut lines = txn(1, (1..=20).flat_map(|i| [rec("t", 1, "c", i), rec("log", 1, "c", i)]).collect());
     let mut second = vec![rec("t", 2, "t", 0), rec("gone", 2, "t", 0), rec("log", 2, "t", 0)];
     second.extend([rec("t", 2, "c", 7), rec("t", 2, "c", 30), rec("log", 2, "c", 99)]);
