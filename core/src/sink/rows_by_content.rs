@@ -165,7 +165,7 @@ mod tests {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let (a, b) = ((rng % 5) as i64, if rng % 3 == 0 { "x" } else { "y" });
+            let (a, b) = ((rng % 5) as i64, if rng.is_multiple_of(3) { "x" } else { "y" });
             let op = match rng % 4 {
                 0 | 1 => {
                     next += 1;
