@@ -972,24 +972,51 @@ impl Sink {
     /// A `TRUNCATE` of `r`'s table in the open transaction: every row live
     /// before the transaction is deleted, in chunks as the scan of its keys
     /// reads them. A table the mirror does not have has no rows to delete.
-    /// Rows of the table earlier in the same transaction are refused: they
-    /// are not visible to a scan until the transaction commits.
+    /// Changes of the table earlier in the same transaction that still
+    /// wait in its operation list are dropped (the truncate undoes them);
+    /// ones handed to the shards already (a transaction larger than a
+    /// chunk) are refused: they cannot be found before it commits.
     fn truncate(&mut self, position: SourcePosition, r: &RowChange) -> Result<()> {
         let name = r.table.as_str();
-        let open = self.open.as_ref().ok_or_else(|| Error::invariant("a truncate without an open transaction"))?;
-        let err = |m: &str| input_error(position, Some(name), Some(&open.txid), m);
+        let chunk_rows = self.config.chunk_rows;
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("a truncate without an open transaction"))?;
         let Some(t) = self.tables.get(name) else { return Ok(()) };
-        if open.rows_per_table.contains(name) {
-            return Err(err(
-                "TRUNCATE of a table after rows of it in the same transaction is not supported (those rows cannot be found before the transaction commits)",
+        let def = Arc::clone(&t.def);
+        let waiting = open.ops.iter().filter(|op| op.table() == def.id).count();
+        if open.rows_per_table.get(name) > waiting as u64 {
+            return Err(input_error(
+                position,
+                Some(name),
+                Some(&open.txid),
+                format!(
+                    "TRUNCATE of a table after rows of it that its transaction (of more than {chunk_rows} rows) handed on already is not supported: they cannot be found before the transaction commits"
+                ),
             ));
         }
-        let def = Arc::clone(&t.def);
-        // Everything before is applied, so the scan sees every live row.
+        if waiting > 0 {
+            let ops = std::mem::take(&mut open.ops);
+            let positions = std::mem::take(&mut open.op_positions);
+            for (op, at) in ops.into_iter().zip(positions) {
+                if op.table() == def.id {
+                    open.rows_per_table.take_back(name);
+                } else {
+                    open.ops.push(op);
+                    open.op_positions.push(at);
+                }
+            }
+        }
+        // Everything before is applied, so the scan sees every row
+        // committed; the table's rows of this transaction are gone.
         self.apply_chunk()?;
         self.drain()?;
         let options = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
-        for batch in self.engine.scan(&self.engine.snapshot(), name, options)? {
+        let scan = match self.engine.scan(&self.engine.snapshot(), name, options) {
+            Ok(scan) => Some(scan),
+            // Created by this transaction: no row of it is committed.
+            Err(Error::UnknownTable(_)) => None,
+            Err(e) => return Err(e),
+        };
+        for batch in scan.into_iter().flatten() {
             let keys = crate::schema::rows_from_batch(&batch?)?;
             let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
             for key in keys {

@@ -538,6 +538,8 @@ fn a_table_without_a_key_changes_rows_by_their_whole_old_image() {
 /// the shards in chunks, with the new rows of its transaction after them;
 /// a truncate of a table the mirror does not have deletes nothing. Also
 /// for a table without a key (its hidden row ids go on past the old ones).
+/// Rows of the table earlier in the truncate's transaction go with it,
+/// unless more than a chunk of them was handed on (refused, naming it).
 #[test]
 fn a_truncate_larger_than_a_chunk_leaves_only_the_rows_after_it() {
     let rec = |table: &str, txid: u64, op: &str, id: u64| {
@@ -555,10 +557,29 @@ fn a_truncate_larger_than_a_chunk_leaves_only_the_rows_after_it() {
     let mut second = vec![rec("t", 2, "t", 0), rec("gone", 2, "t", 0), rec("log", 2, "t", 0)];
     second.extend([rec("t", 2, "c", 7), rec("t", 2, "c", 30), rec("log", 2, "c", 99)]);
     lines.extend(txn(2, second));
-    let config = SinkConfig { chunk_rows: 3, ..SinkConfig::default() };
-    let (engine, tables) = run(&lines, InputFormat::Auto, config);
+    // Rows of the table before its truncate in one transaction go too.
+    lines.extend(txn(3, vec![rec("log", 3, "c", 70), rec("t", 3, "c", 50), rec("t", 3, "t", 0), rec("t", 3, "c", 60)]));
+    let config = || SinkConfig { chunk_rows: 3, ..SinkConfig::default() };
+    let (engine, tables) = run(&lines, InputFormat::Auto, config());
+    assert_eq!(tables["public.t"], vec![vec![Value::Int(60), Value::Int(60)]]);
     // (In the order `visible` sorts rows: by their text.)
-    assert_eq!(tables["public.t"], vec![vec![Value::Int(30), Value::Int(30)], vec![Value::Int(7), Value::Int(7)]]);
-    assert_eq!(tables["public.log"], vec![vec![Value::Int(99), Value::Int(21)]]);
+    assert_eq!(tables["public.log"], vec![vec![Value::Int(70), Value::Int(22)], vec![Value::Int(99), Value::Int(21)]]);
     assert!(engine.table("public.gone").is_err());
+
+    // More than a chunk of them, handed on before the truncate: refused.
+    let mut records: Vec<String> = (80..84).map(|i| rec("t", 4, "c", i)).collect();
+    records.push(rec("t", 4, "t", 0));
+    let dir = tempfile::tempdir().unwrap();
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config()).unwrap();
+    let mut error = None;
+    for (i, l) in lines[..lines.len() - 6].iter().chain(&txn(4, records)).enumerate() {
+        let pos = SourcePosition { line: i as u64 + 1, offset: i as u64 };
+        if let Err(e) = sink.push(decode_line(l, pos, InputFormat::Auto).unwrap(), pos, pos) {
+            error = Some(e.to_string());
+            break;
+        }
+    }
+    let error = error.expect("the truncate was refused");
+    assert!(error.contains("public.t") && error.contains("handed on already"), "{error}");
 }
