@@ -795,6 +795,12 @@ impl Engine {
         self.clock.snapshot()
     }
 
+    /// Registers the writer of open transaction `ts`, HWM, to read its
+    /// own applied writes ([`Clock::snapshot_of_open`]).
+    pub fn snapshot_of_open(&self, ts: Ts) -> Result<Snapshot> {
+        self.clock.snapshot_of_open(ts)
+    }
+
     /// Registers a query at a past `ts` (time travel).
     pub fn snapshot_at(&self, ts: Ts) -> Result<Snapshot> {
         self.clock.snapshot_at(ts)

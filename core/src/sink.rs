@@ -969,53 +969,16 @@ impl Sink {
         Ok(())
     }
 
-    /// A `TRUNCATE` of `r`'s table in the open transaction: every row live
-    /// before the transaction is deleted, in chunks as the scan of its keys
-    /// reads them. A table the mirror does not have has no rows to delete.
-    /// Changes of the table earlier in the same transaction that still
-    /// wait in its operation list are dropped (the truncate undoes them);
-    /// ones handed to the shards already (a transaction larger than a
-    /// chunk) are refused: they cannot be found before it commits.
+    /// A `TRUNCATE` of `r`'s table in the open transaction: every live
+    /// row, the transaction's own included, is deleted, in chunks as the
+    /// scan of its keys reads them. A table the mirror does not have has no
+    /// rows to delete.
     fn truncate(&mut self, position: SourcePosition, r: &RowChange) -> Result<()> {
         let name = r.table.as_str();
-        let chunk_rows = self.config.chunk_rows;
-        let open = self.open.as_mut().ok_or_else(|| Error::invariant("a truncate without an open transaction"))?;
         let Some(t) = self.tables.get(name) else { return Ok(()) };
         let def = Arc::clone(&t.def);
-        let waiting = open.ops.iter().filter(|op| op.table() == def.id).count();
-        if open.rows_per_table.get(name) > waiting as u64 {
-            return Err(input_error(
-                position,
-                Some(name),
-                Some(&open.txid),
-                format!(
-                    "TRUNCATE of a table after rows of it that its transaction (of more than {chunk_rows} rows) handed on already is not supported: they cannot be found before the transaction commits"
-                ),
-            ));
-        }
-        if waiting > 0 {
-            let ops = std::mem::take(&mut open.ops);
-            let positions = std::mem::take(&mut open.op_positions);
-            for (op, at) in ops.into_iter().zip(positions) {
-                if op.table() == def.id {
-                    open.rows_per_table.take_back(name);
-                } else {
-                    open.ops.push(op);
-                    open.op_positions.push(at);
-                }
-            }
-        }
-        // Everything before is applied, so the scan sees every row
-        // committed; the table's rows of this transaction are gone.
-        self.apply_chunk()?;
-        self.drain()?;
         let options = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
-        let scan = match self.engine.scan(&self.engine.snapshot(), name, options) {
-            Ok(scan) => Some(scan),
-            // Created by this transaction: no row of it is committed.
-            Err(Error::UnknownTable(_)) => None,
-            Err(e) => return Err(e),
-        };
+        let scan = self.scan_with_own_writes(name, options)?;
         for batch in scan.into_iter().flatten() {
             let keys = crate::schema::rows_from_batch(&batch?)?;
             let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
@@ -1078,49 +1041,38 @@ impl Sink {
     }
 
     /// The content map of `def`'s live rows, `def` being a table without a
-    /// primary key whose hidden row id is column `rowid`, built now if
-    /// this run has none for it yet: from the rows committed so far and
-    /// the open transaction's operations not yet handed to the shards.
-    /// Rows of the table the open transaction handed on already are
-    /// invisible until it commits, so a map cannot be built then (`err`).
-    fn rows_by_content(
-        &mut self,
-        def: &Arc<TableDef>,
-        rowid: usize,
-        err: &dyn Fn(String) -> Error,
-    ) -> Result<&mut RowsByContent> {
+    /// primary key whose hidden row id is column `rowid`, built now from a
+    /// scan of them (the open transaction's own included) if this run has
+    /// none for it yet.
+    fn rows_by_content(&mut self, def: &Arc<TableDef>, rowid: usize) -> Result<&mut RowsByContent> {
         if !self.by_content.get(&def.id).is_some_and(|m| m.is_for(def)) {
-            let open =
-                self.open.as_ref().ok_or_else(|| Error::invariant("a row change without an open transaction"))?;
-            let waiting = open.ops.iter().filter(|op| op.table() == def.id).count();
-            if open.rows_per_table.get(&def.name) > waiting as u64 {
-                return Err(err(format!(
-                    "the first change of this run to name a row of the table by its whole old image comes after rows of the table that its transaction (of more than {} rows) handed on already, which cannot be read before it commits. Help: give the table a primary key",
-                    self.config.chunk_rows
-                )));
-            }
             let mut rows = RowsByContent::new(Arc::clone(def), rowid);
-            // The committed rows: everything handed on before is applied.
-            self.drain()?;
-            match self.engine.scan(&self.engine.snapshot(), &def.name, crate::ScanOptions::default()) {
-                Ok(scan) => {
-                    for batch in scan {
-                        for row in crate::schema::rows_from_batch(&batch?)? {
-                            rows.insert(&row)?;
-                        }
-                    }
+            for batch in self.scan_with_own_writes(&def.name, crate::ScanOptions::default())?.into_iter().flatten() {
+                for row in crate::schema::rows_from_batch(&batch?)? {
+                    rows.insert(&row)?;
                 }
-                // Created by the open transaction: no row is committed.
-                Err(Error::UnknownTable(_)) => {}
-                Err(e) => return Err(e),
-            }
-            let open = self.open.as_ref().ok_or_else(|| Error::invariant("open transaction vanished"))?;
-            for op in open.ops.iter().filter(|op| op.table() == def.id) {
-                rows.apply(op)?;
             }
             self.by_content.insert(def.id, rows);
         }
         self.by_content.get_mut(&def.id).ok_or_else(|| Error::invariant("content map vanished"))
+    }
+
+    /// A scan of table `name` that sees every change handed on so far, the
+    /// open transaction's own included (its waiting operations are applied
+    /// first); `None` where the table has no rows to scan yet.
+    fn scan_with_own_writes(&mut self, name: &str, options: crate::ScanOptions) -> Result<Option<crate::Scan>> {
+        self.apply_chunk()?;
+        self.drain()?;
+        // Drained, every transaction below the open one is committed.
+        let snapshot = match self.open.as_ref().and_then(|o| o.ts) {
+            Some(ts) => self.engine.snapshot_of_open(ts)?,
+            None => self.engine.snapshot(),
+        };
+        match self.engine.scan(&snapshot, name, options) {
+            Ok(scan) => Ok(Some(scan)),
+            Err(Error::UnknownTable(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The mirror transaction a table created now belongs to: the open
@@ -2019,7 +1971,7 @@ impl Sink {
         {
             return Err(refused(format!("lacks column {}", f.name())));
         }
-        let rows = self.rows_by_content(&def, rowid, err)?;
+        let rows = self.rows_by_content(&def, rowid)?;
         let id = rows.find(rows.hash(&old)).ok_or_else(|| {
             err(format!(
                 "{what} of a row that the table (without a primary key) does not hold: no live row equals the old image"
@@ -2052,11 +2004,9 @@ impl Sink {
         let next = match self.next_rowid.get(&def.id) {
             Some(&next) => next,
             None => {
-                self.apply_chunk()?;
-                self.drain()?;
                 let mut largest = 0i64;
                 let options = crate::ScanOptions { projection: Some(vec![column]), ..Default::default() };
-                for batch in self.engine.scan(&self.engine.snapshot(), &def.name, options)? {
+                for batch in self.scan_with_own_writes(&def.name, options)?.into_iter().flatten() {
                     let batch = batch?;
                     let ids = batch.column(0).as_any().downcast_ref::<Int64Array>().ok_or_else(|| {
                         Error::invariant(format!("{} of {} is not a 64-bit integer column", ROWID_COLUMN, def.name))

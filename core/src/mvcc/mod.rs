@@ -191,6 +191,25 @@ impl Clock {
         reg.register(&self.registry, qts)
     }
 
+    /// Registers the writer of the one open transaction `ts`, every
+    /// transaction below which is committed (`ts` is HWM), at `qts = ts`:
+    /// its reads see the writes it has applied so far, as a transaction
+    /// sees its own. Not for queries: those writes may still grow, and are
+    /// no one else's to see before `ts` commits. Fails when `ts` is not HWM
+    /// or was not begun.
+    pub fn snapshot_of_open(&self, ts: Ts) -> Result<Snapshot> {
+        let mut reg = lock(&self.registry.inner);
+        let hwm = self.hwm();
+        // Relaxed: `ts` came from this thread's own `begin`.
+        if ts != hwm || ts.get() >= self.next.load(Ordering::Relaxed) {
+            return Err(Error::SnapshotUnavailable {
+                requested: ts,
+                reason: format!("not the one open transaction (HWM is {hwm})"),
+            });
+        }
+        Ok(reg.register(&self.registry, ts))
+    }
+
     /// Registers a query at an explicit past `ts` (time travel). Fails when
     /// `ts` is below LWM (garbage collected) or not yet replayed.
     pub fn snapshot_at(&self, ts: Ts) -> Result<Snapshot> {
@@ -282,7 +301,10 @@ impl RegistryInner {
 impl Registry {
     fn compute_lwm(&self, hwm: Ts) -> Ts {
         let mut reg = lock(&self.inner);
-        let oldest = reg.live.values().min().copied().unwrap_or(Ts(hwm.get() - 1));
+        // Never above the newest readable ts: a writer's snapshot of its
+        // open transaction (`Clock::snapshot_of_open`) is at HWM itself.
+        let newest = Ts(hwm.get() - 1);
+        let oldest = reg.live.values().min().copied().unwrap_or(newest).min(newest);
         let lwm = oldest.get().max(reg.published_lwm);
         reg.published_lwm = lwm;
         // Release: pairs with Acquire in `Registry::published`.
@@ -346,6 +368,33 @@ mod tests {
         assert_eq!(c.latest(), d);
         assert!(c.commit(a).is_err());
         assert!(c.commit(Ts(1000)).is_err());
+    }
+
+    /// Only the one open transaction above every committed one gets a
+    /// writer's snapshot, at its own ts; it holds LWM like any snapshot.
+    #[test]
+    fn the_open_transaction_alone_reads_at_its_own_ts() {
+        let c = Clock::in_memory();
+        let a = c.begin().unwrap();
+        c.commit(a).unwrap();
+        assert!(c.snapshot_of_open(a).is_err(), "committed");
+        let b = c.begin().unwrap();
+        let own = c.snapshot_of_open(b).unwrap();
+        assert_eq!(own.qts(), b);
+        assert!(c.snapshot_of_open(Ts(b.get() + 1)).is_err(), "not begun");
+        let d = c.begin().unwrap();
+        assert!(c.snapshot_of_open(d).is_err(), "b below it is open");
+        c.commit(b).unwrap();
+        c.commit(d).unwrap();
+        assert_eq!(c.lwm(), b, "the writer's snapshot holds LWM at its ts");
+        drop(own);
+        assert_eq!(c.lwm(), d);
+        // Alone, it leaves LWM at the newest readable ts, not above.
+        let e = c.begin().unwrap();
+        let own = c.snapshot_of_open(e).unwrap();
+        assert_eq!(c.lwm(), d);
+        assert!(c.snapshot_at(d).is_ok(), "the newest ts stays readable");
+        drop(own);
     }
 
     #[test]
