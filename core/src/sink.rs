@@ -105,6 +105,12 @@ impl TableCounts {
     /// Counts one more record of `table`.
     #[inline]
     fn bump(&mut self, table: &str) {
+        self.add(table, 1);
+    }
+
+    /// Counts `n` more records of `table`.
+    #[inline]
+    fn add(&mut self, table: &str, n: u64) {
         let i = match self.position(table) {
             Some(i) => i,
             None => {
@@ -118,7 +124,7 @@ impl TableCounts {
                 i
             }
         };
-        self.counts[i].1 += 1;
+        self.counts[i].1 += n;
         self.last = i;
     }
 
@@ -970,22 +976,31 @@ impl Sink {
     }
 
     /// A `TRUNCATE` of `r`'s table in the open transaction: every live
-    /// row, the transaction's own included, is deleted, in chunks as the
-    /// scan of its keys reads them. A table the mirror does not have has no
-    /// rows to delete.
+    /// row, the transaction's own included, is deleted. A table the mirror
+    /// does not have has no rows to delete.
     fn truncate(&mut self, position: SourcePosition, r: &RowChange) -> Result<()> {
         let name = r.table.as_str();
         let Some(t) = self.tables.get(name) else { return Ok(()) };
         let def = Arc::clone(&t.def);
+        let deleted = self.delete_every_row(&def, position)?;
+        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+        open.rows_per_table.add(name, deleted);
+        Ok(())
+    }
+
+    /// Deletes every live row of `def` in the open transaction, its own
+    /// included, in chunks as the scan of their keys reads them (`position`:
+    /// the record that asks for it). Returns how many rows went.
+    fn delete_every_row(&mut self, def: &TableDef, position: SourcePosition) -> Result<u64> {
         let options = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
-        let scan = self.scan_with_own_writes(name, options)?;
-        for batch in scan.into_iter().flatten() {
+        let mut deleted = 0u64;
+        for batch in self.scan_with_own_writes(&def.name, options)?.into_iter().flatten() {
             let keys = crate::schema::rows_from_batch(&batch?)?;
             let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
+            deleted += keys.len() as u64;
             for key in keys {
                 open.ops.push(Op::Delete { table: def.id, key });
                 open.op_positions.push(position);
-                open.rows_per_table.bump(name);
             }
             if open.ops.len() >= self.config.chunk_rows {
                 self.apply_chunk()?;
@@ -997,7 +1012,7 @@ impl Sink {
         if let Some(rows) = self.by_content.get_mut(&def.id) {
             rows.clear();
         }
-        Ok(())
+        Ok(deleted)
     }
 
     /// Settles the identity of the open snapshot run's pending segment `i`
@@ -1495,22 +1510,9 @@ impl Sink {
             return Ok(());
         }
         let declared = r.declared.as_ref().ok_or_else(|| err("a replaced table needs its declared columns".into()))?;
-        // Every live row as of the last committed transaction goes.
-        self.apply_chunk()?;
-        self.drain()?;
+        // Every live row goes (none is this transaction's: checked above).
         let def = Arc::clone(&self.tables[r.table.as_str()].def);
-        let keys = crate::ScanOptions { projection: Some(def.primary_key.clone()), ..Default::default() };
-        let batches = self.engine.scan(&self.engine.snapshot(), r.table.as_str(), keys)?.collect_batches()?;
-        let open = self.open.as_mut().ok_or_else(|| Error::invariant("open transaction vanished"))?;
-        let mut deleted = 0u64;
-        for batch in &batches {
-            let key_columns = batch.project(&(0..def.primary_key.len()).collect::<Vec<_>>())?;
-            for key in crate::schema::rows_from_batch(&key_columns)? {
-                open.ops.push(Op::Delete { table: def.id, key });
-                open.op_positions.push(position);
-                deleted += 1;
-            }
-        }
+        let deleted = self.delete_every_row(&def, position)?;
         self.apply_chunk()?;
         self.drain()?;
         let key = r
@@ -1546,8 +1548,8 @@ impl Sink {
     /// Creates table `name` in mirror transaction `ts` (`None`: see
     /// [`Self::table_ts`]) and records the catalog operation. Without a
     /// primary key, a table the source says has none (`keyless`) gets the
-    /// hidden key [`ROWID_COLUMN`] and is mirrored insert-only; any other
-    /// is refused, as its key is unknown.
+    /// hidden key [`ROWID_COLUMN`]; any other is refused, as its key is
+    /// unknown.
     fn create_table(
         &mut self,
         name: &str,
@@ -1559,7 +1561,7 @@ impl Sink {
     ) -> Result<()> {
         if pk.is_empty() {
             if !keyless {
-                return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with the table's CREATE TABLE … PRIMARY KEY (a table declared there without one is mirrored insert-only)".into()));
+                return Err(err("no primary key is known for this table (the record has no key). Help: pass --schema-file with the table's CREATE TABLE … PRIMARY KEY (a table declared there without one is keyed by a hidden row id)".into()));
             }
             if fields.iter().any(|f| f.name() == ROWID_COLUMN) {
                 return Err(err(format!(
@@ -1852,16 +1854,15 @@ impl Sink {
         let id = t.def.id;
         // A table without a primary key: its rows are keyed by a hidden row
         // id, which a record carries only from PostgreSQL's replication.
-        let rowid = hidden_rowid(&t.def).filter(|&i| {
+        let hidden = hidden_rowid(&t.def);
+        let rowid = hidden.filter(|&i| {
             let name = t.def.schema.field(i).name();
             ![&r.key, &r.before, &r.after].into_iter().flatten().flatten().any(|(n, _)| n == name)
         });
-        if let Some(i) = rowid
-            && matches!(r.op, RowOp::Update | RowOp::Delete)
-        {
-            return self.change_by_old_image(r, i, &kept, &err);
-        }
-        if hidden_rowid(&t.def).is_some() && matches!(r.op, RowOp::Update | RowOp::Delete) {
+        if hidden.is_some() && matches!(r.op, RowOp::Update | RowOp::Delete) {
+            if let Some(i) = rowid {
+                return self.change_by_old_image(r, i, &kept, &err);
+            }
             // The record names the hidden row id itself: the content map,
             // if any, cannot tell which row that is until it is rebuilt.
             self.by_content.remove(&id);

@@ -72,13 +72,12 @@ pub enum RowOp {
 /// Columns as `(name, value)` in source order.
 pub type Columns = Vec<(String, Json)>;
 
-/// The hidden key column of a table without a primary key, which fovea
-/// mirrors insert-only: a row cannot be found again without a key
-/// (PostgreSQL refuses updates and deletes on such a published table unless
-/// its replica identity is FULL; fovea refuses them, naming the record).
-/// Rows from PostgreSQL's replication get an id from their WAL position
+/// The hidden key column of a table without a primary key. Rows from
+/// PostgreSQL's replication get an id from their WAL position
 /// ([`pgoutput`]); Debezium and DMS rows get the next one of their table in
-/// the sink. SQL never shows `_fovea_*` columns.
+/// the sink. Updates and deletes of such a table (PostgreSQL sends them only
+/// under REPLICA IDENTITY FULL) name the row by its whole old image, which
+/// the sink looks up. SQL never shows `_fovea_*` columns.
 pub const ROWID_COLUMN: &str = "_fovea_rowid";
 
 /// The position of a table's hidden row id ([`ROWID_COLUMN`]) if the table

@@ -438,7 +438,7 @@ impl PgSource {
                 .map(|r| r.get(0))
                 .collect();
             self.decoder.set_primary_key(table, key.clone());
-            // A table without a primary key is mirrored insert-only with a hidden row id.
+            // A table without a primary key is keyed by a hidden row id.
             let keyless = key.is_empty();
             let (declared, key) = if keyless {
                 let mut d = declared;
