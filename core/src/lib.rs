@@ -38,7 +38,7 @@ pub mod split;
 pub mod storage_gc;
 
 pub use engine::{Engine, EngineConfig};
-pub use mvcc::{Clock, Snapshot};
+pub use mvcc::{Clock, Snapshot, Stall};
 pub use replay::Op;
 pub use scan::{Scan, ScanOptions, SnapshotTables, VisibilityMode};
 pub use schema::{Row, TableDef, Value};

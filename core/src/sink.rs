@@ -827,7 +827,27 @@ impl Sink {
     pub fn finish_input(&mut self, end: SourcePosition) -> Result<()> {
         self.take_deferred()?;
         let finished = self.finish_input_inner(end);
-        finished.and_then(|()| self.drain()).and_then(|()| self.maybe_checkpoint(end, true))
+        finished
+            .and_then(|()| self.drain())
+            .and_then(|()| self.all_visible())
+            .and_then(|()| self.maybe_checkpoint(end, true))
+    }
+
+    /// Drained, every transaction the sink began is committed: HWM held at
+    /// one below later commits would leave those invisible for good (the
+    /// replay would end looking complete), so it is an error naming it.
+    fn all_visible(&self) -> Result<()> {
+        match self.engine.clock().stall() {
+            None => Ok(()),
+            Some(s) => Err(Error::invariant(format!(
+                "mirror transaction {} was begun and never committed ({}): the {} transactions committed after it, up to {}, \
+                 would never become visible",
+                s.waiting_for,
+                self.describe_ts(s.waiting_for),
+                s.committed_after,
+                s.newest_committed
+            ))),
+        }
     }
 
     fn finish_input_inner(&mut self, end: SourcePosition) -> Result<()> {
@@ -1270,6 +1290,47 @@ impl Sink {
         self.applied.contains(identity)
     }
 
+    /// What this sink knows of mirror transaction `ts` (for an error about
+    /// a replica that stopped advancing, see [`crate::Clock::stall`]): the
+    /// source transaction it replays, where that began in the input and
+    /// which tables it has touched so far; or that no transaction the sink
+    /// is replaying has it.
+    pub fn describe_ts(&self, ts: Ts) -> String {
+        if let Some(open) = self.open.as_ref().filter(|o| o.ts == Some(ts)) {
+            let tables = &open.per_table;
+            let waits = match &open.end {
+                Some(end) => format!(
+                    "its END (at {}) reports {} events, {} arrived",
+                    end.position,
+                    end.event_count.map_or_else(|| "?".into(), |n| n.to_string()),
+                    open.received
+                ),
+                None => format!("it waits for more of its records ({} arrived, no END yet)", open.received),
+            };
+            return format!(
+                "source transaction {} begun at input position {} (tables {tables:?}), still open in the sink: {waits}",
+                open.txid, open.first
+            );
+        }
+        if let Some(c) = self.chunks.iter().find(|c| c.ts == ts) {
+            return format!(
+                "source transaction {} begun at input position {}, handed to the shard workers and not applied by them",
+                c.txid, c.first
+            );
+        }
+        if let Some((_, first)) = self.commits.iter().find(|(t, _)| *t == ts) {
+            return format!(
+                "the transaction begun at input position {first}, committed by the sink and not applied by the shard workers"
+            );
+        }
+        "no transaction the sink is replaying: begun and never committed".into()
+    }
+
+    /// The engine this sink replays into.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// Source transactions applied since the last checkpoint.
     pub fn since_checkpoint(&self) -> u64 {
         self.since_checkpoint
@@ -1505,6 +1566,12 @@ impl Sink {
         if open.rows_per_table.contains(r.table.as_str()) || open.segments.is_some() {
             return Err(err("a table's rows are replaced before any row of it in the transaction".into()));
         }
+        if open.skip {
+            // Applied before, its replacement with it. (Going on would begin
+            // a ts of its own for the new definition that nothing commits:
+            // HWM would stop there for good.)
+            return Ok(());
+        }
         if !self.tables.contains_key(r.table.as_str()) {
             self.table(r, position, &txid)?;
             return Ok(());
@@ -1530,7 +1597,10 @@ impl Sink {
             .collect();
         // The open transaction's (checked above): the new definition shows
         // from its commit on.
-        let (ts, _) = self.table_ts()?;
+        let (ts, own) = self.table_ts()?;
+        if own {
+            return Err(Error::invariant("a replaced table's ts is its open transaction's"));
+        }
         let new = self
             .engine
             .reshape_table(r.table.as_str(), Arc::new(Schema::new(fields)), ts)

@@ -73,6 +73,10 @@ pub struct LoopOptions<'a> {
     /// A progress line on standard error (replay; drawn only when it is a
     /// terminal).
     pub progress: bool,
+    /// HWM held below committed transactions this long is logged as an
+    /// error naming the transaction it waits for (see
+    /// [`fovea_core::Clock::stall`]); `None`: not watched.
+    pub stall_after: Option<Duration>,
 }
 
 /// A spinner with the elapsed time and a message, on standard error when
@@ -126,6 +130,7 @@ fn run_until_stopped(
     let mut last_checkpoint = Instant::now();
     let mut last_report = Instant::now();
     let mut dirty = false;
+    let mut stall_logged: Option<(fovea_core::ids::Ts, Instant)> = None;
     // Acquire: pairs with the signal handler's Release store.
     while !options.stop.is_some_and(|s| s.load(Ordering::Acquire)) {
         // Another replayer took the lake over: stop before writing more.
@@ -149,6 +154,7 @@ fn run_until_stopped(
         if last_report.elapsed() >= Duration::from_millis(500) {
             last_report = Instant::now();
             report(source, sink, options, bar, began);
+            watch_stall(sink, options, &mut stall_logged);
         }
         // Checkpoints are written in the background while replay goes on
         // (one at a time), committed and confirmed once written.
@@ -167,6 +173,28 @@ fn run_until_stopped(
         }
     }
     Ok(false)
+}
+
+/// Logs an error when HWM has been held longer than `stall_after` (once
+/// per held ts, again every minute while it lasts), naming what the sink
+/// knows of the transaction it waits for; `/healthz` and the `stalled`
+/// metric say so from the clock alone (see [`Metrics::stall`]).
+fn watch_stall(sink: &Sink, options: &LoopOptions<'_>, logged: &mut Option<(fovea_core::ids::Ts, Instant)>) {
+    let Some(after) = options.stall_after else { return };
+    let Some(stall) = sink.engine().clock().stall().filter(|s| s.held_for >= after) else {
+        *logged = None;
+        return;
+    };
+    if logged.is_some_and(|(ts, at)| ts == stall.waiting_for && at.elapsed() < Duration::from_secs(60)) {
+        return;
+    }
+    *logged = Some((stall.waiting_for, Instant::now()));
+    tracing::error!(
+        ts = %stall.waiting_for,
+        "{}. The transaction: {}",
+        crate::serve::metrics::stall_message(&stall),
+        sink.describe_ts(stall.waiting_for)
+    );
 }
 
 /// Progress on standard error, lag and counters into the metrics.

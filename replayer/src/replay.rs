@@ -111,6 +111,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         lease: lake.lease.as_ref(),
         metrics: None,
         progress: args.progress,
+        stall_after: Some(crate::serve::metrics::DEFAULT_STALL_AFTER),
     };
     let stop = AtomicBool::new(false);
     let engine = &lake.engine;

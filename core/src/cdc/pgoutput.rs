@@ -285,6 +285,10 @@ pub struct PgOutputDecoder {
     last_change: (Lsn, u64),
     /// When to spill; `None`: never (the decoders that read spills back).
     spill: Option<SpillConfig>,
+    /// The relation id the newest Relation message gave each table name
+    /// (`schema.table`): a table dropped and created again, or another
+    /// renamed to its name, shows here with a new id.
+    relids: HashMap<String, u32>,
 }
 
 /// A big-endian reader over one message.
@@ -393,7 +397,14 @@ impl PgOutputDecoder {
             current: Some(PgTransaction::default()),
             last_change: self.last_change,
             spill: None,
+            relids: self.relids.clone(),
         }
+    }
+
+    /// The id of the relation the newest Relation message named `table`
+    /// (`schema.table`), if one did in this session.
+    pub fn relation_id(&self, table: &str) -> Option<u32> {
+        self.relids.get(table).copied()
     }
 
     /// Sets the primary key of `table` (`schema.table`), from the catalog.
@@ -441,6 +452,7 @@ impl PgOutputDecoder {
             }
             spilled.rows = at - txn.rows.len();
             self.relations = reader.decoder.relations;
+            self.relids = reader.decoder.relids;
             self.last_change = reader.decoder.last_change;
             txn.spilled = Some(spilled);
         }
@@ -554,6 +566,7 @@ impl PgOutputDecoder {
                     columns.push(RelColumn { name: col, data_type: pg_type(oid, typmod), in_identity: flags & 1 == 1 });
                 }
                 let table = if namespace.is_empty() { name } else { format!("{namespace}.{name}") };
+                self.relids.insert(table.clone(), id);
                 self.relations.insert(id, Relation { table, columns, identity });
                 Ok(None)
             }

@@ -63,6 +63,23 @@ struct CommitState {
     hwm: u64,
     /// Committed timestamps above `hwm` waiting for the gap to close.
     ahead: BTreeSet<u64>,
+    /// Since when `hwm` has stood below a committed ts (`ahead` non-empty
+    /// and `hwm` unmoved): see [`Clock::stall`].
+    held_since: Option<std::time::Instant>,
+}
+
+/// HWM held at an uncommitted ts while later transactions have committed
+/// (see [`Clock::stall`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// The ts HWM waits for: begun, not committed.
+    pub waiting_for: Ts,
+    /// Transactions committed above it, invisible until it commits.
+    pub committed_after: usize,
+    /// The newest of them.
+    pub newest_committed: Ts,
+    /// How long HWM has stood at `waiting_for` with those behind it.
+    pub held_for: std::time::Duration,
 }
 
 impl Clock {
@@ -86,7 +103,7 @@ impl Clock {
             store,
             epoch: AtomicU64::new(0),
             reserve_lock: Mutex::new(()),
-            commits: Mutex::new(CommitState { hwm: start, ahead: BTreeSet::new() }),
+            commits: Mutex::new(CommitState { hwm: start, ahead: BTreeSet::new(), held_since: None }),
             hwm: AtomicU64::new(start),
             registry: Arc::new(Registry {
                 inner: Mutex::new(RegistryInner { live: BTreeMap::new(), next_seq: 1, published_lwm: start - 1 }),
@@ -155,8 +172,30 @@ impl Clock {
             // Release: a reader that sees the new HWM sees every write of the
             // transactions below it (they happened before their commit).
             self.hwm.store(h, Ordering::Release);
+            // Held again at the new HWM if commits wait above it: from now.
+            c.held_since = if c.ahead.is_empty() { None } else { Some(std::time::Instant::now()) };
+        } else if c.held_since.is_none() {
+            c.held_since = Some(std::time::Instant::now());
         }
         Ok(())
+    }
+
+    /// HWM held at a ts begun and not committed while transactions above it
+    /// have committed (they stay invisible until it commits), with how long
+    /// it has been so; `None` while HWM can pass every committed ts. Shard
+    /// workers finishing out of order hold HWM for moments; a ts held for
+    /// longer than replay takes is one nothing will commit — a replica that
+    /// stopped advancing, which must not look healthy.
+    pub fn stall(&self) -> Option<Stall> {
+        let c = lock(&self.commits);
+        let since = c.held_since?;
+        let newest = *c.ahead.last()?;
+        Some(Stall {
+            waiting_for: Ts(c.hwm),
+            committed_after: c.ahead.len(),
+            newest_committed: Ts(newest),
+            held_for: since.elapsed(),
+        })
     }
 
     /// Ends a transaction that wrote nothing (or whose writes were undone):
@@ -368,6 +407,34 @@ mod tests {
         assert_eq!(c.latest(), d);
         assert!(c.commit(a).is_err());
         assert!(c.commit(Ts(1000)).is_err());
+    }
+
+    /// A stall is HWM held at an uncommitted ts with commits above it: it
+    /// names that ts, counts the commits it hides, and its age starts over
+    /// whenever HWM moves and is held again.
+    #[test]
+    fn a_stall_names_the_ts_hwm_waits_for() {
+        let c = Clock::in_memory();
+        let a = c.begin().unwrap();
+        assert_eq!(c.stall(), None, "open, nothing committed above it");
+        let b = c.begin().unwrap();
+        let d = c.begin().unwrap();
+        c.commit(b).unwrap();
+        let s = c.stall().expect("b committed above a");
+        assert_eq!((s.waiting_for, s.committed_after, s.newest_committed), (a, 1, b));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let e = c.begin().unwrap();
+        c.commit(e).unwrap();
+        let s = c.stall().unwrap();
+        assert_eq!((s.waiting_for, s.committed_after, s.newest_committed), (a, 2, e));
+        assert!(s.held_for >= std::time::Duration::from_millis(20), "held since b's commit: {s:?}");
+        c.commit(a).unwrap();
+        let s = c.stall().expect("HWM moved to d, e waits above it");
+        assert_eq!((s.waiting_for, s.committed_after), (d, 1));
+        assert!(s.held_for < std::time::Duration::from_millis(20), "held again from a's commit: {s:?}");
+        c.commit(d).unwrap();
+        assert_eq!(c.stall(), None);
+        assert_eq!(c.hwm().get(), e.get() + 1);
     }
 
     /// Only the one open transaction above every committed one gets a

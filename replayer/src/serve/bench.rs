@@ -178,6 +178,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         tls_cert: None,
         tls_key: None,
         checkpoint_secs: 10.0,
+        stall_secs: None,
         gc_secs: 10.0,
         long_query_secs: 30.0,
         storage_gc_threshold: 0.3,

@@ -72,6 +72,9 @@ pub struct Metrics {
     pub checkpoint_seconds: Histogram,
     /// Query durations (planning to the last batch sent), seconds.
     pub query_seconds: Histogram,
+    /// HWM held below committed transactions longer than this, ms, is a
+    /// stalled replica (`/healthz` unhealthy, see [`Metrics::stall`]).
+    pub stall_after_ms: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -100,9 +103,15 @@ impl Default for Metrics {
             freshness: short(),
             checkpoint_seconds: short(),
             query_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            stall_after_ms: AtomicU64::new(DEFAULT_STALL_AFTER.as_millis() as u64),
         }
     }
 }
+
+/// How long HWM may stand below committed transactions before the
+/// replica counts as stalled, unless configured (`fovea serve
+/// --stall-secs`).
+pub const DEFAULT_STALL_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Labelled samples of one gauge family, built at scrape time.
 type GaugeFamily = Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>;
@@ -113,6 +122,14 @@ impl Metrics {
     /// Records the input's lag.
     pub fn set_input_lag(&self, lag: &fovea_core::cdc::source::Lag) {
         *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Some(lag.clone());
+    }
+
+    /// The engine's HWM held at an uncommitted ts, with later transactions
+    /// committed, for longer than [`Metrics::stall_after_ms`]: the replica
+    /// stopped advancing (see [`fovea_core::Clock::stall`]).
+    pub fn stall(&self, engine: &Engine) -> Option<fovea_core::Stall> {
+        let after = std::time::Duration::from_millis(self.stall_after_ms.load(Ordering::Relaxed));
+        engine.clock().stall().filter(|s| s.held_for >= after)
     }
 
     /// Counts an error of `kind`.
@@ -205,6 +222,16 @@ impl Metrics {
                 load(&self.storage_gc_queued) as f64,
             ),
             ("rss_bytes", "Resident set size of the process.", rss),
+            (
+                "hwm_held_seconds",
+                "How long HWM has stood at an uncommitted ts with later transactions committed (0: it is not held).",
+                clock.stall().map_or(0.0, |s| s.held_for.as_secs_f64()),
+            ),
+            (
+                "stalled",
+                "1 while HWM has been held longer than --stall-secs: the replica stopped advancing.",
+                if self.stall(engine).is_some() { 1.0 } else { 0.0 },
+            ),
         ] {
             registry.register(name, help, ConstGauge::new(value));
         }
@@ -300,6 +327,18 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// What a stalled replica says (log, `/healthz`).
+pub fn stall_message(s: &fovea_core::Stall) -> String {
+    format!(
+        "stalled: HWM has waited {:.1} s for mirror transaction {} to commit while {} later ones committed (the \
+         newest {}); queries read the snapshot before it",
+        s.held_for.as_secs_f64(),
+        s.waiting_for,
+        s.committed_after,
+        s.newest_committed
+    )
+}
+
 /// Serves `GET /metrics` (and `/healthz`) until the runtime stops.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
@@ -351,7 +390,10 @@ pub async fn serve_metrics(
             let plain = "text/plain; charset=utf-8";
             let (status, content_type, body) = match path {
                 "/metrics" => ("200 OK", CONTENT_TYPE, metrics.render(&engine, started)),
-                "/healthz" => ("200 OK", plain, "ok\n".to_owned()),
+                "/healthz" => match metrics.stall(&engine) {
+                    None => ("200 OK", plain, "ok\n".to_owned()),
+                    Some(s) => ("503 Service Unavailable", plain, stall_message(&s) + "\n"),
+                },
                 _ => ("404 Not Found", plain, "try /metrics\n".to_owned()),
             };
             let response = format!(

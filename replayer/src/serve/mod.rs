@@ -60,6 +60,12 @@ pub struct ServeArgs {
     /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
     #[arg(long, default_value_t = 10.0)]
     pub checkpoint_secs: f64,
+    /// Seconds HWM may stand at a transaction that does not commit while
+    /// later ones do before the replica counts as stalled: an error names
+    /// the transaction, /healthz answers 503 and fovea_stalled is 1
+    /// (default: --checkpoint-secs + 5).
+    #[arg(long)]
+    pub stall_secs: Option<f64>,
     /// Seconds between memory GC rounds (and combines, storage GC).
     #[arg(long, default_value_t = 60.0)]
     pub gc_secs: f64,
@@ -116,7 +122,10 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     let lake = args.lake.open_write(config, lease_time(args.lease_secs)?)?;
     args.functions.attach(&args.lake, &lake.engine)?;
     let engine = Arc::clone(&lake.engine);
+    let stall_after = stall_after(args.stall_secs, args.checkpoint_secs)?;
     let metrics = Arc::new(Metrics::default());
+    // Relaxed: a setting read by the scrapes (see `Metrics`).
+    metrics.stall_after_ms.store(stall_after.as_millis() as u64, Ordering::Relaxed);
     {
         let freshness = metrics.freshness.clone();
         engine.observe_freshness(move |us| freshness.observe(us.max(0) as f64 / 1e6));
@@ -201,6 +210,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         lease: lake.lease.as_ref(),
         metrics: Some(&metrics),
         progress: false,
+        stall_after: Some(stall_after),
     };
     let result = crate::input::run(source.as_mut(), &mut sink, &options);
     // Acquire/Release: pairs with the maintenance loop's load.
@@ -211,6 +221,16 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     engine.flush()?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The stall bound of `--stall-secs` (default: the checkpoint interval
+/// plus five seconds: a checkpoint may hold commits back for a moment).
+fn stall_after(stall_secs: Option<f64>, checkpoint_secs: f64) -> CliResult<Duration> {
+    let secs = stall_secs.unwrap_or(checkpoint_secs + 5.0);
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("--stall-secs {secs}: must be a positive number of seconds").into());
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The lease time of `--lease-secs`.

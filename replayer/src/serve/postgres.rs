@@ -141,6 +141,21 @@ struct PgState {
     /// Tables copied (by `schema.table`).
     copied: BTreeSet<String>,
     filters: Vec<CopyFilter>,
+    /// Copies made so far: each copy's mirror transaction is named by its
+    /// number, so no two copies share an identity (a copy named like one
+    /// applied before would be skipped as a duplicate).
+    #[serde(default)]
+    copies: u64,
+    /// The relation id of each copied table when it was copied: rows of
+    /// another relation under its name (the table dropped and created
+    /// again, another renamed to its name) need a copy of their own.
+    #[serde(default)]
+    relids: BTreeMap<String, u32>,
+    /// Tables that are gone from the source (dropped, renamed, or no longer
+    /// published), with the relation id whose rows are moot from then on:
+    /// the mirror emptied them; their rows still in the stream are dropped.
+    #[serde(default)]
+    gone: BTreeMap<String, u32>,
 }
 
 /// What one poll did.
@@ -371,7 +386,7 @@ impl PgSource {
 
     /// Copies published tables not copied yet (at start, and when tables
     /// join the publication) as one transaction each time.
-    pub fn copy_new_tables(&mut self, sink: &mut Sink) -> CliResult<u64> {
+    pub fn copy_new_tables(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<u64> {
         self.last_publication_check = std::time::Instant::now();
         let published: Vec<String> = self
             .client
@@ -382,38 +397,128 @@ impl PgSource {
             .iter()
             .map(|r| r.get(0))
             .collect();
+        // Copied tables no longer published (dropped, renamed, taken out of
+        // the publication): the stream carries no more of their changes.
+        let left: Vec<String> =
+            self.state.copied.iter().filter(|t| published.binary_search(t).is_err()).cloned().collect();
+        if !left.is_empty() {
+            self.forget_tables(&left, sink, engine)?;
+        }
         let new: Vec<String> = published.into_iter().filter(|t| !self.state.copied.contains(t)).collect();
         if new.is_empty() {
             return Ok(0);
         }
-        self.copy_tables(&new, sink)
+        self.copy_tables(&new, sink, engine)
     }
 
-    fn copy_tables(&mut self, tables: &[String], sink: &mut Sink) -> CliResult<u64> {
+    /// Empties the mirror of `tables`, gone from the source, in a mirror
+    /// transaction of their own (the engine keeps a table once created:
+    /// it stays, with no rows), and drops their rows the stream still
+    /// holds. A table of that name seen again is copied anew.
+    fn forget_tables(&mut self, tables: &[String], sink: &mut Sink, engine: &Engine) -> CliResult<()> {
+        self.state.copies += 1;
+        let identity = format!("gone:{}:{}", self.state.copies, self.applied);
+        let position = self.applied.position();
+        let mut begun = false;
+        for table in tables {
+            tracing::warn!(%table, "the table is gone from the source (dropped, renamed or no longer published): its mirror is emptied");
+            self.state.copied.remove(table);
+            if let Some(relid) = self.state.relids.remove(table) {
+                self.state.gone.insert(table.clone(), relid);
+            }
+            let Ok(def) = engine.table(table) else { continue };
+            if !begun {
+                begun = true;
+                let begin =
+                    ChangeRecord::Begin { txid: identity.clone(), commit_us: Some(fovea_core::catalog::now_us()) };
+                sink.push(begin, position, position)?;
+                self.copy_open = true;
+            }
+            let declared = def
+                .schema
+                .fields()
+                .iter()
+                .map(|f| DeclaredColumn { name: f.name().clone(), data_type: f.data_type().clone(), nullable: true })
+                .collect();
+            let key = def.primary_key.iter().map(|&i| def.schema.field(i).name().clone()).collect();
+            let replace = replace_record(table, &identity, declared, key);
+            sink.push(ChangeRecord::Replace(Box::new(replace)), position, position)?;
+        }
+        sink.set_source_state(Some(self.state()));
+        if begun {
+            let end =
+                ChangeRecord::End { txid: identity, event_count: Some(0), per_table: Vec::new(), commit_us: None };
+            sink.push(end, position, position)?;
+            self.copy_open = false;
+        }
+        Ok(())
+    }
+
+    fn copy_tables(&mut self, tables: &[String], sink: &mut Sink, engine: &Engine) -> CliResult<u64> {
         let mut copy = connect(&self.input)?;
         let mut txn = copy
             .build_transaction()
             .isolation_level(postgres::IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()?;
-        // The first statement takes the snapshot; the insert position read
-        // after it bounds the commits the snapshot can see.
+        // Each table is locked before the snapshot is taken (LOCK takes
+        // none): a table rewrite (ALTER COLUMN … TYPE, TRUNCATE, VACUUM
+        // FULL) committed after the snapshot but before the table was first
+        // read would otherwise show the copy an empty table (such rewrites
+        // are not MVCC-safe). One committed before the lock is in the
+        // snapshot; none can commit while the copy holds the lock. A table
+        // that no longer exists is not copied.
+        let mut present = Vec::new();
+        let mut gone = Vec::new();
+        for table in tables {
+            let mut locking = txn.savepoint("fovea_lock")?;
+            match locking.batch_execute(&format!("LOCK TABLE {} IN ACCESS SHARE MODE", relation(table)?)) {
+                Ok(()) => {
+                    locking.commit()?;
+                    present.push(table.clone());
+                }
+                Err(e) if is_undefined_relation(&e) => {
+                    locking.rollback()?;
+                    gone.push(table.clone());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !gone.is_empty() {
+            // Rows of the relation the stream names it by are moot now.
+            for table in &gone {
+                if let Some(relid) = self.decoder.relation_id(table) {
+                    self.state.relids.insert(table.clone(), relid);
+                }
+            }
+            self.forget_tables(&gone, sink, engine)?;
+        }
+        if present.is_empty() {
+            return Ok(0);
+        }
+        // The first statement after the locks takes the snapshot; the insert
+        // position read with it bounds the commits the snapshot can see.
         let row = txn.query_one("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text", &[])?;
         let snapshot: XidSnapshot = row.get::<_, String>(0).parse()?;
         let until: Lsn = row.get::<_, String>(1).parse()?;
-        let identity = format!("copy:{}:{until}", snapshot.xmax);
+        self.state.copies += 1;
+        let identity = format!("copy:{}:{}:{until}", self.state.copies, snapshot.xmax);
         let position = self.applied.position();
         sink.push(
             ChangeRecord::Begin { txid: identity.clone(), commit_us: Some(fovea_core::catalog::now_us()) },
             position,
             position,
         )?;
+        // From here until END the sink's transaction is open: an error ends
+        // the run (it resumes from the last checkpoint).
+        self.copy_open = true;
         let mut rows = 0u64;
         let mut per_table = Vec::new();
-        for table in tables {
-            let (schema_name, table_name) =
-                table.split_once('.').ok_or_else(|| format!("table name {table} has no schema"))?;
-            let rel = format!("{}.{}", quote_ident(schema_name), quote_ident(table_name));
+        let mut relids = Vec::new();
+        for table in &present {
+            let rel = relation(table)?;
+            let relid: i64 = txn.query_one("SELECT $1::text::regclass::oid::int8", &[&rel])?.get(0);
+            relids.push((table.clone(), relid as u32));
             let columns = txn.query(
                 "SELECT attname::text, atttypid::int8, atttypmod FROM pg_attribute \
                  WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
@@ -448,19 +553,8 @@ impl PgSource {
                 (declared, key)
             };
             let row_change = |after: Option<fovea_core::cdc::Columns>| RowChange {
-                table: table.as_str().into(),
-                op: RowOp::Insert,
-                key: None,
-                before: None,
                 after,
-                txid: Some(identity.as_str().into()),
-                commit_us: None,
-                snapshot: None,
-                declared: Some(declared.clone()),
-                key_names: Some(key.clone()),
-                in_transaction_block: true,
-                omits_nulls: false,
-                typed: None,
+                ..replace_record(table, &identity, declared.clone(), key.clone())
             };
             // An empty table exists in the mirror too; a table the mirror
             // has (copied again after a type change, or back in the
@@ -507,8 +601,12 @@ impl PgSource {
         txn.commit()?;
         // The state that includes the copy must go with the checkpoint that
         // includes its transaction: set it before END is pushed.
-        self.state.copied.extend(tables.iter().cloned());
-        self.state.filters.push(CopyFilter { tables: tables.iter().cloned().collect(), snapshot, until: until.0 });
+        for (table, relid) in relids {
+            self.state.gone.remove(&table);
+            self.state.copied.insert(table.clone());
+            self.state.relids.insert(table, relid);
+        }
+        self.state.filters.push(CopyFilter { tables: present.iter().cloned().collect(), snapshot, until: until.0 });
         sink.set_source_state(Some(self.state()));
         per_table.retain(|(_, n)| *n > 0);
         sink.push(
@@ -556,7 +654,7 @@ impl PgSource {
             tracing::info!("reconnected to PostgreSQL");
         }
         if self.last_publication_check.elapsed() >= std::time::Duration::from_secs(1) {
-            self.copy_new_tables(sink)?;
+            self.copy_new_tables(sink, engine)?;
         }
         let mut stream = match self.stream.take() {
             Some(s) => s,
@@ -638,14 +736,31 @@ impl PgSource {
         }
         let mut copy = BTreeSet::new();
         let mut added = BTreeSet::new();
+        // Rows a copy already holds decide nothing: the copy has the table
+        // as it was at its snapshot, which saw this transaction.
+        let covered: BTreeSet<&str> = self
+            .state
+            .filters
+            .iter()
+            .filter(|f| f.snapshot.sees(txn.xid))
+            .flat_map(|f| f.tables.iter().map(String::as_str))
+            .collect();
         // A column whose new type the rows replicated so far cannot be
         // converted to exactly (`ALTER COLUMN … TYPE`): the table is copied
         // again, in the new type, instead of stopping the replica.
         txn.for_each_row(|r| {
-            if copy.contains(&r.table) {
+            if copy.contains(&r.table) || covered.contains(r.table.as_str()) {
                 return;
             }
-            if !self.state.copied.contains(r.table.as_str()) {
+            let relid = self.decoder.relation_id(&r.table);
+            if relid.is_some() && relid == self.state.gone.get(r.table.as_str()).copied() {
+                // A gone table's own rows: dropped (see `push_transaction`).
+            } else if !self.state.copied.contains(r.table.as_str()) {
+                copy.insert(r.table.clone());
+            } else if let (Some(now), Some(&then)) = (relid, self.state.relids.get(r.table.as_str()))
+                && now != then
+            {
+                tracing::warn!(table = %r.table, "another relation has the table's name (dropped and created again, or renamed to it): copying the table again");
                 copy.insert(r.table.clone());
             } else if needs_copy_again(engine, r) {
                 tracing::warn!(table = %r.table, "a column's type changed in a way that cannot be applied in place: copying the table again");
@@ -668,7 +783,7 @@ impl PgSource {
         if !copy.is_empty() {
             // Committed before the copy's snapshot: the copy holds it.
             let tables: Vec<String> = copy.into_iter().map(String::from).collect();
-            self.copy_tables(&tables, sink)?;
+            self.copy_tables(&tables, sink, engine)?;
         }
         let end = txn.end_lsn;
         if self.push_transaction(txn, sink, engine)? {
@@ -711,7 +826,11 @@ impl PgSource {
     /// Returns whether anything was pushed.
     fn push_transaction(&mut self, mut txn: PgTransaction, sink: &mut Sink, engine: &Engine) -> CliResult<bool> {
         let covered: Vec<&CopyFilter> = self.state.filters.iter().filter(|f| f.snapshot.sees(txn.xid)).collect();
-        let dropped = |table: &str| covered.iter().any(|f| f.tables.contains(table));
+        let (gone, decoder) = (&self.state.gone, &self.decoder);
+        let dropped = |table: &str| {
+            covered.iter().any(|f| f.tables.contains(table))
+                || gone.get(table).is_some_and(|&g| decoder.relation_id(table) == Some(g))
+        };
         let truncates: Vec<(usize, String)> =
             std::mem::take(&mut txn.truncates).into_iter().filter(|(_, t)| !dropped(t)).collect();
         // A table's rows before its last truncate in the transaction are moot.
@@ -926,7 +1045,7 @@ impl ChangeSource for PgChangeSource {
     fn poll(&mut self, sink: &mut Sink) -> fovea_core::Result<Polled> {
         if !self.copied_once {
             self.copied_once = true;
-            let copied = self.pg.copy_new_tables(sink).map_err(|e| into_core(e, &self.name))?;
+            let copied = self.pg.copy_new_tables(sink, &self.engine).map_err(|e| into_core(e, &self.name))?;
             if copied > 0 {
                 return Ok(Polled { records: copied, ..Polled::default() });
             }
@@ -962,6 +1081,40 @@ impl ChangeSource for PgChangeSource {
 
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// A copy's record of `table` (in the copy transaction `identity`) with
+/// the columns the source declares and its key: as
+/// [`ChangeRecord::Replace`], it gives the mirror table these columns and
+/// no rows; with an after image, it is a copied row.
+fn replace_record(table: &str, identity: &str, declared: Vec<DeclaredColumn>, key: Vec<String>) -> RowChange {
+    RowChange {
+        table: table.into(),
+        op: RowOp::Insert,
+        key: None,
+        before: None,
+        after: None,
+        txid: Some(identity.into()),
+        commit_us: None,
+        snapshot: None,
+        declared: Some(declared),
+        key_names: Some(key),
+        in_transaction_block: true,
+        omits_nulls: false,
+        typed: None,
+    }
+}
+
+/// `"schema"."table"` of a `schema.table` name.
+fn relation(table: &str) -> CliResult<String> {
+    let (schema_name, table_name) = table.split_once('.').ok_or_else(|| format!("table name {table} has no schema"))?;
+    Ok(format!("{}.{}", quote_ident(schema_name), quote_ident(table_name)))
+}
+
+/// Whether `e` says a table (or its schema) does not exist.
+fn is_undefined_relation(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME)
 }
 
 #[cfg(test)]
