@@ -346,6 +346,9 @@ struct Table {
     columns: Vec<(String, Ty)>,
 }
 
+/// How the model changes when a step's statements succeed.
+type ModelChange = Box<dyn FnOnce(&mut Model)>;
+
 /// The names of the tables that exist, shared with the writing sessions.
 type Names = Arc<Mutex<Vec<String>>>;
 
@@ -387,13 +390,15 @@ impl Model {
         let values: Vec<String> = (0..rows)
             .map(|_| {
                 let id = self.rng.random_range(0..500);
-                let vals: String = t.columns.iter().map(|(_, ty)| format!(", {}", ty.value(&mut self.rng))).collect();
+                let vals: String =
+                    t.columns.iter().map(|(_, ty)| format!(", ({})::{}", ty.value(&mut self.rng), ty.sql())).collect();
                 format!("({id}, 0{vals})")
             })
             .collect();
         // Ids repeat: the last of them wins.
         format!(
-            "INSERT INTO {} (id, n{cols}) SELECT DISTINCT ON (id) * FROM (VALUES {}) v ORDER BY id ON CONFLICT (id) DO NOTHING;",
+            "INSERT INTO {} (id, n{cols}) SELECT DISTINCT ON (id) * FROM (VALUES {}) v (id, n{cols}) ORDER BY id \
+             ON CONFLICT (id) DO NOTHING;",
             t.name,
             values.join(", ")
         )
@@ -402,7 +407,7 @@ impl Model {
     /// One step of the migration session: a schema change followed at once
     /// by a write that uses it, or writes alone. Returns the statements
     /// and how the model changes if they succeed.
-    fn step(&mut self) -> (String, Box<dyn FnOnce(&mut Model)>) {
+    fn step(&mut self) -> (String, ModelChange) {
         if self.tables.is_empty() {
             let sql = self.create_table();
             let table = self.tables.pop().unwrap();
@@ -585,7 +590,7 @@ fn random_schema_changes_and_writes_with_kills_end_exact() {
     let mut migrations = client(&pg);
     for _ in 0..3 {
         let sql = model.create_table();
-        migrations.batch_execute(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        migrations.batch_execute(&sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     }
     model.publish_names();
     let mut server = Some(Server::start(&lake, &input, ARGS));

@@ -156,6 +156,20 @@ struct PgState {
     /// the mirror emptied them; their rows still in the stream are dropped.
     #[serde(default)]
     gone: BTreeMap<String, u32>,
+    /// The number (`attnum`) of each column of each copied table as last
+    /// seen: a column of the same name with another number was dropped and
+    /// added again, its old rows' values replaced by the new column's.
+    #[serde(default)]
+    attnums: BTreeMap<String, BTreeMap<String, i16>>,
+}
+
+/// The columns of the published tables as the catalog showed them once the
+/// WAL reached `at` (every schema change committed before `at` is in them).
+#[derive(Debug)]
+struct CatalogSchemas {
+    at: Lsn,
+    /// `schema.table` → `(name, attnum, type)` in column order.
+    tables: BTreeMap<String, Vec<(String, i16, arrow::datatypes::DataType)>>,
 }
 
 /// What one poll did.
@@ -192,6 +206,9 @@ pub struct PgSource {
     /// first lost connection and dropped by a poll that went well.
     backoff: Option<backon::ExponentialBackoff>,
     last_publication_check: std::time::Instant,
+    /// The catalog's columns, read at the last schema check (see
+    /// [`PgSource::check_schemas`]).
+    schemas: Option<CatalogSchemas>,
     /// What the stream delivered so far (diagnostics).
     counts: StreamCounts,
     last_counts_log: std::time::Instant,
@@ -316,6 +333,7 @@ impl PgSource {
             retry_at: None,
             backoff: None,
             last_publication_check: std::time::Instant::now() - std::time::Duration::from_secs(3600),
+            schemas: None,
             counts: StreamCounts::default(),
             last_counts_log: std::time::Instant::now(),
         })
@@ -423,6 +441,7 @@ impl PgSource {
         for table in tables {
             tracing::warn!(%table, "the table is gone from the source (dropped, renamed or no longer published): its mirror is emptied");
             self.state.copied.remove(table);
+            self.state.attnums.remove(table);
             if let Some(relid) = self.state.relids.remove(table) {
                 self.state.gone.insert(table.clone(), relid);
             }
@@ -450,6 +469,72 @@ impl PgSource {
                 ChangeRecord::End { txid: identity, event_count: Some(0), per_table: Vec::new(), commit_us: None };
             sink.push(end, position, position)?;
             self.copy_open = false;
+        }
+        Ok(())
+    }
+
+    /// Schema changes the stream does not show: pgoutput describes a table
+    /// again only with its next changed row, so a column added (with a
+    /// default or without), retyped, or dropped and added again under its
+    /// name shows nowhere while no row of the table changes. Each check
+    /// compares the mirror with the catalog as the previous check read it,
+    /// once the stream has passed the WAL position read before it (so every
+    /// change committed before that read was applied): a table whose
+    /// columns or types differ, or one of whose columns has another number
+    /// than when last seen, is copied again. (A change committed after the
+    /// read may make a copy needless, never one missed: the next check sees
+    /// it.)
+    fn check_schemas(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<()> {
+        if let Some(read) = self.schemas.take_if(|r| self.applied >= r.at) {
+            let mut stale = Vec::new();
+            for (table, columns) in read.tables {
+                if !self.state.copied.contains(&table) {
+                    continue;
+                }
+                let Ok(def) = engine.table(&table) else { continue };
+                let mirror: BTreeMap<&str, &arrow::datatypes::DataType> = def
+                    .schema
+                    .fields()
+                    .iter()
+                    .filter(|f| f.name() != ROWID_COLUMN)
+                    .map(|f| (f.name().as_str(), f.data_type()))
+                    .collect();
+                let source: BTreeMap<&str, &arrow::datatypes::DataType> =
+                    columns.iter().map(|(n, _, t)| (n.as_str(), t)).collect();
+                let seen = self.state.attnums.get(&table);
+                let renumbered = columns
+                    .iter()
+                    .find(|(n, a, _)| seen.and_then(|s| s.get(n)).is_some_and(|was| was != a))
+                    .map(|(n, _, _)| n.clone());
+                if mirror != source || renumbered.is_some() {
+                    tracing::warn!(
+                        %table,
+                        dropped_and_added = renumbered.as_deref().unwrap_or(""),
+                        "the table's columns changed at the source with no row changed since: copying the table again"
+                    );
+                    stale.push(table);
+                } else {
+                    let numbers = columns.into_iter().map(|(n, a, _)| (n, a)).collect();
+                    self.state.attnums.insert(table, numbers);
+                }
+            }
+            if !stale.is_empty() {
+                self.copy_tables(&stale, sink, engine)?;
+            }
+        }
+        if self.schemas.is_none() {
+            let at: Lsn =
+                self.client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?.get::<_, String>(0).parse()?;
+            let rows = self.client.query(
+                "SELECT p.schemaname || '.' || p.tablename, a.attname::text, a.attnum, a.atttypid::int8, a.atttypmod                  FROM pg_publication_tables p                  JOIN pg_attribute a ON a.attrelid = (quote_ident(p.schemaname) || '.' || quote_ident(p.tablename))::regclass                  WHERE p.pubname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''                  ORDER BY 1, a.attnum",
+                &[&self.input.publication],
+            )?;
+            let mut tables: BTreeMap<String, Vec<_>> = BTreeMap::new();
+            for r in rows {
+                let column = (r.get::<_, String>(1), r.get::<_, i16>(2), pg_type(r.get::<_, i64>(3) as u32, r.get(4)));
+                tables.entry(r.get(0)).or_default().push(column);
+            }
+            self.schemas = Some(CatalogSchemas { at, tables });
         }
         Ok(())
     }
@@ -515,15 +600,18 @@ impl PgSource {
         let mut rows = 0u64;
         let mut per_table = Vec::new();
         let mut relids = Vec::new();
+        let mut attnums = Vec::new();
         for table in &present {
             let rel = relation(table)?;
             let relid: i64 = txn.query_one("SELECT $1::text::regclass::oid::int8", &[&rel])?.get(0);
             relids.push((table.clone(), relid as u32));
             let columns = txn.query(
-                "SELECT attname::text, atttypid::int8, atttypmod FROM pg_attribute \
+                "SELECT attname::text, atttypid::int8, atttypmod, attnum FROM pg_attribute \
                  WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                 &[&rel],
             )?;
+            attnums
+                .push((table.clone(), columns.iter().map(|c| (c.get::<_, String>(0), c.get::<_, i16>(3))).collect()));
             let declared: Vec<DeclaredColumn> = columns
                 .iter()
                 .map(|c| DeclaredColumn {
@@ -606,6 +694,7 @@ impl PgSource {
             self.state.copied.insert(table.clone());
             self.state.relids.insert(table, relid);
         }
+        self.state.attnums.extend(attnums);
         self.state.filters.push(CopyFilter { tables: present.iter().cloned().collect(), snapshot, until: until.0 });
         sink.set_source_state(Some(self.state()));
         per_table.retain(|(_, n)| *n > 0);
@@ -655,6 +744,7 @@ impl PgSource {
         }
         if self.last_publication_check.elapsed() >= std::time::Duration::from_secs(1) {
             self.copy_new_tables(sink, engine)?;
+            self.check_schemas(sink, engine)?;
         }
         let mut stream = match self.stream.take() {
             Some(s) => s,
