@@ -526,4 +526,34 @@ impl TxnStore for DynamoTxnStore {
         })?;
         Ok(out)
     }
+
+    fn lake_id(&self) -> Result<Option<String>> {
+        let item = self.state.get(CLOCK, CLOCK)?.unwrap_or_default();
+        Ok(lake_id_of(&item))
+    }
+
+    fn bind_lake(&self, id: &str) -> Result<String> {
+        // Set once: the condition and the write are one step; a retry after
+        // an unknown outcome finds its own id (the condition holds again).
+        match self.state.update(
+            CLOCK,
+            CLOCK,
+            "SET #lake_id = :id",
+            "attribute_not_exists(#lake_id) OR #lake_id = :id",
+            vec![(":id", AttributeValue::S(id.to_owned()))],
+        )? {
+            Ok(()) => Ok(id.to_owned()),
+            Err(item) => lake_id_of(&item).ok_or_else(|| {
+                backend_error("UpdateItem", &format!("{}/{CLOCK}", self.state.table()), "lake_id refused but not set")
+            }),
+        }
+    }
+}
+
+/// The lake id an item of the clock holds.
+fn lake_id_of(item: &Item) -> Option<String> {
+    match item.get("lake_id") {
+        Some(AttributeValue::S(s)) => Some(s.clone()),
+        _ => None,
+    }
 }

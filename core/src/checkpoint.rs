@@ -93,6 +93,10 @@ pub struct TableManifest {
     pub columns: Vec<ColumnManifest>,
     /// Primary-key column indices.
     pub primary_key: Vec<usize>,
+    /// Dropped at or below the checkpoint's ts: no snapshot at it has the
+    /// table (its files and index entries are still the checkpoint's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropped: bool,
 }
 
 impl TableManifest {
@@ -111,6 +115,7 @@ impl TableManifest {
                 })
                 .collect(),
             primary_key: def.primary_key.clone(),
+            dropped: false,
         }
     }
 
@@ -391,7 +396,9 @@ pub struct PendingCheckpoint {
     c: Ts,
     number: u64,
     _pin: crate::mvcc::Snapshot,
-    tables: Vec<Arc<TableDef>>,
+    /// Every table created by the checkpoint's ts, and whether it was
+    /// dropped by then.
+    tables: Vec<(Arc<TableDef>, bool)>,
     next_file_id: u64,
     /// A number no other checkpoint of the lake names objects with (a file
     /// id taken for it): the index deltas of a checkpoint at its committed
@@ -484,7 +491,11 @@ impl PendingCheckpoint {
             next_file_id: self.next_file_id,
             block_rows: engine.config.block_rows,
             blocks_per_file: engine.config.blocks_per_file,
-            tables: self.tables.iter().map(|t| TableManifest::of(t)).collect(),
+            tables: self
+                .tables
+                .iter()
+                .map(|(t, dropped)| TableManifest { dropped: *dropped, ..TableManifest::of(t) })
+                .collect(),
             shards,
         })
     }
@@ -786,11 +797,11 @@ impl Engine {
         let number = lock(&self.retired).begin_checkpoint();
         // Release: pairs with the Acquire in `gc`.
         self.checkpointing.store(true, Ordering::Release);
-        let tables = self.tables_at(c);
-        if tables.iter().enumerate().any(|(i, t)| t.id.0 as usize != i) {
+        let tables = self.checkpoint_tables_at(c);
+        if tables.iter().enumerate().any(|(i, (t, _))| t.id.0 as usize != i) {
             return Err(Error::invariant("tables left out of a checkpoint must be the newest ones"));
         }
-        let included: HashSet<TableId> = tables.iter().map(|t| t.id).collect();
+        let included: HashSet<TableId> = tables.iter().map(|(t, _)| t.id).collect();
         // Built first, so that an error below gives the keys taken back.
         let mut pending = PendingCheckpoint {
             engine: Arc::clone(self),
@@ -888,16 +899,18 @@ impl Engine {
         let config =
             EngineConfig { shards: m.shards.len(), block_rows: m.block_rows, blocks_per_file: m.blocks_per_file };
         let engine = Engine::open(store, clock, config)?;
+        let mut key_types: HashMap<u32, Vec<DataType>> = HashMap::new();
         for t in &m.tables {
-            engine.create_table(&t.name, t.schema()?, t.primary_key.clone())?;
+            let def = engine.create_table(&t.name, t.schema()?, t.primary_key.clone())?;
+            if t.dropped {
+                // Before a table of the same name that follows it.
+                engine.restore_dropped(def.id, Ts(m.checkpoint_ts));
+            }
+            // Index images before format 3 hold integer keys in 9 bytes:
+            // their keys are rewritten by the types of the tables' key columns.
+            let types = def.primary_key.iter().map(|&i| def.schema.field(i).data_type().clone()).collect();
+            key_types.insert(def.id.0, types);
         }
-        // Index images before format 3 hold integer keys in 9 bytes:
-        // their keys are rewritten by the types of the tables' key columns.
-        let key_types: HashMap<u32, Vec<DataType>> = engine
-            .tables()
-            .iter()
-            .map(|t| (t.id.0, t.primary_key.iter().map(|&i| t.schema.field(i).data_type().clone()).collect()))
-            .collect();
         let upgrade = |key: &[u8]| upgrade_key(key, |t| key_types.get(&t.0).map(Vec::as_slice));
         // The chains the next checkpoint extends (none of an older format).
         let to_extend = m.to_extend();

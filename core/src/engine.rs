@@ -105,6 +105,10 @@ pub(crate) struct TableRuntime {
     /// committed: it failed) shows nowhere.
     versions: Vec<(Ts, Arc<TableDef>)>,
     parts: Vec<Arc<TablePart>>,
+    /// The mirror transaction that dropped the table: snapshots and
+    /// checkpoints at or above it do not have it (its name is free for a
+    /// new table from then on).
+    dropped_at: Option<Ts>,
 }
 
 impl TableRuntime {
@@ -113,8 +117,17 @@ impl TableRuntime {
         &self.versions.last().unwrap_or_else(|| unreachable!("a table has a definition from its creation")).1
     }
 
-    /// The definition at `ts`; `None` before the table's creation.
+    /// The definition at `ts`; `None` before the table's creation and
+    /// from its drop on.
     fn def_at(&self, ts: Ts) -> Option<&Arc<TableDef>> {
+        if self.dropped_at.is_some_and(|d| d <= ts) {
+            return None;
+        }
+        self.defined_at(ts)
+    }
+
+    /// The definition at `ts` whether or not the table was dropped by then.
+    fn defined_at(&self, ts: Ts) -> Option<&Arc<TableDef>> {
         self.versions.iter().rev().find(|(from, _)| *from <= ts).map(|(_, d)| d)
     }
 
@@ -426,7 +439,7 @@ impl Engine {
         for (shard, part) in self.shards.iter().zip(&parts) {
             lock(shard).add_part(Arc::clone(part));
         }
-        tables.by_id.push(TableRuntime { versions: vec![(created_at, Arc::clone(&def))], parts });
+        tables.by_id.push(TableRuntime { versions: vec![(created_at, Arc::clone(&def))], parts, dropped_at: None });
         tables.by_name.insert(name.into(), id);
         // Release, under the write lock: a decoder that sees the new
         // generation (Acquire) and then reads the tables sees this one.
@@ -513,6 +526,25 @@ impl Engine {
         Ok(def)
     }
 
+    /// Drops table `name` in the mirror transaction `ts` (begun, not
+    /// committed): snapshots and checkpoints below `ts` still have it, those
+    /// at or above do not, and its name is free for a new table. Its files
+    /// stay in the lake while checkpoints name them (they belong to the
+    /// snapshots before the drop).
+    pub fn drop_table_at(&self, name: &str, ts: Ts) -> Result<()> {
+        let _order = lock(&self.sequencer_apply);
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let id = tables.by_name.remove(name).ok_or_else(|| Error::UnknownTable(name.into()))?;
+        let rt = &mut tables.by_id[id.0 as usize];
+        if rt.versions.last().is_some_and(|(from, _)| *from > ts) {
+            return Err(Error::invariant(format!("{name}: dropped at ts {} before a change at a later ts", ts.get())));
+        }
+        rt.dropped_at = Some(ts);
+        // Release, under the write lock: as in `create_table_at`.
+        self.table_generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
     /// The table named `name`.
     pub fn table(&self, name: &str) -> Result<Arc<TableDef>> {
         let tables = self.read_tables();
@@ -532,9 +564,42 @@ impl Engine {
         self.read_tables().by_id.iter().filter_map(|t| t.def_at(ts).cloned()).collect()
     }
 
-    /// All tables, by id, with their newest definitions (the writer's view).
-    pub fn tables(&self) -> Vec<Arc<TableDef>> {
+    /// Every table created at or below `ts`, by id (dense), with its
+    /// definition then and whether it was dropped at or below `ts`: what a
+    /// checkpoint at `ts` records (a dropped table's rows still belong to
+    /// the files and index the checkpoint names).
+    pub(crate) fn checkpoint_tables_at(&self, ts: Ts) -> Vec<(Arc<TableDef>, bool)> {
+        let tables = self.read_tables();
+        tables
+            .by_id
+            .iter()
+            .filter_map(|t| Some((Arc::clone(t.defined_at(ts)?), t.dropped_at.is_some_and(|d| d <= ts))))
+            .collect()
+    }
+
+    /// Marks table `id`, restored from a checkpoint that records it
+    /// dropped, as dropped from `ts` on.
+    pub(crate) fn restore_dropped(&self, id: TableId, ts: Ts) {
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let name = tables.by_id[id.0 as usize].current().name.clone();
+        if tables.by_name.get(name.as_str()) == Some(&id) {
+            tables.by_name.remove(name.as_str());
+        }
+        tables.by_id[id.0 as usize].dropped_at = Some(ts);
+        // Release, under the write lock: as in `create_table_at`.
+        self.table_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Every table, dropped ones included, indexed by id, with its newest
+    /// definition.
+    pub(crate) fn tables_by_id(&self) -> Vec<Arc<TableDef>> {
         self.read_tables().by_id.iter().map(|t| Arc::clone(t.current())).collect()
+    }
+
+    /// The tables not dropped, by id, with their newest definitions (the
+    /// writer's view).
+    pub fn tables(&self) -> Vec<Arc<TableDef>> {
+        self.read_tables().by_id.iter().filter(|t| t.dropped_at.is_none()).map(|t| Arc::clone(t.current())).collect()
     }
 
     /// The shard a key belongs to, by its routing bytes
@@ -602,7 +667,7 @@ impl Engine {
         let even = (ops.len() / self.shards.len() * 3 / 2 + 4).min(ops.len());
         let mut routed: Vec<Vec<ShardOp>> = (0..self.shards.len()).map(|_| Vec::with_capacity(even)).collect();
         let mut origins: Vec<Vec<usize>> = (0..self.shards.len()).map(|_| Vec::with_capacity(even)).collect();
-        let tables = self.tables();
+        let tables = self.tables_by_id();
         for (i, op) in ops.into_iter().enumerate() {
             let table_of =
                 |t: TableId| tables.get(t.0 as usize).cloned().ok_or_else(|| Error::UnknownTable(t.to_string()));
@@ -817,9 +882,15 @@ impl Engine {
     /// changed above `qts` has its columns from before the change.
     fn views_at(&self, table: &str, qts: Ts) -> Result<(Arc<TableDef>, Vec<PartView>)> {
         let tables = self.read_tables();
-        let id = tables.by_name.get(table).ok_or_else(|| Error::UnknownTable(table.into()))?;
-        let rt = &tables.by_id[id.0 as usize];
-        let def = rt.def_at(qts).ok_or_else(|| Error::UnknownTable(table.into()))?;
+        // The table of that name now, or one dropped after `qts`.
+        let found =
+            tables.by_name.get(table).map(|id| &tables.by_id[id.0 as usize]).into_iter().chain(
+                tables.by_id.iter().rev().filter(|t| t.dropped_at.is_some() && t.current().name.as_str() == table),
+            );
+        let (rt, def) = found
+            .filter_map(|rt| Some((rt, rt.def_at(qts)?)))
+            .next()
+            .ok_or_else(|| Error::UnknownTable(table.into()))?;
         let views = rt.parts.iter().map(|p| p.view()).collect::<Result<_>>()?;
         Ok((Arc::clone(def), views))
     }

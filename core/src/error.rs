@@ -103,6 +103,18 @@ pub enum Error {
         /// The lake's epoch now.
         current: u64,
     },
+    /// This process's lease expired without a successful renewal (the
+    /// state store did not answer in time): another replayer may take the
+    /// lake over now, so this one stops writing.
+    #[error(
+        "the lake's lease (epoch {epoch}) expired {late_ms} ms ago without a successful renewal (the state store did not answer in time): this replayer stops before writing more, as another may take the lake over now. Help: check the state store; a restart takes the lease again"
+    )]
+    LeaseExpired {
+        /// The epoch this process held.
+        epoch: u64,
+        /// How long ago it expired.
+        late_ms: i64,
+    },
     /// The lake's lease is held by a live replayer.
     #[error("the lake's lease is held by {owner} (epoch {epoch}) for another {remaining_ms} ms")]
     LeaseHeld {
@@ -152,6 +164,11 @@ pub enum Error {
         /// What the backend said.
         message: String,
     },
+    /// The lake and its state do not belong together (a mistyped
+    /// `--state`, a deleted or restored state, a lake emptied under its
+    /// state): nothing was touched.
+    #[error("{0}")]
+    WrongState(String),
     /// Corrupt or unsupported persisted bytes (index snapshot, metadata).
     #[error("corrupt {what}: {reason}")]
     Corrupt {

@@ -352,6 +352,12 @@ impl TxnStore for FaultyTxnStore {
     fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
         self.dice.read("list readers", || self.inner.readers(now_us))
     }
+    fn lake_id(&self) -> Result<Option<String>> {
+        self.dice.read("read the lake id", || self.inner.lake_id())
+    }
+    fn bind_lake(&self, id: &str) -> Result<String> {
+        self.dice.write("bind the state to its lake", || self.inner.bind_lake(id))
+    }
 }
 
 /// A [`Catalog`] that injects faults into `inner`'s requests.

@@ -44,17 +44,16 @@ impl FrozenVisibility {
         let qts = snapshot.qts();
         let mut files = HashMap::new();
         let mut words = Vec::new();
-        for def in engine.tables() {
-            let (_, views) = engine.views(&def.name)?;
-            for view in views {
-                let all = view.files.iter().map(|f| &f.vis).chain(view.active.as_ref().map(|a| &a.vis));
-                for vis in all {
-                    if files.contains_key(&vis.file()) {
-                        continue;
-                    }
-                    vis.deleted_bitmap(0, vis.capacity(), qts, &mut words)?;
-                    files.insert(vis.file(), std::mem::take(&mut words));
+        // Every table's parts, those of tables dropped after `qts` too.
+        for part in engine.all_parts() {
+            let view = part.view()?;
+            let all = view.files.iter().map(|f| &f.vis).chain(view.active.as_ref().map(|a| &a.vis));
+            for vis in all {
+                if files.contains_key(&vis.file()) {
+                    continue;
                 }
+                vis.deleted_bitmap(0, vis.capacity(), qts, &mut words)?;
+                files.insert(vis.file(), std::mem::take(&mut words));
             }
         }
         Ok(FrozenVisibility { qts, files })

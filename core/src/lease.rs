@@ -15,7 +15,7 @@
 //! on the time within a fraction of the lease time; correctness never rests
 //! on it, only on the epoch.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -115,6 +115,10 @@ pub struct LeaseKeeper {
     epoch: u64,
     /// The epoch that fenced this holder (0 while it holds the lease).
     fenced_by: Arc<AtomicU64>,
+    /// Until when the lease holds by this process's clock: the start of the
+    /// last successful renewal (or the grant) plus the lease time. Past it,
+    /// another replayer may take over: this one stops writing for good.
+    valid_until_us: Arc<AtomicI64>,
     renewal: Option<Renewal>,
 }
 
@@ -153,25 +157,43 @@ impl LeaseKeeper {
         }
         let epoch = lease.epoch;
         let fenced_by = Arc::new(AtomicU64::new(0));
+        let valid_until_us = Arc::new(AtomicI64::new(lease.expires_us));
         let renewal = {
-            let (store, fenced_by) = (Arc::clone(&store), Arc::clone(&fenced_by));
-            Renewal::spawn("fovea-lease", ttl / 3, move || match store.renew_lease(epoch, ttl_us, now_us()) {
-                Ok(_) => true,
-                Err(Error::Fenced { current, .. }) => {
-                    tracing::error!(epoch, current, "lost the lake's lease: another replayer took over");
-                    // Relaxed: see `check`.
-                    fenced_by.store(current.max(1), Ordering::Relaxed);
-                    false
-                }
-                // A transient failure: the next period tries again (the
-                // lease lasts three of them).
-                Err(e) => {
-                    tracing::warn!(error = %e, "renewing the lake's lease failed; retrying");
-                    true
+            let (store, fenced_by, valid_until_us) =
+                (Arc::clone(&store), Arc::clone(&fenced_by), Arc::clone(&valid_until_us));
+            Renewal::spawn("fovea-lease", ttl / 3, move || {
+                // The lease runs from the request's start: an answer that
+                // comes late never extends it past what the store granted.
+                let asked = now_us();
+                match store.renew_lease(epoch, ttl_us, asked) {
+                    Ok(_) => {
+                        // Relaxed: see `check`; a later renewal's value is
+                        // never smaller (`fetch_max`).
+                        valid_until_us.fetch_max(asked + ttl_us, Ordering::Relaxed);
+                        true
+                    }
+                    Err(Error::Fenced { current, .. }) => {
+                        tracing::error!(epoch, current, "lost the lake's lease: another replayer took over");
+                        // Relaxed: see `check`.
+                        fenced_by.store(current.max(1), Ordering::Relaxed);
+                        false
+                    }
+                    // Expired meanwhile: renewing no longer helps (another
+                    // replayer may have taken over); `check` stops the writer.
+                    Err(e) if now_us() >= valid_until_us.load(Ordering::Relaxed) => {
+                        tracing::error!(epoch, error = %e, "the lake's lease expired without a successful renewal: stopping");
+                        false
+                    }
+                    // A transient failure: the next period tries again (the
+                    // lease lasts three of them).
+                    Err(e) => {
+                        tracing::warn!(error = %e, "renewing the lake's lease failed; retrying");
+                        true
+                    }
                 }
             })?
         };
-        Ok(LeaseKeeper { store, epoch, fenced_by, renewal: Some(renewal) })
+        Ok(LeaseKeeper { store, epoch, fenced_by, valid_until_us, renewal: Some(renewal) })
     }
 
     /// The epoch every write of this holder names.
@@ -179,13 +201,20 @@ impl LeaseKeeper {
         self.epoch
     }
 
-    /// [`Error::Fenced`] once another replayer took the lease over.
+    /// [`Error::Fenced`] once another replayer took the lease over;
+    /// [`Error::LeaseExpired`] once the lease's time passed without a
+    /// successful renewal (a stalled or unreachable state store), for good.
     pub fn check(&self) -> Result<()> {
-        // Relaxed: a flag; the store's own checks are what fence writes.
+        // Relaxed: flags; the store's own checks are what fence writes.
         match self.fenced_by.load(Ordering::Relaxed) {
-            0 => Ok(()),
-            current => Err(Error::Fenced { epoch: self.epoch, current }),
+            0 => {}
+            current => return Err(Error::Fenced { epoch: self.epoch, current }),
         }
+        let late_us = now_us() - self.valid_until_us.load(Ordering::Relaxed);
+        if late_us >= 0 {
+            return Err(Error::LeaseExpired { epoch: self.epoch, late_ms: late_us / 1000 });
+        }
+        Ok(())
     }
 }
 
@@ -193,7 +222,8 @@ impl Drop for LeaseKeeper {
     fn drop(&mut self) {
         // No renewal after the release.
         drop(self.renewal.take());
-        if self.check().is_ok()
+        // Relaxed: see `check`. Released only while no one took it over.
+        if self.fenced_by.load(Ordering::Relaxed) == 0
             && let Err(e) = self.store.release_lease(self.epoch)
         {
             tracing::warn!(error = %e, "releasing the lake's lease failed (the next replayer waits for it to expire)");
@@ -315,6 +345,80 @@ mod tests {
         drop(renewal);
         assert!(began.elapsed() < Duration::from_millis(500));
         assert!(ticking.load(Ordering::Relaxed) >= 1);
+    }
+
+    /// A state store that stops answering renewals.
+    struct Unanswering(MemoryTxnStore);
+
+    impl TxnStore for Unanswering {
+        fn load(&self) -> Result<crate::mvcc::PersistedClock> {
+            self.0.load()
+        }
+        fn lease(&self) -> Result<Option<crate::mvcc::Lease>> {
+            self.0.lease()
+        }
+        fn acquire_lease(
+            &self,
+            owner: &str,
+            ttl_us: i64,
+            now: i64,
+            take_over: Option<u64>,
+        ) -> Result<crate::mvcc::Lease> {
+            self.0.acquire_lease(owner, ttl_us, now, take_over)
+        }
+        fn renew_lease(&self, _: u64, _: i64, _: i64) -> Result<crate::mvcc::Lease> {
+            std::thread::sleep(Duration::from_millis(30));
+            Err(Error::Backend {
+                backend: "test",
+                operation: "renew".into(),
+                key: "lease".into(),
+                message: "timed out".into(),
+            })
+        }
+        fn release_lease(&self, epoch: u64) -> Result<()> {
+            self.0.release_lease(epoch)
+        }
+        fn reserve(&self, epoch: u64, from: crate::Ts, upto: crate::Ts) -> Result<()> {
+            self.0.reserve(epoch, from, upto)
+        }
+        fn save_watermarks(&self, epoch: u64, hwm: crate::Ts, lwm: crate::Ts) -> Result<()> {
+            self.0.save_watermarks(epoch, hwm, lwm)
+        }
+        fn register_reader(&self, id: &str, qts: crate::Ts, expires_us: i64) -> Result<()> {
+            self.0.register_reader(id, qts, expires_us)
+        }
+        fn deregister_reader(&self, id: &str) -> Result<()> {
+            self.0.deregister_reader(id)
+        }
+        fn readers(&self, now: i64) -> Result<Vec<crate::mvcc::ReaderLease>> {
+            self.0.readers(now)
+        }
+        fn lake_id(&self) -> Result<Option<String>> {
+            self.0.lake_id()
+        }
+        fn bind_lake(&self, id: &str) -> Result<String> {
+            self.0.bind_lake(id)
+        }
+    }
+
+    /// Renewals that fail without an answer: the holder stops once its
+    /// lease's time has passed, for good (not only while the store is down),
+    /// and not before.
+    #[test]
+    fn a_holder_whose_renewals_fail_stops_when_its_lease_expires() {
+        let store: Arc<dyn TxnStore> = Arc::new(Unanswering(MemoryTxnStore::default()));
+        let ttl = Duration::from_millis(400);
+        let began = std::time::Instant::now();
+        let keeper = LeaseKeeper::acquire(Arc::clone(&store), ttl).unwrap();
+        keeper.check().unwrap();
+        let deadline = began + Duration::from_secs(5);
+        while keeper.check().is_ok() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(began.elapsed() >= ttl, "stopped before the lease's time: {:?}", began.elapsed());
+        let err = keeper.check().unwrap_err();
+        assert!(matches!(err, Error::LeaseExpired { epoch: 1, .. }), "{err}");
+        assert!(err.to_string().contains("without a successful renewal"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod checkpoint;
 pub mod compact;
 pub mod engine;
 pub mod frozen;
+pub mod identity;
 pub mod lake;
 pub mod lease;
 pub mod location;

@@ -23,6 +23,7 @@ use object_store::ObjectStore;
 use crate::catalog::{Catalog, CheckpointRecord, SqliteCatalog};
 use crate::engine::{Engine, EngineConfig, METADATA_DIR};
 use crate::error::Result;
+use crate::identity::Access;
 use crate::lease::{DEFAULT_LEASE_TTL, LeaseKeeper, ReaderRegistration};
 use crate::mvcc::{Clock, SqliteTxnStore, TxnStore};
 use crate::reader::CheckpointReader;
@@ -90,6 +91,9 @@ pub fn open_lake_with(dir: &Path, config: EngineConfig, mode: OpenMode, lease_tt
 /// Opens the lake of `backends`; a writer's lease lasts `lease_ttl`.
 pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_ttl: Duration) -> Result<OpenLake> {
     let LakeBackends { store, txn, catalog } = backends;
+    // Before anything is touched: the lake and its state belong together.
+    let access = if mode == OpenMode::Write { Access::Write } else { Access::Read };
+    crate::identity::check(&store, txn.as_ref(), catalog.as_ref(), access)?;
     let (lease, reader) = match mode {
         OpenMode::Write => (Some(LeaseKeeper::acquire(Arc::clone(&txn), lease_ttl)?), None),
         // Registered before the catalog is read, so the writer cannot drop
@@ -151,6 +155,7 @@ pub struct OpenReader {
 /// reads), reads the manifest, and nothing else until a scan asks.
 pub fn open_reader(backends: LakeBackends, ttl: Duration) -> Result<OpenReader> {
     let LakeBackends { store, txn, catalog } = backends;
+    crate::identity::check(&store, txn.as_ref(), catalog.as_ref(), Access::Read)?;
     // Registered before the catalog is read: the writer cannot drop the
     // checkpoint about to be read.
     let registration = ReaderRegistration::register(txn, ttl)?;

@@ -47,6 +47,8 @@ pub struct CheckpointReader {
 struct ReaderTable {
     def: Arc<TableDef>,
     files: Vec<ReaderFile>,
+    /// Dropped by the checkpoint's ts: listed by no one.
+    dropped: bool,
 }
 
 struct ReaderFile {
@@ -129,8 +131,12 @@ impl CheckpointReader {
         let mut by_name = HashMap::new();
         for (i, t) in manifest.tables.iter().enumerate() {
             let def = t.def(TableId(i as u32))?;
-            by_name.insert(t.name.clone(), i);
-            tables.push(ReaderTable { def, files: Vec::new() });
+            // A dropped table is not there at the checkpoint's ts (a table
+            // of its name may follow it).
+            if !t.dropped {
+                by_name.insert(t.name.clone(), i);
+            }
+            tables.push(ReaderTable { def, files: Vec::new(), dropped: t.dropped });
         }
         for shard in &manifest.shards {
             let deletes: HashMap<u64, Arc<CheckpointDeletes>> = shard
@@ -197,7 +203,7 @@ impl SnapshotTables for CheckpointReader {
     }
 
     fn tables(&self) -> Vec<Arc<TableDef>> {
-        self.tables.iter().map(|t| Arc::clone(&t.def)).collect()
+        self.tables.iter().filter(|t| !t.dropped).map(|t| Arc::clone(&t.def)).collect()
     }
 
     fn scan(&self, table: &str, options: ScanOptions) -> Result<Scan> {

@@ -627,6 +627,7 @@ impl Sink {
                 self.table(&r, position, &txid)?;
             }
             ChangeRecord::Replace(r) => self.replace_table(&r, position)?,
+            ChangeRecord::Drop { table, txid } => self.drop_table(&table, &txid, position)?,
             ChangeRecord::Begin { txid, commit_us } => {
                 self.seen_begin = true;
                 if let Some(open) = self.open.take() {
@@ -1612,6 +1613,37 @@ impl Sink {
         });
         self.tables.insert(r.table.to_string(), TableShape::new(new));
         self.by_content.remove(&def.id);
+        Ok(())
+    }
+
+    /// [`ChangeRecord::Drop`]: drops table `name` in the open transaction
+    /// `txid`. A table the mirror does not have has nothing to drop.
+    fn drop_table(&mut self, name: &str, txid: &str, position: SourcePosition) -> Result<()> {
+        let err = |m: &str| input_error(position, Some(name), Some(txid), m.to_owned());
+        let open = self.open.as_ref().filter(|o| o.kind == TxnKind::Metadata && o.txid == txid);
+        let Some(open) = open else {
+            return Err(err("a table can be dropped only inside its transaction"));
+        };
+        if open.skip || !self.tables.contains_key(name) {
+            return Ok(());
+        }
+        // The transaction's operations before the drop go in first.
+        self.apply_chunk()?;
+        self.drain()?;
+        let (ts, own) = self.table_ts()?;
+        if own {
+            return Err(Error::invariant("a dropped table's ts is its open transaction's"));
+        }
+        self.engine.drop_table_at(name, ts).map_err(|e| err(&format!("dropping the table: {e}")))?;
+        if let Some(t) = self.tables.remove(name) {
+            self.by_content.remove(&t.def.id);
+            self.next_rowid.remove(&t.def.id);
+        }
+        self.operations.push(CatalogOperation {
+            description: format!("drop table {name}"),
+            actions: serde_json::json!([{ "drop_table": name }]),
+            ts,
+        });
         Ok(())
     }
 

@@ -131,3 +131,46 @@ fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
         assert_eq!(export(&moto, &killed, t), export(&moto, &reference_args, t), "{t}");
     }
 }
+
+/// A lake knows its state: a replay into an S3 lake with a mistyped (new)
+/// state, with the state of another lake, or into a lake whose objects were
+/// deleted under its live state, is refused before anything is touched —
+/// the lake's objects are the same after, and the lake still reads exactly
+/// through its own state. Readers are refused the same way.
+#[test]
+fn a_lake_refuses_a_state_that_is_not_its_own() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let input = data().join("debezium_events.precise_schemas.jsonl.gz");
+    let shop = ["--lake", "s3://lake/shop", "--state", "dynamodb://state_a"];
+    ok(fovea(&moto).arg("replay").args(shop).arg("--input").arg(&input).output().unwrap());
+    let before = moto.list_keys("lake", "shop/").unwrap();
+    assert!(before.iter().any(|k| k == "shop/_fovea/lake.json"), "{before:?}");
+    let refused = |args: &[&str], what: &str| {
+        let out = fovea(&moto).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} ran: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(stderr.contains(what) && stderr.contains("Nothing was touched"), "{args:?}: {stderr}");
+    };
+    // A mistyped state: a new table, no record of this lake.
+    let typo = ["--lake", "s3://lake/shop", "--state", "dynamodb://state_b"];
+    refused(&[&["replay"][..], &typo[..], &["--input", input.to_str().unwrap()]].concat(), "no record of any lake");
+    refused(&[&["export", "--table", "public.pgbench_accounts"][..], &typo[..]].concat(), "no record of any lake");
+    refused(&[&["sql"][..], &typo[..], &["SELECT 1"]].concat(), "no record of any lake");
+    // The state of another lake.
+    let other = ["--lake", "s3://lake/other", "--state", "dynamodb://state_c"];
+    ok(fovea(&moto).arg("replay").args(other).arg("--input").arg(&input).output().unwrap());
+    let crossed = ["--lake", "s3://lake/shop", "--state", "dynamodb://state_c"];
+    refused(&[&["replay"][..], &crossed[..], &["--input", input.to_str().unwrap()]].concat(), "belongs to lake");
+    assert_eq!(moto.list_keys("lake", "shop/").unwrap(), before, "the lake was touched");
+    for t in tables() {
+        let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        assert_eq!(export(&moto, &shop, &t), expected, "{t}");
+    }
+    // The other lake's objects deleted under its live state.
+    for key in moto.list_keys("lake", "other/").unwrap() {
+        moto.delete_object("lake", &key).unwrap();
+    }
+    refused(&[&["replay"][..], &other[..], &["--input", input.to_str().unwrap()]].concat(), "has no identity");
+    assert!(moto.list_keys("lake", "other/").unwrap().is_empty());
+}

@@ -196,6 +196,15 @@ pub enum ChangeRecord {
     /// (a type change that cannot be made in place). Creates the table if
     /// it is new, like [`ChangeRecord::Table`].
     Replace(Box<RowChange>),
+    /// Table `table` is dropped by the source transaction `txid` (inside
+    /// it): snapshots from its commit on do not have the table, and its
+    /// name is free for a new one.
+    Drop {
+        /// Qualified name.
+        table: String,
+        /// Source transaction id.
+        txid: String,
+    },
     /// A Kafka tombstone (`value: null`) or other record with nothing to apply.
     Skip,
 }

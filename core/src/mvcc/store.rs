@@ -93,6 +93,13 @@ pub trait TxnStore: Send + Sync {
     fn deregister_reader(&self, id: &str) -> Result<()>;
     /// The readers registered and not expired at `now_us`.
     fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>>;
+    /// The id of the lake this state belongs to (`None`: not bound yet).
+    fn lake_id(&self) -> Result<Option<String>>;
+    /// Binds this state to lake `id` unless it is bound already, in one
+    /// atomic step; returns the id it is bound to: `id`, or the one bound
+    /// before (a retry after an unknown outcome reads back its own). Not
+    /// fenced: a state is bound once, before its first lease matters.
+    fn bind_lake(&self, id: &str) -> Result<String>;
 }
 
 /// A query on another host, registered with the snapshot it reads.
@@ -154,6 +161,7 @@ fn check_reservation(current: Ts, from: Ts, upto: Ts) -> Result<()> {
 pub struct MemoryTxnStore {
     state: Mutex<(PersistedClock, Option<Lease>)>,
     readers: Mutex<std::collections::BTreeMap<String, ReaderLease>>,
+    lake: Mutex<Option<String>>,
 }
 
 impl MemoryTxnStore {
@@ -228,6 +236,14 @@ impl TxnStore for MemoryTxnStore {
     fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {
         Ok(lock(&self.readers).values().filter(|r| r.expires_us > now_us).cloned().collect())
     }
+
+    fn lake_id(&self) -> Result<Option<String>> {
+        Ok(lock(&self.lake).clone())
+    }
+
+    fn bind_lake(&self, id: &str) -> Result<String> {
+        Ok(lock(&self.lake).get_or_insert_with(|| id.to_owned()).clone())
+    }
 }
 
 /// Opens (creating the folder) a SQLite file for metadata that must
@@ -270,7 +286,8 @@ impl SqliteTxnStore {
         )?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS readers (
-                id TEXT PRIMARY KEY, qts INTEGER NOT NULL, expires_us INTEGER NOT NULL);",
+                id TEXT PRIMARY KEY, qts INTEGER NOT NULL, expires_us INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS lake (id INTEGER PRIMARY KEY CHECK (id = 0), lake_id TEXT NOT NULL);",
         )?;
         // Lakes written before leases lack the lease columns.
         let has_lease = conn.prepare("SELECT 1 FROM pragma_table_info('clock') WHERE name = 'epoch'")?.exists([])?;
@@ -405,6 +422,17 @@ impl TxnStore for SqliteTxnStore {
         })?;
         Ok(rows.collect::<std::result::Result<_, _>>()?)
     }
+
+    fn lake_id(&self) -> Result<Option<String>> {
+        Ok(lock(&self.conn).query_row("SELECT lake_id FROM lake WHERE id = 0", [], |r| r.get(0)).optional()?)
+    }
+
+    fn bind_lake(&self, id: &str) -> Result<String> {
+        let conn = lock(&self.conn);
+        // One statement: the insert and the conflict check are atomic.
+        conn.execute("INSERT OR IGNORE INTO lake (id, lake_id) VALUES (0, ?1)", params![id])?;
+        Ok(conn.query_row("SELECT lake_id FROM lake WHERE id = 0", [], |r| r.get(0))?)
+    }
 }
 
 /// The conformance suite every [`TxnStore`] passes (public so that stores
@@ -423,6 +451,21 @@ pub mod conformance {
         leases_and_fencing(new().as_ref());
         concurrent_reservations_never_overlap(new());
         readers_register_renew_and_expire(new().as_ref());
+        bound_to_one_lake(new().as_ref());
+    }
+
+    fn bound_to_one_lake(store: &dyn TxnStore) {
+        assert_eq!(store.lake_id().unwrap(), None);
+        // Bound once, whatever a lease did before; a retry reads back its
+        // own id, another id is answered with the bound one.
+        store.acquire_lease("w", 1_000, 0, None).unwrap();
+        assert_eq!(store.bind_lake("lake-a").unwrap(), "lake-a");
+        assert_eq!(store.bind_lake("lake-a").unwrap(), "lake-a");
+        assert_eq!(store.bind_lake("lake-b").unwrap(), "lake-a");
+        assert_eq!(store.lake_id().unwrap().as_deref(), Some("lake-a"));
+        // The binding leaves the clock and the lease as they were.
+        assert_eq!(store.lease().unwrap().map(|l| l.epoch), Some(1));
+        assert_eq!(store.load().unwrap(), PersistedClock::default());
     }
 
     fn readers_register_renew_and_expire(store: &dyn TxnStore) {

@@ -178,7 +178,10 @@ fn a_checkpoint_reader_opens_only_what_it_reads() {
     let mut backends = LakeBackends::local(dir.path()).unwrap();
     backends.store = Arc::new(MeteredStore::new(backends.store, Arc::clone(&meter)));
     let opened = open_reader(backends, Duration::from_secs(60)).unwrap();
-    assert_eq!(meter.counts().requests(), 0, "opening read lake objects: {:?}", meter.counts());
+    // Opening reads the lake's identity (one small object) and nothing else.
+    let counts = meter.counts();
+    assert_eq!((counts.requests(), counts.gets), (1, 1), "opening read lake objects: {counts:?}");
+    assert!(counts.bytes_read < 200, "{counts:?}");
     assert_eq!(opened.reader.qts(), at_checkpoint.qts());
 
     // Table b's files gone: a scan of a does not notice.
@@ -269,4 +272,73 @@ fn a_corrupt_checkpoint_object_is_named() {
     // Undamaged, it opens and reads as before.
     let lake = open_lake(dir.path(), config, OpenMode::Write).unwrap();
     assert_eq!(count(&lake), 1000 - 334);
+}
+
+/// The embedded lake's identity: a lake written before identities existed
+/// (no `_fovea/lake.json`, its state unbound) is adopted by its writer; a
+/// first open that stopped between writing the lake's id and binding the
+/// state is completed; the state of another lake is refused, nothing
+/// deleted.
+#[test]
+fn lakes_without_identities_are_adopted_and_foreign_states_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    {
+        let writer = open_lake(&lake_dir, EngineConfig::default(), OpenMode::Write).unwrap();
+        let t = writer
+            .engine
+            .create_table(
+                "s.t",
+                Arc::new(Schema::new(vec![
+                    Field::new("k", DataType::Int64, false),
+                    Field::new("v", DataType::Utf8, true),
+                ])),
+                vec![0],
+            )
+            .unwrap();
+        writer.engine.apply(vec![Op::Insert { table: t.id, row: vec![Value::Int(1), Value::Null] }]).unwrap();
+        checkpoint(&writer);
+    }
+    // As a lake of before identities: no identity object, no binding.
+    std::fs::remove_file(lake_dir.join("_fovea/lake.json")).unwrap();
+    let conn = rusqlite::Connection::open(lake_dir.join("_fovea/txn.sqlite")).unwrap();
+    conn.execute("DELETE FROM lake", []).unwrap();
+    drop(conn);
+    let reader = open_lake(&lake_dir, EngineConfig::default(), OpenMode::Read).unwrap();
+    assert_eq!(count(&reader), 1);
+    assert!(!lake_dir.join("_fovea/lake.json").exists(), "a reader writes no identity");
+    drop(reader);
+    let writer = open_lake(&lake_dir, EngineConfig::default(), OpenMode::Write).unwrap();
+    assert_eq!(count(&writer), 1);
+    let id = std::fs::read_to_string(lake_dir.join("_fovea/lake.json")).unwrap();
+    drop(writer);
+
+    // The state of another lake beside this lake's objects: refused.
+    let other_dir = dir.path().join("other");
+    drop(open_lake(&other_dir, EngineConfig::default(), OpenMode::Write).unwrap());
+    let data = |d: &std::path::Path| [objects(d, "tables"), objects(d, "_fovea/checkpoints")].concat();
+    let objects_before = data(&lake_dir);
+    let mixed = LakeBackends {
+        store: LakeBackends::local(&lake_dir).unwrap().store,
+        ..LakeBackends::local(&other_dir).unwrap()
+    };
+    let err = open(mixed, EngineConfig::default(), OpenMode::Write, std::time::Duration::from_secs(5))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("belongs to lake"), "{err}");
+    assert!(!objects_before.is_empty());
+    assert_eq!(data(&lake_dir), objects_before, "nothing touched");
+
+    // A new lake whose first open stopped after writing its id: completed.
+    let fresh = dir.path().join("fresh");
+    std::fs::create_dir_all(fresh.join("_fovea")).unwrap();
+    std::fs::write(fresh.join("_fovea/lake.json"), r#"{"lake_id":"0123","created_us":0}"#).unwrap();
+    drop(open_lake(&fresh, EngineConfig::default(), OpenMode::Write).unwrap());
+    let conn = rusqlite::Connection::open(fresh.join("_fovea/txn.sqlite")).unwrap();
+    let bound: String = conn.query_row("SELECT lake_id FROM lake", [], |r| r.get(0)).unwrap();
+    assert_eq!(bound, "0123");
+    // The adopted lake still opens with its own state.
+    let writer = open_lake(&lake_dir, EngineConfig::default(), OpenMode::Write).unwrap();
+    assert_eq!(count(&writer), 1);
+    assert_eq!(std::fs::read_to_string(lake_dir.join("_fovea/lake.json")).unwrap(), id);
 }

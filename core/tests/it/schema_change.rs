@@ -478,3 +478,109 @@ fn a_type_change_the_rows_cannot_follow_keeps_a_type_that_holds_both() {
     assert_eq!(lake.engine.table("public.d").unwrap().schema.field(1).data_type(), &DataType::Utf8);
     assert_eq!(rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"), vec![vec![Value::Int(1), text("7")]]);
 }
+
+/// A table dropped by a transaction is gone from the snapshots after it
+/// (a snapshot before keeps reading it), from the table list, from the
+/// checkpoint a restart restores and from what a reader of that checkpoint
+/// lists; its name is free for a new table, which a restart restores with
+/// its own rows alone.
+#[test]
+fn a_dropped_table_is_gone_from_later_snapshots_and_restarts_and_its_name_is_free() {
+    let text = |s: &str| Value::Utf8(s.into());
+    let dir = tempfile::tempdir().unwrap();
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "pg", SinkConfig::default()).unwrap();
+    let mut line = 0;
+    let mut push = |sink: &mut Sink, r: ChangeRecord| {
+        line += 1;
+        let pos = SourcePosition { line, offset: line };
+        sink.push(r, pos, pos)
+    };
+    let begin = |txid: &str| ChangeRecord::Begin { txid: txid.into(), commit_us: None };
+    let end =
+        |txid: &str| ChangeRecord::End { txid: txid.into(), event_count: None, per_table: vec![], commit_us: None };
+    let names = |engine: &std::sync::Arc<Engine>| -> Vec<String> {
+        engine.at(engine.snapshot()).tables().iter().map(|t| t.name.clone()).collect()
+    };
+    push(&mut sink, begin("1")).unwrap();
+    let mut create = change("1", 0, Json::Null, DataType::Utf8);
+    create.after = None;
+    push(&mut sink, ChangeRecord::Replace(Box::new(create))).unwrap();
+    for (id, code) in [(1, "5"), (2, "6")] {
+        push(&mut sink, ChangeRecord::Row(change("1", id, json!(code), DataType::Utf8))).unwrap();
+    }
+    push(&mut sink, end("1")).unwrap();
+    sink.sync().unwrap();
+    let before = lake.engine.snapshot();
+
+    // Rows of the table, then its drop, in one transaction.
+    push(&mut sink, begin("2")).unwrap();
+    push(&mut sink, ChangeRecord::Row(change("2", 3, json!("7"), DataType::Utf8))).unwrap();
+    push(&mut sink, ChangeRecord::Drop { table: "public.c".into(), txid: "2".into() }).unwrap();
+    push(&mut sink, end("2")).unwrap();
+    sink.sync().unwrap();
+    assert!(lake.engine.table("public.c").is_err());
+    assert!(names(&lake.engine).is_empty(), "{:?}", names(&lake.engine));
+    let after = lake.engine.snapshot();
+    assert!(lake.engine.scan(&after, "public.c", ScanOptions::default()).is_err(), "dropped");
+    assert_eq!(
+        rows_of(&lake.engine, &before, "public.c"),
+        vec![vec![Value::Int(1), text("5")], vec![Value::Int(2), text("6")]]
+    );
+    // The drop of a table the mirror lacks drops nothing.
+    push(&mut sink, begin("3")).unwrap();
+    push(&mut sink, ChangeRecord::Drop { table: "public.c".into(), txid: "3".into() }).unwrap();
+    push(&mut sink, end("3")).unwrap();
+    sink.maybe_checkpoint(SourcePosition { line: 50, offset: 50 }, true).unwrap();
+
+    // A new table of the same name, in another type, after a checkpoint
+    // that records the drop.
+    push(&mut sink, begin("4")).unwrap();
+    let mut again = change("4", 0, Json::Null, DataType::Int32);
+    again.after = None;
+    push(&mut sink, ChangeRecord::Replace(Box::new(again))).unwrap();
+    push(&mut sink, ChangeRecord::Row(change("4", 9, json!(90), DataType::Int32))).unwrap();
+    push(&mut sink, end("4")).unwrap();
+    sink.sync().unwrap();
+    let expected = vec![vec![Value::Int(9), Value::Int(90)]];
+    assert_eq!(rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"), expected);
+    assert_eq!(
+        rows_of(&lake.engine, &before, "public.c"),
+        vec![vec![Value::Int(1), text("5")], vec![Value::Int(2), text("6")]]
+    );
+    assert_eq!(names(&lake.engine), vec!["public.c".to_owned()]);
+    sink.finish_input(SourcePosition { line: 99, offset: 99 }).unwrap();
+    let ops = lake.catalog.operations(20).unwrap();
+    assert_eq!(ops.iter().filter(|(_, o)| o.description == "drop table public.c").count(), 1, "{ops:?}");
+    drop(sink);
+
+    // A reader of the checkpoint lists the new table alone, with its rows.
+    let reader = open_lake(dir.path(), EngineConfig::default(), OpenMode::Read).unwrap();
+    assert_eq!(names(&reader.engine), vec!["public.c".to_owned()]);
+    assert_eq!(rows_of(&reader.engine, &reader.engine.snapshot(), "public.c"), expected);
+    drop(reader);
+    let checkpoint_reader = fovea_core::location::open_reader(
+        fovea_core::location::LakeBackends::local(dir.path()).unwrap(),
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    let listed: Vec<String> = checkpoint_reader.reader.tables().iter().map(|t| t.name.clone()).collect();
+    assert_eq!(listed, vec!["public.c".to_owned()]);
+    let scanned: Vec<Vec<Value>> = checkpoint_reader
+        .reader
+        .scan("public.c", ScanOptions::default())
+        .unwrap()
+        .collect_batches()
+        .unwrap()
+        .iter()
+        .flat_map(|b| rows_from_batch(b).unwrap())
+        .collect();
+    assert_eq!(scanned, expected);
+    drop(checkpoint_reader);
+    // A restart of the writer: the same.
+    drop(lake);
+    let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+    assert_eq!(names(&lake.engine), vec!["public.c".to_owned()]);
+    assert_eq!(lake.engine.table("public.c").unwrap().schema.field(1).data_type(), &DataType::Int32);
+    assert_eq!(rows_of(&lake.engine, &lake.engine.snapshot(), "public.c"), expected);
+}

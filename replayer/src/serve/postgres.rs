@@ -417,8 +417,18 @@ impl PgSource {
             .collect();
         // Copied tables no longer published (dropped, renamed, taken out of
         // the publication): the stream carries no more of their changes.
-        let left: Vec<String> =
-            self.state.copied.iter().filter(|t| published.binary_search(t).is_err()).cloned().collect();
+        if published.is_empty()
+            && self
+                .client
+                .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&self.input.publication])?
+                .is_none()
+        {
+            // Not a publication that lists no tables: none at all. Nothing
+            // is emptied for that.
+            return Err(format!("publication {} no longer exists", self.input.publication).into());
+        }
+        let listed: BTreeSet<&String> = published.iter().collect();
+        let left: Vec<String> = self.state.copied.iter().filter(|t| !listed.contains(t)).cloned().collect();
         if !left.is_empty() {
             self.forget_tables(&left, sink, engine)?;
         }
@@ -429,23 +439,25 @@ impl PgSource {
         self.copy_tables(&new, sink, engine)
     }
 
-    /// Empties the mirror of `tables`, gone from the source, in a mirror
-    /// transaction of their own (the engine keeps a table once created:
-    /// it stays, with no rows), and drops their rows the stream still
-    /// holds. A table of that name seen again is copied anew.
+    /// Drops `tables`, gone from the source (dropped, renamed away, no
+    /// longer published), from the mirror in a mirror transaction of their
+    /// own, and drops their rows the stream still holds (by relation id).
+    /// A table of that name seen again is copied anew.
     fn forget_tables(&mut self, tables: &[String], sink: &mut Sink, engine: &Engine) -> CliResult<()> {
         self.state.copies += 1;
         let identity = format!("gone:{}:{}", self.state.copies, self.applied);
         let position = self.applied.position();
         let mut begun = false;
         for table in tables {
-            tracing::warn!(%table, "the table is gone from the source (dropped, renamed or no longer published): its mirror is emptied");
+            tracing::warn!(%table, "the table is gone from the source (dropped, renamed or no longer published): dropped from the mirror");
             self.state.copied.remove(table);
             self.state.attnums.remove(table);
             if let Some(relid) = self.state.relids.remove(table) {
                 self.state.gone.insert(table.clone(), relid);
             }
-            let Ok(def) = engine.table(table) else { continue };
+            if engine.table(table).is_err() {
+                continue;
+            }
             if !begun {
                 begun = true;
                 let begin =
@@ -453,15 +465,7 @@ impl PgSource {
                 sink.push(begin, position, position)?;
                 self.copy_open = true;
             }
-            let declared = def
-                .schema
-                .fields()
-                .iter()
-                .map(|f| DeclaredColumn { name: f.name().clone(), data_type: f.data_type().clone(), nullable: true })
-                .collect();
-            let key = def.primary_key.iter().map(|&i| def.schema.field(i).name().clone()).collect();
-            let replace = replace_record(table, &identity, declared, key);
-            sink.push(ChangeRecord::Replace(Box::new(replace)), position, position)?;
+            sink.push(ChangeRecord::Drop { table: table.clone(), txid: identity.clone() }, position, position)?;
         }
         sink.set_source_state(Some(self.state()));
         if begun {
@@ -523,20 +527,36 @@ impl PgSource {
             }
         }
         if self.schemas.is_none() {
-            let at: Lsn =
-                self.client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?.get::<_, String>(0).parse()?;
-            let rows = self.client.query(
-                "SELECT p.schemaname || '.' || p.tablename, a.attname::text, a.attnum, a.atttypid::int8, a.atttypmod                  FROM pg_publication_tables p                  JOIN pg_attribute a ON a.attrelid = (quote_ident(p.schemaname) || '.' || quote_ident(p.tablename))::regclass                  WHERE p.pubname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''                  ORDER BY 1, a.attnum",
-                &[&self.input.publication],
-            )?;
-            let mut tables: BTreeMap<String, Vec<_>> = BTreeMap::new();
-            for r in rows {
-                let column = (r.get::<_, String>(1), r.get::<_, i16>(2), pg_type(r.get::<_, i64>(3) as u32, r.get(4)));
-                tables.entry(r.get(0)).or_default().push(column);
+            match self.read_schemas() {
+                Ok(read) => self.schemas = Some(read),
+                // Read again at the next check (a lost connection shows in
+                // the stream's reads).
+                Err(e) => tracing::warn!("reading the published tables' columns: {e}"),
             }
-            self.schemas = Some(CatalogSchemas { at, tables });
         }
         Ok(())
+    }
+
+    /// The published tables' columns now, and the WAL position read just
+    /// before them.
+    fn read_schemas(&mut self) -> CliResult<CatalogSchemas> {
+        let at = self.server_lsn()?;
+        let rows = self.client.query(
+            "SELECT p.schemaname || '.' || p.tablename, a.attname::text, a.attnum, a.atttypid::int8, a.atttypmod \
+             FROM pg_publication_tables p \
+             JOIN pg_namespace n ON n.nspname = p.schemaname \
+             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename \
+             JOIN pg_attribute a ON a.attrelid = c.oid \
+             WHERE p.pubname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
+             ORDER BY 1, a.attnum",
+            &[&self.input.publication],
+        )?;
+        let mut tables: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for r in rows {
+            let column = (r.get::<_, String>(1), r.get::<_, i16>(2), pg_type(r.get::<_, i64>(3) as u32, r.get(4)));
+            tables.entry(r.get(0)).or_default().push(column);
+        }
+        Ok(CatalogSchemas { at, tables })
     }
 
     fn copy_tables(&mut self, tables: &[String], sink: &mut Sink, engine: &Engine) -> CliResult<u64> {
