@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use aws_config::BehaviorVersion;
-use aws_config::retry::RetryConfig;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
@@ -82,12 +80,7 @@ impl DynamoState {
     /// billing) when it is missing and `create` is set.
     pub fn connect(url: &str, create: bool) -> Result<Self> {
         let table = parse_dynamodb_url(url)?;
-        let config = block_on_io(async {
-            aws_config::defaults(BehaviorVersion::latest())
-                .retry_config(RetryConfig::standard().with_max_attempts(crate::RETRY_ATTEMPTS))
-                .load()
-                .await
-        })?;
+        let config = crate::config::sdk_config()?;
         let state = DynamoState { client: Client::new(&config), table, writes: Arc::default() };
         state.ensure_table(create)?;
         Ok(state)

@@ -882,10 +882,13 @@ struct ListedShard {
 }
 
 async fn client() -> Result<Client> {
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(crate::RETRY_ATTEMPTS))
-        .load()
-        .await;
+    // Loaded on the IO runtime (a blocking wait): not from a task of it.
+    let config = tokio::task::spawn_blocking(crate::config::sdk_config).await.map_err(|e| Error::Backend {
+        backend: "Kinesis",
+        operation: "configure".into(),
+        key: String::new(),
+        message: e.to_string(),
+    })??;
     Ok(Client::new(&config))
 }
 

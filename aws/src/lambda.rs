@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
-use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_lambda::Client;
@@ -25,7 +24,7 @@ use aws_sdk_lambda::primitives::Blob;
 use futures::future::BoxFuture;
 use object_store::ObjectStore;
 
-use fovea_core::lake::{block_on_io, spawn_io};
+use fovea_core::lake::spawn_io;
 use fovea_core::scan_worker::{
     SplitAnswer, SplitFailure, SplitFailureKind, SplitRequest, SplitWorker, delete_spilled, spill_prefix,
 };
@@ -278,13 +277,13 @@ pub(crate) async fn invoke_function(
 /// An SDK client for invocations of at most `timeout` each, one attempt
 /// per call (the callers' retry policy is their own).
 pub(crate) fn lambda_client(timeout: Duration) -> Result<Client> {
-    let config = block_on_io(async move {
-        aws_config::defaults(BehaviorVersion::latest())
-            .retry_config(RetryConfig::standard().with_max_attempts(1))
-            .timeout_config(TimeoutConfig::builder().operation_attempt_timeout(timeout).build())
-            .load()
-            .await
-    })?;
+    let config = crate::config::sdk_config()?
+        .into_builder()
+        .retry_config(RetryConfig::standard().with_max_attempts(1))
+        .timeout_config(
+            TimeoutConfig::builder().connect_timeout(Duration::from_secs(5)).operation_attempt_timeout(timeout).build(),
+        )
+        .build();
     Ok(Client::new(&config))
 }
 

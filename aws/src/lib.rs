@@ -10,8 +10,8 @@
 //! | combine and storage GC run by the Lambda functions (`--functions lambda://PREFIX`) | [`functions`] | [`fovea_core::rewrite::RewriteWorker`] |
 //! | what the function binaries share (start-up, lakes, the rewrite handler) | [`function`] | |
 //!
-//! Everything is configured from the standard AWS environment (region,
-//! credential chain, `AWS_ENDPOINT_URL` and the per-service
+//! Everything is configured from one AWS configuration ([`config`]: region,
+//! credential chain with profiles and SSO, deadlines; `AWS_ENDPOINT_URL` and the per-service
 //! `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL_DYNAMODB` for local stand-ins).
 //! The SDK's asynchronous calls run on fovea's IO runtime
 //! ([`fovea_core::lake::block_on_io`]); throttling and 5xx answers are
@@ -19,6 +19,7 @@
 //! final failure is an error naming the operation and the item.
 
 pub mod catalog;
+pub mod config;
 pub mod dynamo;
 pub mod function;
 pub mod functions;

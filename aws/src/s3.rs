@@ -1,7 +1,7 @@
 //! The lake on S3: `s3://BUCKET[/PREFIX]`, through object_store's S3 store.
 //!
-//! Configured from the environment like every AWS client (region, the
-//! credential chain with ECS task roles and instance profiles,
+//! Configured like every AWS client of fovea ([`crate::config`]: region and
+//! the credential chain with profiles, SSO, ECS task roles and instance profiles,
 //! `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` for a stand-in, reached with
 //! plain HTTP only on loopback). Opening probes the bucket, so a missing
 //! bucket, denied access or a wrong region is an error naming the URL
@@ -46,10 +46,16 @@ pub fn s3_store(url: &str) -> Result<Arc<dyn ObjectStore>> {
             builder = builder.with_allow_http(true);
         }
     }
+    // Credentials and region from the one AWS configuration (profiles, SSO,
+    // web identity, ECS, IMDS), as every other client of fovea has them.
+    let sdk = crate::config::sdk_config()?;
+    if let Some(chain) = sdk.credentials_provider() {
+        builder = builder.with_credentials(Arc::new(crate::config::SdkCredentials::new(chain)));
+    }
     if builder.get_config_value(&AmazonS3ConfigKey::Region).is_none()
-        && let Ok(region) = std::env::var("AWS_REGION").or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        && let Some(region) = sdk.region()
     {
-        builder = builder.with_region(region);
+        builder = builder.with_region(region.as_ref());
     }
     let s3 = builder.build().map_err(|e| store_error(url, "configure", &e))?;
     let store: Arc<dyn ObjectStore> =

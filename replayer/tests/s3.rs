@@ -174,3 +174,40 @@ fn a_lake_refuses_a_state_that_is_not_its_own() {
     refused(&[&["replay"][..], &other[..], &["--input", input.to_str().unwrap()]].concat(), "has no identity");
     assert!(moto.list_keys("lake", "other/").unwrap().is_empty());
 }
+
+/// Credentials as AWS users have them: a named profile in a credentials
+/// file (`AWS_PROFILE`), no keys in the environment, the region in the
+/// config file. The lake on S3 and its state on DynamoDB both work (the S3
+/// store used to read the environment's keys alone).
+#[test]
+fn a_profile_without_environment_keys_opens_an_s3_lake() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials");
+    std::fs::write(&credentials, "[fovea-test]\naws_access_key_id = profilekey\naws_secret_access_key = profilesecret\n")
+        .unwrap();
+    let config = dir.path().join("config");
+    std::fs::write(&config, "[profile fovea-test]\nregion = us-east-1\n").unwrap();
+    let with_profile = |args: &[&str]| {
+        let mut c = fovea(&moto);
+        for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION"] {
+            c.env_remove(key);
+        }
+        c.env("AWS_PROFILE", "fovea-test")
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_CONFIG_FILE", &config)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let input = data().join("debezium_events.precise_schemas.jsonl.gz");
+    let lake = ["--lake", "s3://lake/profiled", "--state", "dynamodb://fovea-profiled"];
+    let out = with_profile(&[&["replay"][..], &lake[..], &["--input", input.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = "public.pgbench_branches";
+    let out = with_profile(&[&["export", "--table", t][..], &lake[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+}
