@@ -242,6 +242,11 @@ impl Catalog for DynamoCatalog {
 
     fn put_version(&self, epoch: u64, version: u64, commit: &CatalogCommit) -> Result<()> {
         let mut written = Vec::new();
+        // Names this attempt's version item: after an error whose outcome is
+        // unknown (a timeout after the transaction landed), reading the item
+        // back tells whether it was this commit that landed.
+        let nonce = crate::dynamo::reservation_nonce();
+        let mut outcome_unknown = false;
         let result = (|| {
             let payload = serde_json::to_string(&Payload {
                 operations: commit.operations.clone(),
@@ -259,6 +264,7 @@ impl Catalog for DynamoCatalog {
             );
             item.insert("epoch".into(), n(epoch));
             item.insert("created_us".into(), AttributeValue::N(now_us().to_string()));
+            item.insert("nonce".into(), s(nonce.clone()));
             item.insert(payload_attr.0, payload_attr.1);
             let head = Update::builder()
                 .table_name(self.state.table())
@@ -303,7 +309,14 @@ impl Catalog for DynamoCatalog {
                 it.insert("version".into(), n(version));
                 items.push(self.put(it, None)?);
             }
-            match self.transact(items, "version")? {
+            let transacted = match self.transact(items, "version") {
+                Ok(t) => t,
+                Err(e) => {
+                    outcome_unknown = true;
+                    return Err(e);
+                }
+            };
+            match transacted {
                 Ok(()) => Ok(()),
                 Err(reasons) => {
                     let failed = |i: usize| reasons.get(i).and_then(Option::as_deref) == Some("ConditionalCheckFailed");
@@ -321,13 +334,31 @@ impl Catalog for DynamoCatalog {
                 }
             }
         })();
-        if result.is_err() {
-            // Payloads of a commit that did not land are nobody's.
-            for p in written {
-                let _ = self.lake.delete(&p);
+        match result {
+            Err(e) if outcome_unknown => {
+                // The transaction may have landed: if its version item is
+                // this commit's, it did (and its payloads are the lake's).
+                match self.state.get("version", &version_key(version)) {
+                    Ok(Some(item)) if string(&item, "nonce").as_deref() == Some(nonce.as_str()) => {
+                        tracing::warn!(version, error = %e, "a catalog commit reported failed had landed");
+                        Ok(())
+                    }
+                    // Not landed, or unknown still: its payloads stay (a
+                    // late landing would name them); an orphan costs one
+                    // object, a deleted payload a lake that does not open.
+                    _ => Err(e),
+                }
             }
+            Err(e) => {
+                // Refused by its conditions, or never sent: its payloads
+                // are nobody's.
+                for p in written {
+                    let _ = self.lake.delete(&p);
+                }
+                Err(e)
+            }
+            Ok(()) => Ok(()),
         }
-        result
     }
 
     fn latest_checkpoint(&self) -> Result<Option<CheckpointRecord>> {

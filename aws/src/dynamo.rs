@@ -86,6 +86,14 @@ impl DynamoState {
         Ok(state)
     }
 
+    /// This state with `interceptor` on every request of its client (fault
+    /// injection at the SDK level in tests: delays, errors after a request
+    /// was applied).
+    pub fn with_interceptor(mut self, interceptor: impl aws_sdk_dynamodb::config::Intercept + 'static) -> Self {
+        self.client = Client::from_conf(self.client.config().to_builder().interceptor(interceptor).build());
+        self
+    }
+
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table
@@ -310,7 +318,7 @@ fn corrupt(name: &str, value: &str) -> Error {
 }
 
 /// A value no other reservation request carries.
-fn reservation_nonce() -> String {
+pub(crate) fn reservation_nonce() -> String {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     // Relaxed: only uniqueness matters.
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -3,8 +3,9 @@
 //!
 //! Each split of a query is one synchronous invocation (aws-sdk-lambda,
 //! `AWS_ENDPOINT_URL_LAMBDA` honoured, e.g. `cargo lambda watch`). An
-//! invocation that fails with a retryable error or times out is retried
-//! once, under a new spill prefix; a second failure, or a failure that
+//! invocation Lambda throttles (429) is sent again with backoff and jitter
+//! until the invocation's deadline; one that fails with a retryable error
+//! or times out is retried once, under a new spill prefix; a second failure, or a failure that
 //! retrying cannot mend (a bad request, a retired object, an expired
 //! snapshot), fails the query with an error naming the function, the split
 //! and what the function said. A split's rows are taken only from the
@@ -55,8 +56,16 @@ impl LambdaTarget {
     /// Parses `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
     pub fn parse(url: &str) -> Result<Self> {
         let expected = "lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]";
-        let parsed =
-            LambdaUrl::parse(url, expected, &[("concurrency", 1000), ("timeout_s", 900), ("inline_kb", 6 * 1024)])?;
+        let parsed = LambdaUrl::parse(
+            url,
+            expected,
+            &[
+                ("concurrency", 1000),
+                ("timeout_s", 900),
+                // Base64 of more would pass Lambda's response limit.
+                ("inline_kb", (fovea_core::scan_worker::MAX_INLINE_LIMIT / 1024) as u64),
+            ],
+        )?;
         let mut target = LambdaTarget {
             function: parsed.name,
             concurrency: DEFAULT_CONCURRENCY,
@@ -120,6 +129,8 @@ pub struct InvocationStats {
     pub invocations: AtomicU64,
     /// Invocations retried after a failure or a timeout.
     pub retries: AtomicU64,
+    /// Invocations Lambda throttled (sent again after a backoff).
+    pub throttled: AtomicU64,
     /// Bytes the function read from the lake.
     pub bytes_read: AtomicU64,
     /// Rows the function returned.
@@ -182,6 +193,18 @@ impl LambdaScan {
     /// Task `n` of `query`, retried once.
     async fn run_task(self, query: String, n: usize, task: SplitTask) -> Result<Vec<RecordBatch>> {
         let mut attempt = 0;
+        // Throttled invocations never ran: waited out with backoff and
+        // jitter until the invocation's deadline, without using the retry.
+        let began = std::time::Instant::now();
+        let mut backoff = {
+            use backon::BackoffBuilder as _;
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(5))
+                .with_jitter()
+                .without_max_times()
+                .build()
+        };
         loop {
             let request = SplitRequest {
                 lake: Some(self.lake_url.clone()),
@@ -202,6 +225,15 @@ impl LambdaScan {
                 }
                 Err(failure) => failure,
             };
+            if failure.kind == SplitFailureKind::Throttled {
+                let delay = backoff.next().unwrap_or(Duration::from_secs(5));
+                if began.elapsed() + delay < self.target.timeout {
+                    // Relaxed: statistics.
+                    self.stats.throttled.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+            }
             if attempt == 0 && failure.kind.is_retryable() {
                 tracing::warn!(function = %self.target.function, split = n, table = %task.table.name, %failure, "scan invocation failed; retrying once");
                 self.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -249,6 +281,9 @@ pub(crate) async fn invoke_function(
             let raw = e.raw();
             if let Some(failure) = raw.body().bytes().and_then(function_failure) {
                 return Err(failure);
+            }
+            if raw.status().as_u16() == 429 || e.err().is_too_many_requests_exception() {
+                return Err(SplitFailure::new(SplitFailureKind::Throttled, format!("Lambda throttled: {}", e.err())));
             }
             return Err(SplitFailure::new(
                 SplitFailureKind::Unavailable,
@@ -331,6 +366,14 @@ mod tests {
         for bad in ["s3://x", "lambda://", "lambda://f?concurrency=0", "lambda://f?timeout_s=901", "lambda://f?x=1"] {
             assert!(LambdaTarget::parse(bad).is_err(), "{bad}");
         }
+        // Inline answers whose base64 would pass Lambda's 6 MB response
+        // limit are refused by name; the largest allowed fits.
+        let err = LambdaTarget::parse("lambda://f?inline_kb=6144").unwrap_err().to_string();
+        assert!(err.contains("inline_kb=6144"), "{err}");
+        let max = fovea_core::scan_worker::MAX_INLINE_LIMIT;
+        let t = LambdaTarget::parse(&format!("lambda://f?inline_kb={}", max / 1024)).unwrap();
+        let encoded = t.inline_limit.unwrap().div_ceil(3) * 4;
+        assert!(encoded + (64 << 10) <= fovea_core::scan_worker::LAMBDA_RESPONSE_LIMIT, "{encoded}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ fn backends_on_a_local_aws() {
     }
     dynamodb_txn_store_conforms();
     dynamodb_catalog_conforms(&moto);
+    a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(&moto);
     a_missing_table_without_create_is_a_clear_error();
     s3_lake_reads_ranges_and_uploads_in_parts(&moto);
     s3_errors_name_the_url();
@@ -88,4 +89,72 @@ fn s3_lake_reads_ranges_and_uploads_in_parts(moto: &fovea_aws::moto::Moto) {
 fn s3_errors_name_the_url() {
     let err = fovea_aws::s3::s3_store("s3://no-such-bucket-here/x").err().unwrap().to_string();
     assert!(err.contains("s3://no-such-bucket-here/x"), "{err}");
+}
+
+/// Fails the next `TransactWriteItems` after DynamoDB applied it (as a
+/// timeout after success would): fault injection at the SDK level.
+#[derive(Clone, Debug, Default)]
+struct FailAfterApplying {
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    fired: Arc<AtomicUsize>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
+    fn name(&self) -> &'static str {
+        "FailAfterApplying"
+    }
+
+    fn modify_before_completion(
+        &self,
+        _context: &mut aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextMut<'_>,
+        _components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let operation = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>().map(|m| m.name());
+        if operation == Some("TransactWriteItems") && self.armed.swap(false, Ordering::Relaxed) {
+            self.fired.fetch_add(1, Ordering::Relaxed);
+            return Err("injected: the answer was lost after the transaction was applied".into());
+        }
+        Ok(())
+    }
+}
+
+/// A catalog commit whose answer is lost after it landed (payloads too
+/// large for an item, so they live in the lake) is recognised as landed by
+/// reading its version back: the commit succeeds, its payload objects
+/// stay, and the catalog reads whole. (It used to delete the payloads of
+/// any commit that returned an error: the lake then named objects that no
+/// longer existed.)
+fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fovea_aws::moto::Moto) {
+    use fovea_core::catalog::{CatalogCommit, CatalogOperation, HistoryEntry};
+    moto.create_bucket("fovea-ambiguous").unwrap();
+    let injector = FailAfterApplying::default();
+    let state = DynamoState::connect("dynamodb://fovea-ambiguous", true).unwrap().with_interceptor(injector.clone());
+    let store = fovea_aws::s3::s3_store("s3://fovea-ambiguous/lake").unwrap();
+    let catalog = DynamoCatalog::new(state, Arc::clone(&store));
+    let history: Vec<HistoryEntry> = (0..5000)
+        .map(|i| HistoryEntry {
+            ts: fovea_core::Ts(i + 1),
+            source_txid: format!("txn-{i}"),
+            commit_us: Some(i as i64),
+            tables: vec![("s.t".into(), 1)],
+            rows: 1,
+            replayed_us: 0,
+        })
+        .collect();
+    let commit = CatalogCommit {
+        operations: vec![CatalogOperation {
+            description: "big".into(),
+            actions: serde_json::json!([]),
+            ts: fovea_core::Ts(1),
+        }],
+        history,
+        checkpoint: None,
+    };
+    injector.armed.store(true, Ordering::Relaxed);
+    catalog.put_version(0, 1, &commit).unwrap();
+    assert_eq!(injector.fired.load(Ordering::Relaxed), 1, "the fault was not injected");
+    assert_eq!(catalog.version().unwrap(), 1);
+    assert_eq!(catalog.history(None, 10).unwrap().len(), 10, "the payload reads back");
+    assert_eq!(catalog.applied_identities(10_000).unwrap().len(), 5000);
 }

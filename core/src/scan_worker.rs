@@ -42,8 +42,16 @@ use crate::split::SplitTask;
 pub const SPILL_ROOT: &str = "_fovea/scan-results";
 
 /// Inline answers up to this many bytes of Arrow IPC (as base64 in JSON
-/// about 5.4 MB: under Lambda's 6 MB synchronous response limit).
+/// about 5.6 MB: under Lambda's 6 MB synchronous response limit).
 pub const DEFAULT_INLINE_LIMIT: usize = 4 << 20;
+
+/// Lambda's limit on a synchronous response, bytes.
+pub const LAMBDA_RESPONSE_LIMIT: usize = 6_000_000;
+
+/// The most IPC bytes an answer carries inline whatever it is asked: as
+/// base64 (4 bytes for 3) with room for the rest of the JSON answer, under
+/// [`LAMBDA_RESPONSE_LIMIT`]; larger answers are spilled.
+pub const MAX_INLINE_LIMIT: usize = (LAMBDA_RESPONSE_LIMIT - (64 << 10)) / 4 * 3;
 
 /// Spilled answers are cut into IPC objects of about this size.
 const SPILL_OBJECT_BYTES: usize = 64 << 20;
@@ -98,6 +106,9 @@ pub enum SplitFailureKind {
     SnapshotUnavailable,
     /// Storage failed or timed out: retrying may succeed.
     Unavailable,
+    /// The function was not run: too many invocations at once (Lambda's
+    /// 429). Retried with backoff until the invocation's deadline.
+    Throttled,
     /// Anything else (a bug, corrupt data): the message says what.
     Failed,
 }
@@ -110,6 +121,7 @@ impl SplitFailureKind {
             SplitFailureKind::ObjectMissing => "ObjectMissing",
             SplitFailureKind::SnapshotUnavailable => "SnapshotUnavailable",
             SplitFailureKind::Unavailable => "Unavailable",
+            SplitFailureKind::Throttled => "Throttled",
             SplitFailureKind::Failed => "Failed",
         }
     }
@@ -122,13 +134,14 @@ impl SplitFailureKind {
             "ObjectMissing" => SplitFailureKind::ObjectMissing,
             "SnapshotUnavailable" => SplitFailureKind::SnapshotUnavailable,
             "Unavailable" => SplitFailureKind::Unavailable,
+            "Throttled" => SplitFailureKind::Throttled,
             _ => SplitFailureKind::Failed,
         }
     }
 
     /// Whether running the same request again may succeed.
     pub fn is_retryable(self) -> bool {
-        matches!(self, SplitFailureKind::Unavailable | SplitFailureKind::Failed)
+        matches!(self, SplitFailureKind::Unavailable | SplitFailureKind::Throttled | SplitFailureKind::Failed)
     }
 }
 
@@ -176,7 +189,7 @@ pub fn run_split(lake: &Lake, request: &SplitRequest) -> Result<SplitAnswer, Spl
     let schema = scan.schema();
     let batches = scan.collect_batches().map_err(|e| SplitFailure::of(&e))?;
     let rows = batches.iter().map(RecordBatch::num_rows).sum();
-    let limit = request.inline_limit.unwrap_or(DEFAULT_INLINE_LIMIT);
+    let limit = request.inline_limit.unwrap_or(DEFAULT_INLINE_LIMIT).min(MAX_INLINE_LIMIT);
     let streams = encode_ipc(&schema, &batches, SPILL_OBJECT_BYTES).map_err(|e| SplitFailure::of(&e))?;
     let mut answer = SplitAnswer { rows, ..SplitAnswer::default() };
     if let [one] = streams.as_slice()

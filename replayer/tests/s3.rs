@@ -185,8 +185,11 @@ fn a_profile_without_environment_keys_opens_an_s3_lake() {
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let credentials = dir.path().join("credentials");
-    std::fs::write(&credentials, "[fovea-test]\naws_access_key_id = profilekey\naws_secret_access_key = profilesecret\n")
-        .unwrap();
+    std::fs::write(
+        &credentials,
+        "[fovea-test]\naws_access_key_id = profilekey\naws_secret_access_key = profilesecret\n",
+    )
+    .unwrap();
     let config = dir.path().join("config");
     std::fs::write(&config, "[profile fovea-test]\nregion = us-east-1\n").unwrap();
     let with_profile = |args: &[&str]| {
