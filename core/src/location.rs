@@ -104,13 +104,26 @@ pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_
     if let (Some(r), Some(c)) = (&reader, &checkpoint) {
         r.set_qts(crate::Ts(c.manifest.checkpoint_ts))?;
     }
+    // A writer's recovery deletes the objects its checkpoint does not name
+    // (a crashed run's litter) — but not while readers on other hosts are
+    // registered: they may read an older checkpoint's objects. The litter
+    // then waits for a recovery without readers (its file ids are fenced,
+    // nothing new collides with it).
+    let readers = match mode {
+        OpenMode::Write => txn.readers(crate::catalog::now_us())?.len(),
+        OpenMode::Read => 0,
+    };
+    if readers > 0 {
+        tracing::info!(readers, "registered readers: recovery deletes no unnamed objects this time");
+    }
+    let vacuum = mode == OpenMode::Write && readers == 0;
     let clock = Clock::open(txn)?;
     if let Some(l) = &lease {
         clock.set_epoch(l.epoch());
     }
     let engine = match &checkpoint {
-        Some(c) => Engine::restore(store, clock, &c.manifest, mode == OpenMode::Write)?,
-        None if mode == OpenMode::Read => Engine::open(store, clock, config)?,
+        Some(c) => Engine::restore(store, clock, &c.manifest, vacuum)?,
+        None if !vacuum => Engine::open(store, clock, config)?,
         None => {
             // Objects without a checkpoint were written by a run that died
             // before its first one: nothing references them.

@@ -342,3 +342,41 @@ fn lakes_without_identities_are_adopted_and_foreign_states_refused() {
     assert_eq!(count(&writer), 1);
     assert_eq!(std::fs::read_to_string(lake_dir.join("_fovea/lake.json")).unwrap(), id);
 }
+
+/// A writer restarting while a reader on another host reads an older
+/// checkpoint: the restart's recovery deletes none of the objects the
+/// reader reads (it used to delete every object the newest checkpoint does
+/// not name), and the reader's answers stay whole.
+#[test]
+fn a_writer_restart_keeps_what_registered_readers_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
+    let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    let schema = Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)]);
+    let t = writer.engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap();
+    writer
+        .engine
+        .apply((0..200).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
+        .unwrap();
+    writer.engine.flush().unwrap();
+    checkpoint(&writer);
+    let blocks = objects(dir.path(), "tables/0/blocks");
+    assert_eq!(blocks.len(), 2);
+    let reader = open_lake(dir.path(), EngineConfig::default(), OpenMode::Read).unwrap();
+    assert_eq!(count(&reader), 200);
+    // The blocks are combined; the newest checkpoint names the new file only.
+    assert_eq!(writer.engine.combine().unwrap(), 1);
+    checkpoint(&writer);
+    drop(writer);
+    // The writer restarts (recovery) while the reader reads.
+    let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    assert!(blocks.iter().all(|p| dir.path().join(p).exists()), "recovery deleted what a reader reads: {blocks:?}");
+    assert_eq!(count(&reader), 200);
+    assert_eq!(count(&writer), 200);
+    // Without readers, the next recovery deletes them.
+    drop(reader);
+    drop(writer);
+    let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    assert!(blocks.iter().all(|p| !dir.path().join(p).exists()), "{blocks:?}");
+    assert_eq!(count(&writer), 200);
+}
