@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValuesOnConditionCheckFailure,
-    ScalarAttributeType, TableStatus,
+    ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 
 use fovea_core::lake::block_on_io;
@@ -33,6 +33,8 @@ pub(crate) type Item = HashMap<String, AttributeValue>;
 
 /// The partition key of the clock item (and its sort key).
 pub(crate) const CLOCK: &str = "clock";
+/// The attribute DynamoDB's time to live deletes items by (epoch seconds).
+pub const EXPIRES_AT: &str = "expires_at";
 
 /// The partition of reader registrations (sort key: the reader's id).
 const READER: &str = "reader";
@@ -154,10 +156,27 @@ impl DynamoState {
                 })?;
                 created.map_err(|e| backend_error("CreateTable", &self.table, e))?;
                 tracing::info!(table = %self.table, "created the DynamoDB state table");
+                self.wait_active()?;
+                // Reader registrations of readers that died go by themselves.
+                let (client, table) = (self.client.clone(), self.table.clone());
+                let ttl = TimeToLiveSpecification::builder()
+                    .attribute_name(EXPIRES_AT)
+                    .enabled(true)
+                    .build()
+                    .map_err(|e| Error::Invariant(e.to_string()))?;
+                block_on_io(async move {
+                    client.update_time_to_live().table_name(table).time_to_live_specification(ttl).send().await
+                })?
+                .map_err(|e| backend_error("UpdateTimeToLive", &self.table, describe(&e)))?;
+                return Ok(());
             }
             Err(e) => return Err(backend_error("DescribeTable", &self.table, describe(&e))),
         }
-        // Wait until it is usable (real DynamoDB takes seconds).
+        self.wait_active()
+    }
+
+    /// Waits until the table is usable (real DynamoDB takes seconds).
+    fn wait_active(&self) -> Result<()> {
         for _ in 0..600 {
             let (client, table) = (self.client.clone(), self.table.clone());
             let d = block_on_io(async move { client.describe_table().table_name(table).send().await })?
@@ -496,6 +515,9 @@ impl TxnStore for DynamoTxnStore {
         let mut item = DynamoState::key(READER, id);
         item.insert("qts".into(), n(qts.get()));
         item.insert("expires_us".into(), ni(expires_us));
+        // DynamoDB's TTL deletes the item a day after it lapsed (listing
+        // skips lapsed ones at once; TTL deletion is lazy).
+        item.insert(EXPIRES_AT.into(), ni(expires_us / 1_000_000 + 86_400));
         self.state.count_write();
         let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
         block_on_io(async move { client.put_item().table_name(table).set_item(Some(item)).send().await })?

@@ -44,6 +44,16 @@ fn dynamodb_txn_store_conforms() {
     // A second connection to an existing table sees the same state.
     let again = DynamoState::connect("dynamodb://fovea-conformance-1", true).unwrap();
     assert_eq!(again.txn_store().lease().unwrap().map(|l| l.epoch), Some(4));
+    // A table fovea created lets DynamoDB delete lapsed reader items.
+    let ttl = fovea_core::lake::block_on_io(async {
+        let config = fovea_aws::config::sdk_config().unwrap();
+        aws_sdk_dynamodb::Client::new(&config).describe_time_to_live().table_name("fovea-conformance-1").send().await
+    })
+    .unwrap()
+    .unwrap();
+    let spec = ttl.time_to_live_description().unwrap();
+    assert_eq!(spec.attribute_name(), Some(fovea_aws::dynamo::EXPIRES_AT));
+    assert_eq!(spec.time_to_live_status().map(|s| s.as_str()), Some("ENABLED"));
 }
 
 fn dynamodb_catalog_conforms(moto: &fovea_aws::moto::Moto) {
