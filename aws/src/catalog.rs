@@ -430,17 +430,38 @@ impl Catalog for DynamoCatalog {
         let rows: Vec<(String, u64, usize, usize)> =
             files.iter().map(|f| (f.table.clone(), f.file.0, f.rows, f.deleted)).collect();
         let mut item = DynamoState::key("gcqueue", "queue");
-        item.insert("files".into(), s(serde_json::to_string(&rows).map_err(|e| Error::Invariant(e.to_string()))?));
-        match self.transact(vec![self.epoch_check(epoch)?, self.put(item, None)?], "gcqueue")? {
-            Ok(()) => Ok(()),
-            Err(_) => Err(Error::Fenced { epoch, current: self.current_epoch()? }),
+        let text = serde_json::to_string(&rows).map_err(|e| Error::Invariant(e.to_string()))?;
+        // A long queue goes to the lake, as large payloads do (an item holds
+        // 400 KB); the object of the queue it replaces goes once it landed.
+        let previous = self.state.get("gcqueue", "queue")?.and_then(|i| string(&i, "files_ref"));
+        let ((attr, value), object) = self.inline_or_ref("files", "gcqueue", epoch, text)?;
+        item.insert(attr, value);
+        match self.transact(vec![self.epoch_check(epoch)?, self.put(item, None)?], "gcqueue") {
+            Ok(Ok(())) => {
+                if let Some(p) = previous {
+                    let _ = self.lake.delete(&Path::from(p.as_str()));
+                }
+                Ok(())
+            }
+            Ok(Err(_)) => {
+                if let Some(o) = &object {
+                    let _ = self.lake.delete(o);
+                }
+                Err(Error::Fenced { epoch, current: self.current_epoch()? })
+            }
+            // Unknown outcome: the object may be named now; it stays.
+            Err(e) => Err(e),
         }
     }
 
     fn storage_gc_queue(&self) -> Result<Vec<StaleFile>> {
         let Some(item) = self.state.get("gcqueue", "queue")? else { return Ok(Vec::new()) };
-        let rows: Vec<(String, u64, usize, usize)> = serde_json::from_str(&string(&item, "files").unwrap_or_default())
-            .map_err(|e| corrupt("the storage-GC queue".into(), e))?;
+        let text = match (string(&item, "files"), string(&item, "files_ref")) {
+            (None, None) => String::new(),
+            _ => self.text_of(&item, "files", "the storage-GC queue")?,
+        };
+        let rows: Vec<(String, u64, usize, usize)> =
+            serde_json::from_str(&text).map_err(|e| corrupt("the storage-GC queue".into(), e))?;
         let mut files: Vec<StaleFile> = rows
             .into_iter()
             .map(|(table, file, rows, deleted)| StaleFile { table, file: fovea_core::FileId(file), rows, deleted })

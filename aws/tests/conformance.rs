@@ -164,6 +164,26 @@ fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fo
     injector.armed.store(true, Ordering::Relaxed);
     catalog.put_version(0, 1, &commit).unwrap();
     assert_eq!(injector.fired.load(Ordering::Relaxed), 1, "the fault was not injected");
+    // A storage-GC queue longer than an item holds goes to the lake, and a
+    // shorter one replacing it leaves no object behind.
+    let stale = |n: u64| -> Vec<fovea_core::engine::StaleFile> {
+        (0..n)
+            .map(|i| fovea_core::engine::StaleFile {
+                table: format!("schema_{i}.a_table_with_a_long_name"),
+                file: fovea_core::FileId(i),
+                rows: 1000,
+                deleted: (i % 900) as usize + 1,
+            })
+            .collect()
+    };
+    catalog.set_storage_gc_queue(0, &stale(20_000)).unwrap();
+    assert_eq!(catalog.storage_gc_queue().unwrap().len(), 20_000);
+    let payloads =
+        || fovea_core::lake::Lake::new(Arc::clone(&store)).list(&Path::from("_fovea/catalog")).unwrap().len();
+    let with_long_queue = payloads();
+    catalog.set_storage_gc_queue(0, &stale(3)).unwrap();
+    assert_eq!(catalog.storage_gc_queue().unwrap().len(), 3);
+    assert_eq!(payloads(), with_long_queue - 1, "the long queue's object stays");
     assert_eq!(catalog.version().unwrap(), 1);
     assert_eq!(catalog.history(None, 10).unwrap().len(), 10, "the payload reads back");
     assert_eq!(catalog.applied_identities(10_000).unwrap().len(), 5000);
