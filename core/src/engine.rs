@@ -24,7 +24,7 @@ use object_store::path::Path;
 use crate::buffer::{BlockData, DEFAULT_BLOCK_ROWS, DEFAULT_BLOCKS_PER_FILE, FileKind, PartView, TablePart};
 use crate::error::{Error, Result};
 use crate::ids::{ShardId, TableId, Ts};
-use crate::lake::{Lake, block_path, encode_block, file_path};
+use crate::lake::{Lake, block_path, combined_path, encode_block};
 use crate::mvcc::{Clock, MemoryTxnStore, Snapshot, SqliteTxnStore, TxnStore, lock};
 use crate::replay::{BufferConfig, FlushJob, Op, Shard, ShardContext, ShardOp};
 use crate::rewrite::{
@@ -957,19 +957,29 @@ impl Engine {
                 candidates.push((Arc::clone(&part), f.id, rows, paths, claim));
             }
         }
+        // Each round writes an object of its own (see `combined_path`).
+        let outputs: Vec<Path> = candidates
+            .iter()
+            // Relaxed: ids only need to be unique (they carry the epoch).
+            .map(|(part, id, ..)| {
+                combined_path(part.table.id, *id, crate::ids::FileId(self.file_ids.fetch_add(1, Ordering::Relaxed)))
+            })
+            .collect();
         let requests: Vec<RewriteRequest> = candidates
             .iter()
-            .map(|(part, id, _, paths, _)| RewriteRequest {
+            .zip(&outputs)
+            .map(|((_, _, _, paths, _), output)| RewriteRequest {
                 lake: None,
                 job: RewriteJob::Combine { blocks: paths.iter().map(Path::to_string).collect() },
-                output: file_path(part.table.id, *id).to_string(),
+                output: output.to_string(),
                 row_group_rows: self.config.block_rows,
             })
             .collect();
         let answers = self.run_rewrites(&requests);
         let mut combined = 0;
-        for ((part, id, block_rows, paths, _claim), answer) in candidates.into_iter().zip(answers) {
-            let output = file_path(part.table.id, id);
+        for (((part, id, block_rows, paths, _claim), answer), output) in
+            candidates.into_iter().zip(answers).zip(outputs)
+        {
             let answer = answer.map_err(|f| f.to_string()).and_then(|a| {
                 let groups: Vec<usize> = a.row_groups.iter().map(|g| g.rows).collect();
                 if groups == block_rows {

@@ -60,6 +60,14 @@ pub fn file_path(table: TableId, file: FileId) -> Path {
     Path::from(format!("tables/{}/files/{:016x}.parquet", table.0, file.0))
 }
 
+/// Path of one combine round's output for virtual file `file`: named also
+/// by `round`, an id this writer allocated (file ids carry the writer's
+/// epoch), so no two rounds — of this writer or of a predecessor that does
+/// not know yet that it is fenced — ever write or discard the same object.
+pub fn combined_path(table: TableId, file: FileId, round: FileId) -> Path {
+    Path::from(format!("tables/{}/files/{:016x}-{:016x}.parquet", table.0, file.0, round.0))
+}
+
 /// A row group of a regular file.
 #[derive(Clone, Copy, Debug)]
 pub struct RowGroupInfo {

@@ -354,9 +354,8 @@ pub trait RewriteWorker: Send + Sync + std::fmt::Debug {
 /// The files a combine or storage-GC round is rewriting. Rounds may run at
 /// once (the sink's after a checkpoint beside a maintenance thread's); a
 /// file claimed by one is left alone by the others, so no file is ever
-/// rewritten by two at a time. Two combines of one file write the same
-/// output object: the one failing last (on blocks the other's swap
-/// retired, say) would delete the object the other had swapped in.
+/// rewritten by two at a time (each round writes an object of its own,
+/// see [`crate::lake::combined_path`]: a failing round discards only it).
 ///
 /// A round claims a file under the lock of the file's part, after seeing
 /// it still needs the rewrite, and holds the claim until its swap is done

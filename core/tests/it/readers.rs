@@ -380,3 +380,60 @@ fn a_writer_restart_keeps_what_registered_readers_read() {
     assert!(blocks.iter().all(|p| !dir.path().join(p).exists()), "{blocks:?}");
     assert_eq!(count(&writer), 200);
 }
+
+/// A rewrite worker that fails every rewrite (as a timed-out Lambda would).
+#[derive(Debug)]
+struct FailingRewrites;
+
+impl fovea_core::rewrite::RewriteWorker for FailingRewrites {
+    fn rewrite(
+        &self,
+        _: &fovea_core::rewrite::RewriteRequest,
+    ) -> std::result::Result<fovea_core::rewrite::RewriteAnswer, fovea_core::scan_worker::SplitFailure> {
+        Err(fovea_core::scan_worker::SplitFailure::new(
+            fovea_core::scan_worker::SplitFailureKind::Unavailable,
+            "timed out",
+        ))
+    }
+
+    fn kind(&self) -> &'static str {
+        "failing"
+    }
+}
+
+/// A predecessor that does not know yet it was fenced combines the same
+/// virtual file its successor combined: its failing round discards only
+/// its own output object, never the file the successor swapped in (both
+/// used to write, and discard, the file's one path).
+#[test]
+fn a_fenced_writers_failed_combine_leaves_its_successors_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
+    let manifest = {
+        let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+        let schema =
+            Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)]);
+        let t = writer.engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap();
+        writer
+            .engine
+            .apply((0..200).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
+            .unwrap();
+        writer.engine.flush().unwrap();
+        checkpoint(&writer)
+    };
+    // The predecessor (epoch 1), restored from that checkpoint, paused.
+    let backends = LakeBackends::local(dir.path()).unwrap();
+    let clock = fovea_core::Clock::open(Arc::clone(&backends.txn)).unwrap();
+    let zombie = fovea_core::Engine::restore(Arc::clone(&backends.store), clock, &manifest, false).unwrap();
+    zombie.fence_file_ids(1);
+    zombie.set_rewrite_worker(Arc::new(FailingRewrites));
+    // The successor takes over and combines the file.
+    let successor = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    assert_eq!(successor.engine.combine().unwrap(), 1);
+    let files = objects(dir.path(), "tables/0/files");
+    assert_eq!(files.len(), 1, "{files:?}");
+    // The predecessor wakes and tries the same combine, which fails.
+    assert_eq!(zombie.combine().unwrap(), 0);
+    assert_eq!(objects(dir.path(), "tables/0/files"), files, "the successor's file was deleted");
+    assert_eq!(count(&successor), 200);
+}
