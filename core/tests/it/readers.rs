@@ -65,23 +65,31 @@ fn count(lake: &OpenLake) -> usize {
         .sum()
 }
 
-#[test]
-fn a_registered_reader_keeps_what_it_reads() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
-    let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+/// A lake in `dir` whose table `s.t` holds rows 0..200 (`v` = `id`) in
+/// two flushed blocks of one virtual file (with `config`'s 100-row
+/// blocks), checkpointed: the writer and the checkpoint's manifest.
+fn two_flushed_blocks(dir: &std::path::Path, config: EngineConfig) -> (OpenLake, fovea_core::checkpoint::Manifest) {
+    let writer = open_lake(dir, config, OpenMode::Write).unwrap();
     let schema = Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)]);
     let t = writer.engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap();
     assert_eq!(t.id, TableId(0));
-    // Two full blocks of one file, flushed and checkpointed.
     writer
         .engine
         .apply((0..200).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
         .unwrap();
     writer.engine.flush().unwrap();
-    checkpoint(&writer);
+    let manifest = checkpoint(&writer);
+    assert_eq!(objects(dir, "tables/0/blocks").len(), 2);
+    (writer, manifest)
+}
+
+#[test]
+fn a_registered_reader_keeps_what_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two full blocks of one file, flushed and checkpointed.
+    let (writer, _) = two_flushed_blocks(dir.path(), EngineConfig::default().with_shards(1).with_blocks(100, 2));
+    let t = writer.engine.table("s.t").unwrap();
     let blocks = objects(dir.path(), "tables/0/blocks");
-    assert_eq!(blocks.len(), 2);
     let first_checkpoint = objects(dir.path(), "_fovea/checkpoints");
 
     // A reader restores that checkpoint (and registers it).
@@ -351,17 +359,8 @@ fn lakes_without_identities_are_adopted_and_foreign_states_refused() {
 fn a_writer_restart_keeps_what_registered_readers_read() {
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
-    let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
-    let schema = Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)]);
-    let t = writer.engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap();
-    writer
-        .engine
-        .apply((0..200).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
-        .unwrap();
-    writer.engine.flush().unwrap();
-    checkpoint(&writer);
+    let (writer, _) = two_flushed_blocks(dir.path(), config);
     let blocks = objects(dir.path(), "tables/0/blocks");
-    assert_eq!(blocks.len(), 2);
     let reader = open_lake(dir.path(), EngineConfig::default(), OpenMode::Read).unwrap();
     assert_eq!(count(&reader), 200);
     // The blocks are combined; the newest checkpoint names the new file only.
@@ -409,18 +408,8 @@ impl fovea_core::rewrite::RewriteWorker for FailingRewrites {
 fn a_fenced_writers_failed_combine_leaves_its_successors_file() {
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
-    let manifest = {
-        let writer = open_lake(dir.path(), config, OpenMode::Write).unwrap();
-        let schema =
-            Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)]);
-        let t = writer.engine.create_table("s.t", Arc::new(schema), vec![0]).unwrap();
-        writer
-            .engine
-            .apply((0..200).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
-            .unwrap();
-        writer.engine.flush().unwrap();
-        checkpoint(&writer)
-    };
+    let (writer, manifest) = two_flushed_blocks(dir.path(), config);
+    drop(writer);
     // The predecessor (epoch 1), restored from that checkpoint, paused.
     let backends = LakeBackends::local(dir.path()).unwrap();
     let clock = fovea_core::Clock::open(Arc::clone(&backends.txn)).unwrap();
