@@ -412,14 +412,27 @@ impl TxnStore for DynamoTxnStore {
                 (":zero", n(0)),
             ],
         );
+        // This very grant, found in the item: a retry of a request that had
+        // landed (the SDK's own, after a timeout), or an error whose outcome
+        // was unknown. Owner, epoch and expiry to the microsecond name it.
+        let ours = |found: &Option<Lease>| found.as_ref() == Some(&lease);
         match written {
             Ok(Ok(())) => Ok(lease),
             Ok(Err(item)) => {
                 let (_, now) = Self::parse(&item)?;
+                if ours(&now) {
+                    return Ok(lease);
+                }
                 let l = now.unwrap_or(Lease { owner: String::new(), epoch: 0, expires_us: 0 });
                 Err(Error::LeaseHeld { owner: l.owner, epoch: l.epoch, remaining_ms: (l.expires_us - now_us) / 1000 })
             }
-            Err(e) => Err(e),
+            Err(e) => match self.read() {
+                Ok((_, now)) if ours(&now) => {
+                    tracing::warn!(epoch = lease.epoch, error = %e, "a lease grant reported failed had landed");
+                    Ok(lease)
+                }
+                _ => Err(e),
+            },
         }
     }
 

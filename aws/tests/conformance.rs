@@ -29,6 +29,7 @@ fn backends_on_a_local_aws() {
     dynamodb_txn_store_conforms();
     dynamodb_catalog_conforms(&moto);
     a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(&moto);
+    a_lease_grant_reported_failed_after_it_landed_is_held();
     a_missing_table_without_create_is_a_clear_error();
     s3_lake_reads_ranges_and_uploads_in_parts(&moto);
     s3_errors_name_the_url();
@@ -101,12 +102,20 @@ fn s3_errors_name_the_url() {
     assert!(err.contains("s3://no-such-bucket-here/x"), "{err}");
 }
 
-/// Fails the next `TransactWriteItems` after DynamoDB applied it (as a
+/// Fails the next call of one operation after DynamoDB applied it (as a
 /// timeout after success would): fault injection at the SDK level.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct FailAfterApplying {
+    /// The operation whose next call fails (`TransactWriteItems`, …).
+    operation: &'static str,
     armed: Arc<std::sync::atomic::AtomicBool>,
     fired: Arc<AtomicUsize>,
+}
+
+impl FailAfterApplying {
+    fn on(operation: &'static str) -> Self {
+        FailAfterApplying { operation, armed: Arc::default(), fired: Arc::default() }
+    }
 }
 
 impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
@@ -121,7 +130,7 @@ impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
         let operation = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>().map(|m| m.name());
-        if operation == Some("TransactWriteItems") && self.armed.swap(false, Ordering::Relaxed) {
+        if operation == Some(self.operation) && self.armed.swap(false, Ordering::Relaxed) {
             self.fired.fetch_add(1, Ordering::Relaxed);
             return Err("injected: the answer was lost after the transaction was applied".into());
         }
@@ -138,7 +147,7 @@ impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
 fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fovea_aws::moto::Moto) {
     use fovea_core::catalog::{CatalogCommit, CatalogOperation, HistoryEntry};
     moto.create_bucket("fovea-ambiguous").unwrap();
-    let injector = FailAfterApplying::default();
+    let injector = FailAfterApplying::on("TransactWriteItems");
     let state = DynamoState::connect("dynamodb://fovea-ambiguous", true).unwrap().with_interceptor(injector.clone());
     let store = fovea_aws::s3::s3_store("s3://fovea-ambiguous/lake").unwrap();
     let catalog = DynamoCatalog::new(state, Arc::clone(&store));
@@ -187,4 +196,23 @@ fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fo
     assert_eq!(catalog.version().unwrap(), 1);
     assert_eq!(catalog.history(None, 10).unwrap().len(), 10, "the payload reads back");
     assert_eq!(catalog.applied_identities(10_000).unwrap().len(), 5000);
+}
+
+/// A lease grant whose answer is lost after DynamoDB applied it is
+/// recognised as this grant (owner, epoch and expiry) and held, instead of
+/// failing the start or waiting out a lease this process holds.
+fn a_lease_grant_reported_failed_after_it_landed_is_held() {
+    let injector = FailAfterApplying::on("UpdateItem");
+    let state =
+        DynamoState::connect("dynamodb://fovea-ambiguous-lease", true).unwrap().with_interceptor(injector.clone());
+    let store = state.txn_store();
+    injector.armed.store(true, Ordering::Relaxed);
+    let lease = store.acquire_lease("me/1/1", 60_000_000, 1_000, None).unwrap();
+    assert_eq!(injector.fired.load(Ordering::Relaxed), 1, "the fault was not injected");
+    assert_eq!(lease.epoch, 1);
+    assert_eq!(store.lease().unwrap(), Some(lease.clone()));
+    // Another owner's grant at the same moment is still refused.
+    let err = store.acquire_lease("other/2/2", 60_000_000, 2_000, None).unwrap_err();
+    assert!(matches!(err, fovea_core::Error::LeaseHeld { .. }), "{err}");
+    store.renew_lease(lease.epoch, 60_000_000, 3_000).unwrap();
 }
