@@ -141,9 +141,10 @@ struct PgState {
     /// Tables copied (by `schema.table`).
     copied: BTreeSet<String>,
     filters: Vec<CopyFilter>,
-    /// Copies made so far: each copy's mirror transaction is named by its
-    /// number, so no two copies share an identity (a copy named like one
-    /// applied before would be skipped as a duplicate).
+    /// Mirror transactions this source made of its own (copies, and drops
+    /// of tables gone from the source) so far: each is named by its number,
+    /// so no two share an identity (one named like one applied before would
+    /// be skipped as a duplicate).
     #[serde(default)]
     copies: u64,
     /// The relation id of each copied table when it was copied: rows of
@@ -153,7 +154,7 @@ struct PgState {
     relids: BTreeMap<String, u32>,
     /// Tables that are gone from the source (dropped, renamed, or no longer
     /// published), with the relation id whose rows are moot from then on:
-    /// the mirror emptied them; their rows still in the stream are dropped.
+    /// the mirror dropped them; their rows still in the stream are skipped.
     #[serde(default)]
     gone: BTreeMap<String, u32>,
     /// The number (`attnum`) of each column of each copied table as last
@@ -423,8 +424,8 @@ impl PgSource {
                 .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&self.input.publication])?
                 .is_none()
         {
-            // Not a publication that lists no tables: none at all. Nothing
-            // is emptied for that.
+            // Not a publication that lists no tables: none at all. No table
+            // is dropped for that.
             return Err(format!("publication {} no longer exists", self.input.publication).into());
         }
         let listed: BTreeSet<&String> = published.iter().collect();
