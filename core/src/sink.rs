@@ -1128,6 +1128,16 @@ impl Sink {
         }
     }
 
+    /// The ts of the open, not skipped transaction (begun now if it has
+    /// none), for a change that must be part of it (a replace, a drop);
+    /// callers check there is one.
+    fn open_ts(&mut self) -> Result<Ts> {
+        match self.table_ts()? {
+            (ts, false) => Ok(ts),
+            (_, true) => Err(Error::invariant("a table change outside an open, not skipped transaction")),
+        }
+    }
+
     /// Creates the `--schema-file` tables the lake does not have yet, empty,
     /// in one mirror transaction of their own.
     fn create_declared_tables(&mut self) -> Result<()> {
@@ -1598,10 +1608,7 @@ impl Sink {
             .collect();
         // The open transaction's (checked above): the new definition shows
         // from its commit on.
-        let (ts, own) = self.table_ts()?;
-        if own {
-            return Err(Error::invariant("a replaced table's ts is its open transaction's"));
-        }
+        let ts = self.open_ts()?;
         let new = self
             .engine
             .reshape_table(r.table.as_str(), Arc::new(Schema::new(fields)), ts)
@@ -1630,10 +1637,7 @@ impl Sink {
         // The transaction's operations before the drop go in first.
         self.apply_chunk()?;
         self.drain()?;
-        let (ts, own) = self.table_ts()?;
-        if own {
-            return Err(Error::invariant("a dropped table's ts is its open transaction's"));
-        }
+        let ts = self.open_ts()?;
         self.engine.drop_table_at(name, ts).map_err(|e| err(&format!("dropping the table: {e}")))?;
         if let Some(t) = self.tables.remove(name) {
             self.by_content.remove(&t.def.id);
