@@ -3,8 +3,8 @@
 //!
 //! | item (`pk` / `sk`) | holds |
 //! |---|---|
-//! | `head` / `head` | `version`: the newest version |
-//! | `version` / 20-digit version | one version: `checkpoint` (bool), `files` (JSON), its operations and history (`payload`, JSON, or `payload_ref`: an object in the lake) |
+//! | `head` / `head` | `version`: the newest version; `history_total` / `history_pruned`: history entries committed / pruned since counting began |
+//! | `version` / 20-digit version | one version: `checkpoint` (bool), `files` (JSON), `history_count`, `created_us`, its operations and history (`payload`, JSON, or `payload_ref`: an object in the lake) |
 //! | `checkpoint` / `current` | the current checkpoint record (`record` or `record_ref`) and its `version` |
 //! | `snapshot` / identity | every snapshot run ever replayed (dedup keeps them forever) |
 //! | `gcqueue` / `queue` | the storage-GC queue (`files`, JSON) |
@@ -17,26 +17,33 @@
 //! lands nothing. Payloads larger than [`INLINE_LIMIT`] (items hold 400 KB)
 //! are written to the lake first, under a name no other writer uses, and
 //! referenced; a commit that then fails deletes them again.
+//!
+//! Pruning deletes the oldest version items past the retention in
+//! transactions fenced like commits (each also adds what it removed to the
+//! head's `history_pruned`, so the history still stored is known without
+//! reading it), then the payload objects of versions gone and the records
+//! of checkpoints no longer current — by the version their names carry,
+//! so orphans of commits whose outcome was never known go too.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete, Put, TransactWriteItem, Update};
 use bytes::Bytes;
 use object_store::ObjectStore;
 use object_store::path::Path;
 
 use fovea_core::catalog::{
-    Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, SNAPSHOT_IDENTITY_PREFIX, VersionSummary,
-    now_us,
+    Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, Pruned, Retention,
+    SNAPSHOT_IDENTITY_PREFIX, VersionSummary, now_us, pruned_since,
 };
 use fovea_core::engine::StaleFile;
 use fovea_core::lake::{Lake, block_on_io};
 use fovea_core::{Error, Result};
 
-use crate::dynamo::{CLOCK, DynamoState, EPOCH_HOLDS, Item, backend_error, describe, n, num};
+use crate::dynamo::{CLOCK, DynamoState, EPOCH_HOLDS, Item, backend_error, describe, n, num, num_i};
 
 /// Largest payload kept inside an item; larger ones go to the lake.
 pub const INLINE_LIMIT: usize = 300 << 10;
@@ -74,6 +81,19 @@ fn string(item: &Item, name: &str) -> Option<String> {
 
 fn corrupt(what: String, e: impl std::fmt::Display) -> Error {
     Error::Corrupt { what, reason: e.to_string() }
+}
+
+/// Version items deleted per pruning transaction (DynamoDB takes 100
+/// actions; two are the epoch check and the head's count).
+const PRUNE_BATCH: usize = 98;
+
+/// The version a payload object's name carries (`KIND-VERSION-…`), and its
+/// kind.
+fn payload_version(path: &Path) -> Option<(&str, u64)> {
+    let name = path.filename()?;
+    let (kind, rest) = name.split_once('-')?;
+    let version = rest.get(..20)?.parse().ok()?;
+    Some((kind, version))
 }
 
 /// A name for a payload object that no other writer picks.
@@ -213,6 +233,31 @@ impl DynamoCatalog {
         self.state.get(CLOCK, CLOCK)?.map_or(Ok(0), |i| num(&i, "epoch"))
     }
 
+    /// Deletes the payload objects of versions below `first_kept` (pruned:
+    /// named by no item) and the records of checkpoints older than the
+    /// current one (replaced: named by no item), orphans included.
+    fn prune_objects(&self, first_kept: u64, pruned: &mut Pruned) -> Result<()> {
+        let current = match self.state.get("checkpoint", "current")? {
+            Some(item) => Some((num(&item, "version")?, string(&item, "record_ref"))),
+            None => None,
+        };
+        for object in self.lake.list(&Path::from(PAYLOAD_PREFIX))? {
+            let Some((kind, version)) = payload_version(&object.location) else { continue };
+            let gone = match kind {
+                "version" => version < first_kept,
+                "checkpoint" => current
+                    .as_ref()
+                    .is_some_and(|(v, record)| version < *v && record.as_deref() != Some(object.location.as_ref())),
+                _ => false,
+            };
+            if gone {
+                self.lake.delete(&object.location)?;
+                pruned.objects += 1;
+            }
+        }
+        Ok(())
+    }
+
     fn put(&self, item: Item, condition: Option<&str>) -> Result<TransactWriteItem> {
         let mut put = Put::builder().table_name(self.state.table()).set_item(Some(item));
         if let Some(c) = condition {
@@ -228,7 +273,8 @@ impl Catalog for DynamoCatalog {
     }
 
     fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>> {
-        self.query("version", Some(&version_key(after)))?
+        let summaries = self
+            .query("version", Some(&version_key(after)))?
             .iter()
             .map(|item| {
                 let version = num(item, "version")?;
@@ -237,7 +283,11 @@ impl Catalog for DynamoCatalog {
                 let checkpoint = matches!(item.get("checkpoint"), Some(AttributeValue::Bool(true)));
                 Ok(VersionSummary { version, checkpoint, files })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        match summaries.first() {
+            Some(first) if first.version > after + 1 => Err(pruned_since(after, first.version)),
+            _ => Ok(summaries),
+        }
     }
 
     fn put_version(&self, epoch: u64, version: u64, commit: &CatalogCommit) -> Result<()> {
@@ -263,16 +313,19 @@ impl Catalog for DynamoCatalog {
                 s(serde_json::to_string(&commit.files()).map_err(|e| Error::Invariant(e.to_string()))?),
             );
             item.insert("epoch".into(), n(epoch));
+            item.insert("history_count".into(), n(commit.history.len() as u64));
             item.insert("created_us".into(), AttributeValue::N(now_us().to_string()));
             item.insert("nonce".into(), s(nonce.clone()));
             item.insert(payload_attr.0, payload_attr.1);
             let head = Update::builder()
                 .table_name(self.state.table())
                 .set_key(Some(DynamoState::key("head", "head")))
-                .update_expression("SET #version = :v")
+                .update_expression("SET #version = :v ADD #total :count")
                 .condition_expression("#version = :prev OR (attribute_not_exists(#version) AND :prev = :zero)")
                 .expression_attribute_names("#version", "version")
+                .expression_attribute_names("#total", "history_total")
                 .expression_attribute_values(":v", n(version))
+                .expression_attribute_values(":count", n(commit.history.len() as u64))
                 .expression_attribute_values(":prev", n(version.saturating_sub(1)))
                 .expression_attribute_values(":zero", n(0))
                 .build()
@@ -451,6 +504,82 @@ impl Catalog for DynamoCatalog {
             }
             // Unknown outcome: the object may be named now; it stays.
             Err(e) => Err(e),
+        }
+    }
+
+    fn prune(&self, epoch: u64, retention: &Retention) -> Result<Pruned> {
+        let mut pruned = Pruned::default();
+        // Each deleting transaction checks the epoch too; this read refuses
+        // a fenced pruner that would delete objects only.
+        let current = self.current_epoch()?;
+        if current != epoch {
+            return Err(Error::Fenced { epoch, current });
+        }
+        let Some(head) = self.state.get("head", "head")? else { return Ok(pruned) };
+        let newest = num(&head, "version")?;
+        // History entries stored (counted since lakes count them: fewer,
+        // never more, so the window is never cut short).
+        let mut stored = num(&head, "history_total")?.saturating_sub(num(&head, "history_pruned")?);
+        let keep = retention.keep_history as u64;
+        loop {
+            // The oldest versions that may go, one batch of them.
+            let mut doomed: Vec<(u64, u64, Option<String>)> = Vec::new();
+            let mut first_kept = newest;
+            self.state.visit("version", None, false, |item| {
+                let version = num(item, "version")?;
+                let count = match item.get("history_count") {
+                    Some(_) => num(item, "history_count")?,
+                    None => self.payload(item)?.1.history.len() as u64,
+                };
+                let old = version < newest && num_i(item, "created_us")? < retention.before_us;
+                if !old || stored.saturating_sub(count) < keep || doomed.len() == PRUNE_BATCH {
+                    first_kept = version;
+                    return Ok(false);
+                }
+                stored -= count;
+                doomed.push((version, count, string(item, "payload_ref")));
+                Ok(true)
+            })?;
+            if doomed.is_empty() {
+                self.prune_objects(first_kept, &mut pruned)?;
+                return Ok(pruned);
+            }
+            let removed: u64 = doomed.iter().map(|d| d.1).sum();
+            let head = Update::builder()
+                .table_name(self.state.table())
+                .set_key(Some(DynamoState::key("head", "head")))
+                .update_expression("ADD #pruned :removed")
+                .expression_attribute_names("#pruned", "history_pruned")
+                .expression_attribute_values(":removed", n(removed))
+                .build()
+                .map_err(|e| Error::Invariant(e.to_string()))?;
+            let mut items = vec![self.epoch_check(epoch)?, TransactWriteItem::builder().update(head).build()];
+            for (version, _, _) in &doomed {
+                let delete = Delete::builder()
+                    .table_name(self.state.table())
+                    .set_key(Some(DynamoState::key("version", &version_key(*version))))
+                    .condition_expression("attribute_exists(pk)")
+                    .build()
+                    .map_err(|e| Error::Invariant(e.to_string()))?;
+                items.push(TransactWriteItem::builder().delete(delete).build());
+            }
+            match self.transact(items, "version")? {
+                Ok(()) => {}
+                Err(reasons) if reasons.first().and_then(Option::as_deref) == Some("ConditionalCheckFailed") => {
+                    return Err(Error::Fenced { epoch, current: self.current_epoch()? });
+                }
+                Err(reasons) => {
+                    // Another pruner took some of them first: read again.
+                    tracing::debug!("a catalog prune was cancelled ({reasons:?}); reading the versions again");
+                    continue;
+                }
+            }
+            pruned.versions += doomed.len() as u64;
+            pruned.history += removed;
+            for r in doomed.iter().filter_map(|d| d.2.as_deref()) {
+                self.lake.delete(&Path::from(r))?;
+                pruned.objects += 1;
+            }
         }
     }
 

@@ -324,7 +324,7 @@ pub(crate) fn num(item: &Item, name: &str) -> Result<u64> {
     }
 }
 
-fn num_i(item: &Item, name: &str) -> Result<i64> {
+pub(crate) fn num_i(item: &Item, name: &str) -> Result<i64> {
     match item.get(name) {
         None => Ok(0),
         Some(AttributeValue::N(s)) => s.parse().map_err(|_| corrupt(name, s)),

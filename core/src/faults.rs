@@ -391,6 +391,9 @@ impl Catalog for FaultyCatalog {
     fn set_storage_gc_queue(&self, epoch: u64, files: &[StaleFile]) -> Result<()> {
         self.dice.write("write the storage-GC queue", || self.inner.set_storage_gc_queue(epoch, files))
     }
+    fn prune(&self, epoch: u64, retention: &crate::catalog::Retention) -> Result<crate::catalog::Pruned> {
+        self.dice.write("prune the catalog", || self.inner.prune(epoch, retention))
+    }
     fn storage_gc_queue(&self) -> Result<Vec<StaleFile>> {
         self.dice.read("read the storage-GC queue", || self.inner.storage_gc_queue())
     }

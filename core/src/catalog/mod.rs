@@ -133,6 +133,37 @@ impl CatalogCommit {
     }
 }
 
+/// What [`Catalog::prune`] keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Versions created, and history replayed, before this (µs since the
+    /// epoch) may go.
+    pub before_us: i64,
+    /// Except the newest this many replayed transactions: the dedup window
+    /// ([`Catalog::applied_identities`]) stays whole.
+    pub keep_history: usize,
+}
+
+impl Retention {
+    /// Everything older than `age` now, keeping the newest `keep_history`
+    /// replayed transactions.
+    pub fn older_than(age: std::time::Duration, keep_history: usize) -> Self {
+        let age_us = i64::try_from(age.as_micros()).unwrap_or(i64::MAX);
+        Retention { before_us: now_us().saturating_sub(age_us), keep_history }
+    }
+}
+
+/// What a [`Catalog::prune`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Versions (with their operations).
+    pub versions: u64,
+    /// Replayed transactions' history entries.
+    pub history: u64,
+    /// Objects in the lake that only those referenced.
+    pub objects: u64,
+}
+
 /// Snapshot runs' identities start with this (they are kept whatever the
 /// dedup window).
 pub const SNAPSHOT_IDENTITY_PREFIX: &str = "snapshot:";
@@ -152,12 +183,21 @@ pub const SNAPSHOT_IDENTITY_PREFIX: &str = "snapshot:";
 /// * **Durability**: what a call wrote before it returned `Ok` survives a
 ///   crash.
 /// * Reads see every version that landed before the read began.
+/// * **Pruning** ([`prune`](Catalog::prune)) removes only versions and
+///   history past the retention, never the newest version, the current
+///   checkpoint, a snapshot run's identity or the newest `keep_history`
+///   history entries; it is fenced like a commit. A commit made after
+///   reading a version that has since been pruned cannot be checked
+///   against what landed in between: it is refused with
+///   [`Error::CatalogConflict`] ([`summaries_since`](Catalog::summaries_since)
+///   fails so).
 ///
 /// Every implementation passes `conformance::check`.
 pub trait Catalog: Send + Sync {
     /// The newest version (0: none).
     fn version(&self) -> Result<u64>;
-    /// Summaries of the versions after `after`, in order.
+    /// Summaries of the versions after `after`, in order; a
+    /// [`Error::CatalogConflict`] when some of them were pruned.
     fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>>;
     /// Writes `commit` as `version` (see the contract).
     fn put_version(&self, epoch: u64, version: u64, commit: &CatalogCommit) -> Result<()>;
@@ -178,6 +218,11 @@ pub trait Catalog: Send + Sync {
     fn set_storage_gc_queue(&self, epoch: u64, files: &[StaleFile]) -> Result<()>;
     /// The storage-GC queue, most stale first.
     fn storage_gc_queue(&self) -> Result<Vec<StaleFile>>;
+    /// Forgets the versions (their operations and history) and history
+    /// entries older than `retention` allows, and the lake objects only
+    /// they referenced (see the contract). Oldest first: a failure leaves
+    /// a prefix pruned, and the next call goes on.
+    fn prune(&self, epoch: u64, retention: &Retention) -> Result<Pruned>;
 
     /// Commits `commit`, made after reading `read_version`: checked against
     /// every version committed since (by their actions), rebased onto the
@@ -216,6 +261,18 @@ pub trait Catalog: Send + Sync {
     }
 }
 
+/// The refusal of a commit made after reading version `after` when the
+/// versions since begin at `oldest` (the ones between were pruned).
+pub fn pruned_since(after: u64, oldest: u64) -> Error {
+    Error::CatalogConflict {
+        read_version: after,
+        reason: format!(
+            "versions {}..{oldest} were pruned since (past the history retention): redo it from the newest version",
+            after + 1
+        ),
+    }
+}
+
 /// µs since the epoch, now.
 pub fn now_us() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
@@ -227,7 +284,7 @@ pub mod conformance {
     use std::collections::HashSet;
     use std::sync::Arc;
 
-    use super::{Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry};
+    use super::{Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, Retention};
     use crate::cdc::SourcePosition;
     use crate::engine::StaleFile;
     use crate::error::Error;
@@ -245,6 +302,7 @@ pub mod conformance {
         conflicts_and_rebases(new());
         concurrent_committers_land_exactly_once(new());
         large_payloads(new());
+        pruning(new());
     }
 
     fn checkpoint(ts: u64, input: &str, padding: usize) -> CheckpointRecord {
@@ -347,6 +405,8 @@ pub mod conformance {
             Err(Error::Fenced { .. })
         ));
         assert!(matches!(catalog.set_storage_gc_queue(a.epoch, &[]), Err(Error::Fenced { .. })));
+        let everything = Retention { before_us: i64::MAX, keep_history: 0 };
+        assert!(matches!(catalog.prune(a.epoch, &everything), Err(Error::Fenced { .. })));
         // Nothing of the refused commit landed.
         assert_eq!(catalog.version().unwrap(), 1);
         assert!(catalog.history(None, 10).unwrap().is_empty());
@@ -410,5 +470,62 @@ pub mod conformance {
         assert_eq!(catalog.latest_checkpoint().unwrap(), Some(big));
         assert_eq!(catalog.history(None, 3).unwrap().len(), 3);
         assert_eq!(catalog.applied_identities(10_000).unwrap().len(), 5000);
+    }
+
+    fn pruning((_, catalog): State) {
+        let ids = |c: &dyn Catalog| -> Vec<String> {
+            c.history(None, 100).unwrap().into_iter().map(|h| h.source_txid).collect()
+        };
+        // Nothing to prune in an empty catalog.
+        let everything = Retention { before_us: i64::MAX, keep_history: 0 };
+        assert_eq!(catalog.prune(0, &everything).unwrap().versions, 0);
+        // Five versions, one history entry each; the third makes a big
+        // checkpoint current (its record goes to the lake on DynamoDB).
+        let one = |ts: u64, id: &str| CatalogCommit {
+            operations: vec![op(id, &[ts])],
+            history: vec![history(ts, id)],
+            ..Default::default()
+        };
+        let big = checkpoint(3, "in", 600_000);
+        catalog.commit(0, 0, &one(1, "a")).unwrap();
+        catalog.commit(0, 1, &one(2, "snapshot:9:s.t")).unwrap();
+        catalog.commit(0, 2, &CatalogCommit { checkpoint: Some(big.clone()), ..one(3, "b") }).unwrap();
+        catalog.commit(0, 3, &one(4, "c")).unwrap();
+        catalog.commit(0, 4, &one(5, "d")).unwrap();
+        // A retention in the past keeps everything.
+        let none = Retention { before_us: 0, keep_history: 0 };
+        assert_eq!(catalog.prune(0, &none).unwrap().versions, 0);
+        assert_eq!(catalog.summaries_since(0).unwrap().len(), 5);
+        // Everything old, but the newest two transactions stay (the dedup
+        // window): versions 1–3 go.
+        let window = Retention { before_us: i64::MAX, keep_history: 2 };
+        let pruned = catalog.prune(0, &window).unwrap();
+        assert_eq!(pruned.versions, 3, "{pruned:?}");
+        assert_eq!(catalog.version().unwrap(), 5);
+        let kept = ids(&*catalog);
+        assert!(kept.starts_with(&["d".to_owned(), "c".to_owned()]), "{kept:?}");
+        assert!(!kept.iter().any(|id| id == "a" || id == "b"), "{kept:?}");
+        // Snapshot runs are remembered whatever the pruning.
+        assert_eq!(
+            catalog.applied_identities(2).unwrap(),
+            HashSet::from(["c", "d", "snapshot:9:s.t"].map(str::to_owned))
+        );
+        assert_eq!(catalog.latest_checkpoint().unwrap(), Some(big));
+        let ops: Vec<u64> = catalog.operations(100).unwrap().into_iter().map(|(v, _)| v).collect();
+        assert_eq!(ops, [5, 4]);
+        // A commit made after reading a pruned version cannot be checked.
+        assert!(matches!(catalog.summaries_since(1), Err(Error::CatalogConflict { read_version: 1, .. })));
+        assert!(matches!(catalog.commit(0, 2, &one(6, "e")), Err(Error::CatalogConflict { read_version: 2, .. })));
+        assert_eq!(catalog.summaries_since(3).unwrap().len(), 2);
+        assert_eq!(catalog.commit(0, 3, &one(6, "e")).unwrap(), 6);
+        // The newest version always stays, and pruning again is a no-op
+        // until more ages out.
+        let pruned = catalog.prune(0, &everything).unwrap();
+        assert_eq!(pruned.versions, 2, "{pruned:?}");
+        assert_eq!(catalog.version().unwrap(), 6);
+        assert_eq!(catalog.summaries_since(5).unwrap().len(), 1);
+        assert_eq!(catalog.prune(0, &everything).unwrap().versions, 0);
+        assert_eq!(catalog.commit(0, 6, &one(7, "f")).unwrap(), 7);
+        assert_eq!(catalog.applied_identities(1).unwrap(), HashSet::from(["f", "snapshot:9:s.t"].map(str::to_owned)));
     }
 }

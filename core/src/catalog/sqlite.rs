@@ -20,7 +20,9 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, VersionSummary, now_us};
+use super::{
+    Catalog, CatalogCommit, CatalogOperation, CheckpointRecord, HistoryEntry, Pruned, Retention, VersionSummary, now_us,
+};
 use crate::cdc::SourcePosition;
 use crate::engine::StaleFile;
 use crate::error::{Error, Result};
@@ -82,6 +84,14 @@ impl SqliteCatalog {
         if !has_state {
             conn.execute("ALTER TABLE checkpoints ADD COLUMN source_state TEXT", [])?;
         }
+        // Lakes written before pruning did not count history per version
+        // (0 there: pruning keeps more, never less).
+        let has_count = conn
+            .prepare("SELECT 1 FROM pragma_table_info('catalog_versions') WHERE name = 'history_count'")?
+            .exists([])?;
+        if !has_count {
+            conn.execute("ALTER TABLE catalog_versions ADD COLUMN history_count INTEGER NOT NULL DEFAULT 0", [])?;
+        }
         // Lakes written before versions kept operations unversioned: they
         // become version 0's.
         let old_ops =
@@ -123,6 +133,10 @@ impl Catalog for SqliteCatalog {
 
     fn summaries_since(&self, after: u64) -> Result<Vec<VersionSummary>> {
         let conn = lock(&self.conn);
+        let oldest: Option<i64> = conn.query_row("SELECT min(version) FROM catalog_versions", [], |r| r.get(0))?;
+        if let Some(oldest) = oldest.filter(|&o| o as u64 > after + 1) {
+            return Err(super::pruned_since(after, oldest as u64));
+        }
         let mut stmt = conn
             .prepare("SELECT version, checkpoint, files FROM catalog_versions WHERE version > ?1 ORDER BY version")?;
         let rows = stmt.query_map(params![after as i64], |r| {
@@ -146,13 +160,15 @@ impl Catalog for SqliteCatalog {
         }
         let now = now_us();
         tx.execute(
-            "INSERT INTO catalog_versions (version, epoch, checkpoint, files, created_us) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO catalog_versions (version, epoch, checkpoint, files, created_us, history_count)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![
                 version as i64,
                 epoch as i64,
                 i64::from(commit.checkpoint.is_some()),
                 to_json("files", &commit.files())?,
-                now
+                now,
+                commit.history.len() as i64
             ],
         )?;
         // One statement for the transaction's history rows (a checkpoint
@@ -302,6 +318,14 @@ impl Catalog for SqliteCatalog {
         Ok(())
     }
 
+    fn prune(&self, epoch: u64, retention: &Retention) -> Result<Pruned> {
+        let mut conn = lock(&self.conn);
+        let tx = Self::fenced(&mut conn, epoch)?;
+        let pruned = Self::prune_in(&tx, retention)?;
+        tx.commit()?;
+        Ok(pruned)
+    }
+
     fn storage_gc_queue(&self) -> Result<Vec<StaleFile>> {
         let conn = lock(&self.conn);
         let mut stmt = conn.prepare(
@@ -318,6 +342,40 @@ impl Catalog for SqliteCatalog {
             })?
             .collect::<Result<_, _>>()?;
         Ok(rows)
+    }
+}
+
+impl SqliteCatalog {
+    fn prune_in(tx: &rusqlite::Transaction<'_>, retention: &Retention) -> Result<Pruned> {
+        let newest = Self::newest(tx)? as i64;
+        // The oldest version that stays: young, the newest, or holding some
+        // of the newest `keep_history` transactions (counted from the newest
+        // version down).
+        let oldest_kept: i64 = tx.query_row(
+            "SELECT coalesce(min(version), ?2) FROM (
+                 SELECT version, created_us,
+                        sum(history_count) OVER (ORDER BY version DESC) - history_count AS newer
+                 FROM catalog_versions)
+             WHERE created_us >= ?1 OR version >= ?2 OR newer < ?3",
+            params![retention.before_us, newest, retention.keep_history as i64],
+            |r| r.get(0),
+        )?;
+        let versions = tx.execute("DELETE FROM catalog_versions WHERE version < ?1", params![oldest_kept])?;
+        // Operations of versions gone (and of version 0: kept unversioned
+        // by lakes older than versions).
+        tx.execute("DELETE FROM catalog_operations WHERE version < ?1", params![oldest_kept])?;
+        // The newest `keep_history` stay: those older than the oldest of
+        // them may go (none while fewer are stored).
+        let history = tx.execute(
+            &format!(
+                "DELETE FROM history WHERE replayed_us < ?1
+                     AND ts < (SELECT ts FROM history ORDER BY ts DESC LIMIT 1 OFFSET ?2)
+                     AND NOT ({})",
+                snapshot_identities()
+            ),
+            params![retention.before_us, retention.keep_history.saturating_sub(1) as i64],
+        )?;
+        Ok(Pruned { versions: versions as u64, history: history as u64, objects: 0 })
     }
 }
 
