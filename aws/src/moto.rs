@@ -102,6 +102,21 @@ impl Moto {
         }
     }
 
+    /// The items of a lake's DynamoDB state table `table` by partition key
+    /// (`pk`), and its catalog's newest version (the `head` item's), with
+    /// boto3 from moto's interpreter.
+    pub fn state_items(&self, table: &str) -> std::io::Result<(std::collections::BTreeMap<String, usize>, u64)> {
+        const SCAN: &str = "import sys, json, collections, boto3\n\
+            items = [i for p in boto3.client('dynamodb').get_paginator('scan').paginate(TableName=sys.argv[1]) for i in p['Items']]\n\
+            head = [int(i['version']['N']) for i in items if i['pk']['S'] == 'head']\n\
+            print(json.dumps([collections.Counter(i['pk']['S'] for i in items), (head or [0])[0]]))";
+        let out = Command::new(python()).envs(self.env()).args(["-c", SCAN, table]).output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!("scanning {table}: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        serde_json::from_slice(&out.stdout).map_err(std::io::Error::other)
+    }
+
     /// One plain HTTP request to moto (it takes unsigned requests); the
     /// answer when its status is `status`.
     fn request(&self, method: &str, path: &str, status: &str) -> std::io::Result<String> {

@@ -29,6 +29,7 @@ fn backends_on_a_local_aws() {
     dynamodb_txn_store_conforms();
     dynamodb_catalog_conforms(&moto);
     a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(&moto);
+    pruning_deletes_the_objects_of_versions_and_checkpoints_gone(&moto);
     a_lease_grant_reported_failed_after_it_landed_is_held();
     a_missing_table_without_create_is_a_clear_error();
     s3_lake_reads_ranges_and_uploads_in_parts(&moto);
@@ -196,6 +197,59 @@ fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fo
     assert_eq!(catalog.version().unwrap(), 1);
     assert_eq!(catalog.history(None, 10).unwrap().len(), 10, "the payload reads back");
     assert_eq!(catalog.applied_identities(10_000).unwrap().len(), 5000);
+}
+
+/// Pruning deletes the lake objects that only pruned versions named (a
+/// large history payload, the record of a checkpoint replaced since, an
+/// orphan of a commit whose outcome was never known) and keeps the current
+/// checkpoint's record.
+fn pruning_deletes_the_objects_of_versions_and_checkpoints_gone(moto: &fovea_aws::moto::Moto) {
+    use fovea_core::catalog::{CatalogCommit, CheckpointRecord, HistoryEntry, Retention};
+    moto.create_bucket("fovea-pruning").unwrap();
+    let state = DynamoState::connect("dynamodb://fovea-pruning", true).unwrap();
+    let store = fovea_aws::s3::s3_store("s3://fovea-pruning/lake").unwrap();
+    let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
+    let catalog = DynamoCatalog::new(state, Arc::clone(&store));
+    let engine = fovea_core::Engine::in_memory(fovea_core::EngineConfig::default().with_shards(1)).unwrap();
+    let big_checkpoint = |ts: u64| {
+        let mut manifest = engine.write_checkpoint().unwrap();
+        manifest.checkpoint_ts = ts;
+        Some(CheckpointRecord {
+            manifest,
+            input: "x".repeat(600_000),
+            position: fovea_core::cdc::SourcePosition { line: ts, offset: 0 },
+            source_state: None,
+        })
+    };
+    let history: Vec<HistoryEntry> = (0..5000)
+        .map(|i| HistoryEntry {
+            ts: fovea_core::Ts(i + 1),
+            source_txid: format!("txn-{i}"),
+            commit_us: None,
+            tables: vec![("s.t".into(), 1)],
+            rows: 1,
+            replayed_us: 0,
+        })
+        .collect();
+    catalog.commit(0, 0, &CatalogCommit { history, ..Default::default() }).unwrap();
+    catalog.commit(0, 1, &CatalogCommit { checkpoint: big_checkpoint(2), ..Default::default() }).unwrap();
+    catalog.commit(0, 2, &CatalogCommit { checkpoint: big_checkpoint(3), ..Default::default() }).unwrap();
+    catalog.commit(0, 3, &CatalogCommit::default()).unwrap();
+    let orphan = Path::from(format!("_fovea/catalog/version-{:020}-someone-7.json", 2));
+    lake.put(&orphan, bytes::Bytes::from_static(b"{}")).unwrap();
+    let objects = || -> Vec<String> {
+        let mut names: Vec<String> =
+            lake.list(&Path::from("_fovea/catalog")).unwrap().into_iter().map(|o| o.location.to_string()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(objects().len(), 4, "{:?}", objects());
+    let pruned = catalog.prune(0, &Retention { before_us: i64::MAX, keep_history: 0 }).unwrap();
+    assert_eq!((pruned.versions, pruned.history, pruned.objects), (3, 5000, 3), "{pruned:?} {:?}", objects());
+    let left = objects();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].starts_with(&format!("_fovea/catalog/checkpoint-{:020}-", 3)), "{left:?}");
+    assert_eq!(catalog.latest_checkpoint().unwrap().map(|c| c.position.line), Some(3));
 }
 
 /// A lease grant whose answer is lost after DynamoDB applied it is

@@ -183,6 +183,19 @@ pub struct SinkConfig {
     /// when it reappears within this many later ones (snapshot runs are
     /// always remembered). Memory is bounded by it, not by history.
     pub dedup_window: usize,
+    /// Catalog versions and history older than this are pruned after a
+    /// checkpoint (never the dedup window's newest transactions; see
+    /// [`Catalog::prune`]); `None` keeps everything.
+    pub history_retention: Option<Duration>,
+}
+
+/// How long catalog history is kept by default: a week.
+pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Pause between prunes of the catalog: a 24th of the retention, between a
+/// second and an hour (what ages out in the meantime waits that long).
+fn prune_interval(retention: Duration) -> Duration {
+    (retention / 24).clamp(Duration::from_secs(1), Duration::from_secs(3600))
 }
 
 impl Default for SinkConfig {
@@ -194,6 +207,7 @@ impl Default for SinkConfig {
             ddl: Vec::new(),
             maintain_on_checkpoint: true,
             dedup_window: 1 << 20,
+            history_retention: Some(DEFAULT_HISTORY_RETENTION),
         }
     }
 }
@@ -430,6 +444,8 @@ pub struct Sink {
     /// content: built when a run first needs one, then told every
     /// operation handed on for the table ([`Sink::note_pushed`]).
     by_content: HashMap<TableId, RowsByContent>,
+    /// When the catalog is next pruned (after the checkpoint that follows).
+    prune_due: Instant,
 }
 
 /// A checkpoint captured by [`Sink::start_checkpoint`], being written.
@@ -453,6 +469,8 @@ struct CheckpointJob {
     input: String,
     resume: SourcePosition,
     source_state: Option<String>,
+    /// Prune the catalog once the checkpoint is committed.
+    prune: Option<crate::catalog::Retention>,
 }
 
 /// What became of a [`CheckpointJob`].
@@ -516,6 +534,18 @@ impl CheckpointJob {
             cleanup_failures += 1;
             tracing::warn!("objects of older checkpoints stay until the next checkpoint: {e}");
         }
+        if let Some(retention) = &self.prune {
+            match self.catalog.prune(epoch, retention) {
+                Ok(p) if p != crate::catalog::Pruned::default() => {
+                    tracing::info!(versions = p.versions, history = p.history, objects = p.objects, "catalog pruned")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    cleanup_failures += 1;
+                    tracing::warn!("catalog history past the retention stays until the next prune: {e}");
+                }
+            }
+        }
         CheckpointOutcome {
             result: Ok(manifest),
             commit: CatalogCommit::default(),
@@ -577,6 +607,8 @@ impl Sink {
             deferred: None,
             next_rowid: HashMap::new(),
             by_content: HashMap::new(),
+            // The first checkpoint prunes what aged out while no replayer ran.
+            prune_due: Instant::now(),
         };
         sink.create_declared_tables()?;
         Ok(sink)
@@ -1382,6 +1414,18 @@ impl Sink {
         self.finish_checkpoint(true)
     }
 
+    /// The catalog pruning the next checkpoint does, if one is due (and
+    /// when the one after is).
+    fn take_prune(&mut self) -> Option<crate::catalog::Retention> {
+        let retention = self.config.history_retention?;
+        let now = Instant::now();
+        if now < self.prune_due {
+            return None;
+        }
+        self.prune_due = now + prune_interval(retention);
+        Some(crate::catalog::Retention::older_than(retention, self.config.dedup_window))
+    }
+
     /// True while a checkpoint is being written in the background.
     pub fn checkpoint_in_flight(&self) -> bool {
         self.writing.is_some()
@@ -1454,6 +1498,7 @@ impl Sink {
             input: self.input.clone(),
             resume,
             source_state: self.source_state.clone(),
+            prune: self.take_prune(),
         };
         let thread = std::thread::Builder::new().name("fovea-checkpoint".into()).spawn(move || job.run())?;
         self.writing = Some(CheckpointInFlight { thread, resume, began, captured });

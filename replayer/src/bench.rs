@@ -411,6 +411,7 @@ pub(crate) fn replay_into(
         blocks: None,
         lease: fovea_core::lease::DEFAULT_LEASE_TTL,
         progress,
+        history: Default::default(),
     };
     let summary = crate::replay::replay(&args)?;
     Ok(ReplayRun {

@@ -174,6 +174,11 @@ enum Command {
         /// Seconds the lake's lease lasts without renewal (see `fovea serve --help`).
         #[arg(long, default_value_t = 15.0)]
         lease_secs: f64,
+        /// Days of catalog history (versions, operations, replayed
+        /// transactions) kept; older ones are pruned after checkpoints
+        /// (`forever`: none).
+        #[arg(long, default_value_t = replay::HistoryDays::default())]
+        history_days: replay::HistoryDays,
     },
     /// Write a table's visible rows as CSV to standard output.
     Export {
@@ -470,6 +475,7 @@ fn main() -> ExitCode {
             block_rows,
             blocks_per_file,
             lease_secs,
+            history_days,
         } => {
             serve::lease_time(lease_secs).and_then(|lease| {
                 let args = replay::ReplayArgs {
@@ -484,6 +490,7 @@ fn main() -> ExitCode {
                     blocks: Some((block_rows, blocks_per_file)),
                     lease,
                     progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                    history: history_days,
                 };
                 replay::replay(&args)
             })

@@ -33,6 +33,41 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// `--history-days`: how long catalog history is kept (`forever`: all).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HistoryDays(pub Option<Duration>);
+
+impl std::str::FromStr for HistoryDays {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "forever" {
+            return Ok(HistoryDays(None));
+        }
+        match s.parse::<f64>() {
+            Ok(days) if days.is_finite() && days > 0.0 => {
+                Ok(HistoryDays(Some(Duration::from_secs_f64(days * 86_400.0))))
+            }
+            _ => Err(format!("{s:?}: expected a positive number of days (e.g. 7 or 0.5), or forever")),
+        }
+    }
+}
+
+impl std::fmt::Display for HistoryDays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, "{}", d.as_secs_f64() / 86_400.0),
+            None => f.write_str("forever"),
+        }
+    }
+}
+
+impl Default for HistoryDays {
+    fn default() -> Self {
+        HistoryDays(Some(fovea_core::sink::DEFAULT_HISTORY_RETENTION))
+    }
+}
+
 /// Options of `fovea replay`.
 pub struct ReplayArgs {
     /// The lake.
@@ -58,6 +93,8 @@ pub struct ReplayArgs {
     pub lease: Duration,
     /// Print progress.
     pub progress: bool,
+    /// How long catalog history is kept.
+    pub history: HistoryDays,
 }
 
 /// What a replay did.
@@ -100,6 +137,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         ddl,
         // The maintenance thread below does it, beside the replay.
         maintain_on_checkpoint: false,
+        history_retention: args.history.0,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;

@@ -7,77 +7,14 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Server, eventually, free_port, wait_timeout};
-
-/// A Debezium transaction (BEGIN, inserts of `ids`, END) on `public.t (id, v)`.
-fn txn(xid: u64, ids: std::ops::Range<i64>) -> Vec<String> {
-    let ts = 1_800_000_000_000u64 + xid;
-    let n = ids.end - ids.start;
-    let mut out = vec![format!(
-        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"BEGIN","id":"{xid}","event_count":null,"data_collections":null,"ts_ms":{ts}}}}}"#
-    )];
-    for id in ids {
-        out.push(format!(
-            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":null,"after":{{"id":{id},"v":{xid}}},"source":{{"ts_ms":{ts},"schema":"public","table":"t","txId":{xid}}},"transaction":{{"id":"{xid}"}},"op":"c"}}}}"#
-        ));
-    }
-    out.push(format!(
-        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"END","id":"{xid}","event_count":{n},"data_collections":[{{"data_collection":"public.t","event_count":{n}}}],"ts_ms":{ts}}}}}"#
-    ));
-    out
-}
-
-fn append(path: &Path, lines: &[String]) {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-    for l in lines {
-        writeln!(f, "{l}").unwrap();
-    }
-    f.flush().unwrap();
-}
-
-/// Appends transactions `xids`, ten rows each (ids `10 * xid ..`).
-fn append_txns(path: &Path, xids: std::ops::Range<u64>) {
-    for xid in xids {
-        let first = 10 * xid as i64;
-        append(path, &txn(xid, first..first + 10));
-    }
-}
-
-fn count_and_sum(server: &Server) -> Option<String> {
-    server.sql("SELECT count(*), coalesce(sum(id), 0) FROM public.t").ok()
-}
-
-/// `count(*)` and `sum(id)` once transactions `1..n` are applied.
-fn expected(n: u64) -> String {
-    let ids: Vec<i64> = (1..n as i64).flat_map(|x| 10 * x..10 * x + 10).collect();
-    format!("{},{}\n", ids.len(), ids.iter().sum::<i64>())
-}
+use common::{Server, append_txns, count_and_sum, eventually, expected, serve, wait_timeout};
 
 fn signal(server: &Server, sig: &str) {
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
-}
-
-/// Starts `fovea serve` on the lake of `lake_args` (with `env`), logging
-/// to a file in `dir`.
-fn serve(dir: &Path, lake_args: &[String], env: &[(&'static str, String)], input: &str, extra: &[&str]) -> Server {
-    let port = free_port();
-    let stderr = dir.join(format!("serve-{port}.log"));
-    let mut cmd = common::fovea();
-    cmd.arg("serve")
-        .args(lake_args)
-        .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .envs(env.iter().cloned())
-        .env("FOVEA_LOG", "info")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap());
-    Server::spawn(cmd, stderr, None)
 }
 
 fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]) {

@@ -214,3 +214,76 @@ fn a_profile_without_environment_keys_opens_an_s3_lake() {
     let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
 }
+
+/// A day of a lake's life, accelerated: catalog history kept 3 s
+/// (`--history-days`), a dedup window of 10 transactions, checkpoints
+/// every 0.1 s, transactions arriving for 20 s. The catalog's versions in
+/// the state table stay within what the last few seconds committed (not
+/// what the run committed), no other kind of item grows, and the lake
+/// still reads exactly, also after a restart.
+#[test]
+fn catalog_history_past_its_retention_is_pruned() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("pruned").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("events.jsonl");
+    let spec = format!("file:{}", input.display());
+    let lake = ["--lake", "s3://pruned/lake", "--state", "dynamodb://fovea-pruned"].map(str::to_owned);
+    let days = format!("{}", 3.0 / 86_400.0);
+    let opts = ["--checkpoint-secs", "0.1", "--history-days", &days, "--dedup-window", "10"];
+    common::append_txns(&input, 1..11);
+    let server = common::serve(dir.path(), &lake, &moto.env(), &spec, &opts);
+    common::eventually(Duration::from_secs(60), "the first transactions", || {
+        (common::count_and_sum(&server)? == common::expected(11)).then_some(())
+    });
+
+    // One sample a second: (seconds, items by kind, newest version).
+    let mut samples = Vec::new();
+    let began = std::time::Instant::now();
+    let mut xid = 11;
+    while began.elapsed() < Duration::from_secs(20) {
+        for _ in 0..10 {
+            common::append_txns(&input, xid..xid + 1);
+            xid += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (items, head) = moto.state_items("fovea-pruned").unwrap();
+        samples.push((began.elapsed().as_secs_f64(), items, head));
+    }
+    common::eventually(Duration::from_secs(60), "every transaction", || {
+        (common::count_and_sum(&server)? == common::expected(xid)).then_some(())
+    });
+    let log = server.stop();
+    assert!(log.contains("catalog pruned"), "{log}");
+
+    let (_, last_items, committed) = samples.last().cloned().unwrap();
+    eprintln!("state table samples (seconds, items by kind, newest version): {samples:?}");
+    let stored = |items: &std::collections::BTreeMap<String, usize>| items.get("version").copied().unwrap_or(0);
+    assert!(committed >= 60, "only {committed} versions committed in 20 s: {samples:?}");
+    // Each sample holds at most the versions committed in the 6 s before
+    // it (3 s of retention, a 1 s pruning interval, checkpoint and sampling
+    // delays), plus the one a prune always keeps.
+    for (i, (t, items, head)) in samples.iter().enumerate() {
+        let Some((_, _, head_before)) = samples[..i].iter().rev().find(|s| s.0 <= t - 6.0) else { continue };
+        assert!(
+            stored(items) as u64 <= head - head_before + 1,
+            "at {t:.1} s the state table holds {} versions; {} were committed in the 6 s before: {samples:?}",
+            stored(items),
+            head - head_before
+        );
+    }
+    // Nothing else grows with time: the other kinds of items hold as many
+    // at the end as after the first seconds.
+    let others = |items: &std::collections::BTreeMap<String, usize>| {
+        items.iter().filter(|(k, _)| *k != "version" && *k != "reader").map(|(_, n)| n).sum::<usize>()
+    };
+    assert!(others(&last_items) <= others(&samples[2].1), "{samples:?}");
+    assert!(stored(&last_items) < committed as usize / 2, "{samples:?}");
+
+    // A restart reads the pruned catalog: the same rows, and nothing
+    // replayed twice.
+    let again = common::serve(dir.path(), &lake, &moto.env(), &spec, &opts);
+    assert_eq!(common::count_and_sum(&again).unwrap(), common::expected(xid));
+    assert_eq!(again.sql("SELECT count(DISTINCT v) FROM public.t").unwrap(), format!("{}\n", xid - 1));
+    drop(again.stop());
+}

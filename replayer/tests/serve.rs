@@ -12,7 +12,7 @@ use std::time::Duration;
 use arrow::array::{Array, Int64Array};
 use arrow_flight::Action;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use common::{Server, eventually};
+use common::{Server, append, eventually, txn};
 use futures::StreamExt;
 
 fn data() -> PathBuf {
@@ -29,38 +29,6 @@ fn sorted_rows(csv: &str) -> Vec<&str> {
     let mut v: Vec<&str> = csv.lines().collect();
     v.sort_unstable();
     v
-}
-
-fn append(path: &Path, lines: &[String]) {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-    for l in lines {
-        writeln!(f, "{l}").unwrap();
-    }
-    f.flush().unwrap();
-}
-
-/// A Debezium transaction (BEGIN, rows, END) on table `public.t (id, v)`;
-/// rows are (op, id, v).
-fn txn(xid: u64, rows: &[(&str, i64, i64)]) -> Vec<String> {
-    let ts = 1_800_000_000_000u64 + xid;
-    let mut out = vec![format!(
-        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"BEGIN","id":"{xid}","event_count":null,"data_collections":null,"ts_ms":{ts}}}}}"#
-    )];
-    for (op, id, v) in rows {
-        let (before, after) = match *op {
-            "d" => (format!(r#"{{"id":{id}}}"#), "null".to_owned()),
-            _ => ("null".to_owned(), format!(r#"{{"id":{id},"v":{v}}}"#)),
-        };
-        out.push(format!(
-            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":{before},"after":{after},"source":{{"ts_ms":{ts},"schema":"public","table":"t","txId":{xid}}},"transaction":{{"id":"{xid}"}},"op":"{op}"}}}}"#
-        ));
-    }
-    out.push(format!(
-        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"END","id":"{xid}","event_count":{},"data_collections":[{{"data_collection":"public.t","event_count":{}}}],"ts_ms":{ts}}}}}"#,
-        rows.len(),
-        rows.len()
-    ));
-    out
 }
 
 async fn client(url: &str, token: Option<&str>) -> FlightSqlServiceClient<tonic::transport::Channel> {

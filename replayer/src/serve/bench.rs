@@ -185,6 +185,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         poll_ms: 5,
         shards: None,
         lease_secs: 15.0,
+        history_days: Default::default(),
+        dedup_window: fovea_core::sink::SinkConfig::default().dedup_window,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let server = {

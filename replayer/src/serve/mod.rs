@@ -99,6 +99,17 @@ pub struct ServeArgs {
     /// takes over; this one is fenced then.
     #[arg(long, default_value_t = 15.0)]
     pub lease_secs: f64,
+    /// Days of catalog history (versions, operations, replayed
+    /// transactions) kept; older ones are pruned after checkpoints
+    /// (`forever`: none).
+    #[arg(long, default_value_t = crate::replay::HistoryDays::default())]
+    pub history_days: crate::replay::HistoryDays,
+    /// Source transactions remembered for dedup: one redelivered within
+    /// this many later ones (a source resending after a reconnect) is
+    /// skipped; snapshot runs are always remembered. History pruning keeps
+    /// at least this many.
+    #[arg(long, default_value_t = SinkConfig::default().dedup_window)]
+    pub dedup_window: usize,
 }
 
 /// Runs until SIGINT/SIGTERM (or `stop` is set), then checkpoints.
@@ -149,6 +160,8 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         // The maintenance thread runs GC and combine.
         maintain_on_checkpoint: false,
         ddl: crate::replay::read_schema_file(args.schema_file.as_deref())?,
+        history_retention: args.history_days.0,
+        dedup_window: args.dedup_window,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;

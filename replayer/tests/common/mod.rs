@@ -444,3 +444,72 @@ impl Drop for PgCluster {
             .output();
     }
 }
+
+/// Appends `lines` to the file at `path` (a growing input).
+pub fn append(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// A Debezium transaction (BEGIN, rows, END) on table `public.t (id, v)`;
+/// rows are (op, id, v).
+pub fn txn(xid: u64, rows: &[(&str, i64, i64)]) -> Vec<String> {
+    let ts = 1_800_000_000_000u64 + xid;
+    let mut out = vec![format!(
+        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"BEGIN","id":"{xid}","event_count":null,"data_collections":null,"ts_ms":{ts}}}}}"#
+    )];
+    for (op, id, v) in rows {
+        let (before, after) = match *op {
+            "d" => (format!(r#"{{"id":{id}}}"#), "null".to_owned()),
+            _ => ("null".to_owned(), format!(r#"{{"id":{id},"v":{v}}}"#)),
+        };
+        out.push(format!(
+            r#"{{"topic":"s.public.t","key":{{"id":{id}}},"value":{{"before":{before},"after":{after},"source":{{"ts_ms":{ts},"schema":"public","table":"t","txId":{xid}}},"transaction":{{"id":"{xid}"}},"op":"{op}"}}}}"#
+        ));
+    }
+    out.push(format!(
+        r#"{{"topic":"s.transaction","key":{{"id":"{xid}"}},"value":{{"status":"END","id":"{xid}","event_count":{},"data_collections":[{{"data_collection":"public.t","event_count":{}}}],"ts_ms":{ts}}}}}"#,
+        rows.len(),
+        rows.len()
+    ));
+    out
+}
+
+/// Appends transactions `xids`, ten rows each (ids `10 * xid ..`).
+pub fn append_txns(path: &Path, xids: std::ops::Range<u64>) {
+    for xid in xids {
+        let first = 10 * xid as i64;
+        let rows: Vec<(&str, i64, i64)> = (first..first + 10).map(|id| ("c", id, xid as i64)).collect();
+        append(path, &txn(xid, &rows));
+    }
+}
+
+pub fn count_and_sum(server: &Server) -> Option<String> {
+    server.sql("SELECT count(*), coalesce(sum(id), 0) FROM public.t").ok()
+}
+
+/// `count(*)` and `sum(id)` once transactions `1..n` are applied.
+pub fn expected(n: u64) -> String {
+    let ids: Vec<i64> = (1..n as i64).flat_map(|x| 10 * x..10 * x + 10).collect();
+    format!("{},{}\n", ids.len(), ids.iter().sum::<i64>())
+}
+
+/// Starts `fovea serve` on the lake of `lake_args` (with `env`), logging
+/// to a file in `dir`.
+pub fn serve(dir: &Path, lake_args: &[String], env: &[(&'static str, String)], input: &str, extra: &[&str]) -> Server {
+    let port = free_port();
+    let stderr = dir.join(format!("serve-{port}.log"));
+    let mut cmd = fovea();
+    cmd.arg("serve")
+        .args(lake_args)
+        .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .envs(env.iter().cloned())
+        .env("FOVEA_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    Server::spawn(cmd, stderr, None)
+}
