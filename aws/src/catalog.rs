@@ -388,6 +388,21 @@ impl Catalog for DynamoCatalog {
             }
         })();
         match result {
+            // Refused because the version exists: it may be this very
+            // commit, landed by an attempt whose answer was lost (the SDK's
+            // retry then fails the conditions; a stand-in without
+            // idempotency tokens, or a token past its ten minutes).
+            Err(e @ Error::VersionExists { .. }) | Err(e @ Error::Fenced { .. })
+                if self
+                    .state
+                    .get("version", &version_key(version))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|item| string(&item, "nonce").as_deref() == Some(nonce.as_str())) =>
+            {
+                tracing::warn!(version, error = %e, "a catalog commit refused as a duplicate had landed");
+                Ok(())
+            }
             Err(e) if outcome_unknown => {
                 // The transaction may have landed: if its version item is
                 // this commit's, it did (and its payloads are the lake's).

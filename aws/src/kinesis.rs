@@ -26,7 +26,20 @@
 //!
 //! Records held for incomplete transactions are capped (`max_held_mb`,
 //! default an eighth of the machine's memory): past it the input fails,
-//! naming the transaction and the shard holding it back.
+//! naming the transaction and the shard holding it back. Records read
+//! ahead — read by the shard readers, not yet taken in — are capped too
+//! (`read_ahead_mb`, default a quarter of `max_held_mb`, at least 16 MiB):
+//! a reader waits for room before it hands on a read.
+//!
+//! A failed read is retried, never given up on while following (`fovea
+//! serve`): throttling, server errors, timeouts and lost connections are
+//! retried with exponential backoff and jitter (100 ms doubling to 30 s;
+//! an expired iterator is asked for again at once) from the last record
+//! read, and the shard's state (`reading`, `at_tip`, `retrying`) and its
+//! retries show in [`ChangeSource::lag`] (metrics). In `fovea replay`
+//! retries stop after [`REPLAY_RETRY_FOR`] of failing. A permanent failure
+//! (the stream or shard gone, access denied, a rejected request) ends the
+//! input at once, naming the shard.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -39,7 +52,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
 use fovea_core::catalog::CheckpointRecord;
 use fovea_core::cdc::ordering::{Held, Link, Origin, SequenceNumber, ShardIx, Tail, TxnOrder, keep_earliest, link_of};
-use fovea_core::cdc::source::{ChangeSource, Lag, Polled, ShardLag};
+use fovea_core::cdc::source::{ChangeSource, Lag, Polled, ShardLag, ShardState};
 use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line};
 use fovea_core::sink::Sink;
 use fovea_core::{Error, Result};
@@ -51,6 +64,11 @@ use tokio::sync::mpsc;
 const GET_LIMIT: i32 = 10_000;
 /// Events drained per poll before the sink gets what is ready.
 const EVENTS_PER_POLL: usize = 64;
+/// How long `fovea replay` retries a shard's failing reads before it gives
+/// up (`fovea serve` does not give up on transient failures).
+pub const REPLAY_RETRY_FOR: Duration = Duration::from_secs(300);
+/// Least read-ahead room: one GetRecords answer holds up to 10 MiB.
+const MIN_READ_AHEAD: usize = 16 << 20;
 
 /// Where a shard without a checkpointed position starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +97,8 @@ pub struct KinesisOptions {
     pub poll: Duration,
     /// Cap on the bytes of records held for incomplete transactions.
     pub max_held_bytes: usize,
+    /// Cap on the bytes of records read ahead (read, not yet taken in).
+    pub read_ahead_bytes: Option<usize>,
     /// Largest record accepted.
     pub max_record_bytes: usize,
     /// How long a complete transaction whose predecessor in the commit
@@ -106,6 +126,7 @@ impl KinesisOptions {
             follow,
             poll: Duration::from_millis(200),
             max_held_bytes: default_held_cap(),
+            read_ahead_bytes: None,
             max_record_bytes: 10 << 20,
             gap_grace: Duration::from_secs(10),
         };
@@ -126,16 +147,22 @@ impl KinesisOptions {
                 }
                 "poll_ms" => options.poll = Duration::from_millis(number("milliseconds")?),
                 "max_held_mb" => options.max_held_bytes = (number("megabytes")? as usize) << 20,
+                "read_ahead_mb" => options.read_ahead_bytes = Some((number("megabytes")? as usize) << 20),
                 "max_record_kb" => options.max_record_bytes = (number("kilobytes")? as usize) << 10,
                 "gap_grace_ms" => options.gap_grace = Duration::from_millis(number("milliseconds")?),
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb, max_record_kb or gap_grace_ms"
+                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb, read_ahead_mb, max_record_kb or gap_grace_ms"
                     )));
                 }
             }
         }
         Ok(options)
+    }
+
+    /// The read-ahead cap in effect.
+    pub fn read_ahead(&self) -> usize {
+        self.read_ahead_bytes.unwrap_or(self.max_held_bytes / 4).max(MIN_READ_AHEAD)
     }
 
     /// The input's name in checkpoints.
@@ -188,6 +215,10 @@ struct Shard {
     at_tip: bool,
     millis_behind: u64,
     records: u64,
+    /// Its reads are failing and being retried.
+    retrying: bool,
+    /// Reads retried.
+    retries: u64,
 }
 
 impl Shard {
@@ -256,9 +287,28 @@ impl Decoding {
 }
 
 enum Event {
-    Records { ix: ShardIx, records: Vec<KinesisRecord>, millis_behind: u64, at_tip: bool },
-    Closed { ix: ShardIx },
-    Failed { ix: ShardIx, message: String },
+    /// A read; `_room` is its share of the read-ahead cap, given back once
+    /// the event is taken in.
+    Records {
+        ix: ShardIx,
+        records: Vec<KinesisRecord>,
+        millis_behind: u64,
+        at_tip: bool,
+        _room: tokio::sync::OwnedSemaphorePermit,
+    },
+    Closed {
+        ix: ShardIx,
+    },
+    /// A read failed and is retried after a pause (the `attempt`-th time in a row).
+    Retrying {
+        ix: ShardIx,
+        attempt: u32,
+        message: String,
+    },
+    Failed {
+        ix: ShardIx,
+        message: String,
+    },
 }
 
 /// A transaction handed to the sink and not yet covered by a confirmed
@@ -294,6 +344,8 @@ pub struct KinesisSource {
     /// Initial-load records of the current read: the first one's origin, and all.
     load: Option<(Origin, Vec<ChangeRecord>)>,
     stop: Arc<AtomicBool>,
+    /// Room for records read ahead, in bytes (see the module docs).
+    room: Arc<tokio::sync::Semaphore>,
 }
 
 impl KinesisSource {
@@ -333,6 +385,7 @@ impl KinesisSource {
             ordered: options.streams.len() > 1,
             load: None,
             stop: Arc::new(AtomicBool::new(false)),
+            room: Arc::new(tokio::sync::Semaphore::new(options.read_ahead())),
             options,
         };
         let first_run = saved.shards.is_empty();
@@ -345,8 +398,23 @@ impl KinesisSource {
 
     /// Lists `stream`'s shards and registers the new ones.
     fn list(&mut self, stream: &str, saved: &SavedState, first_run: bool) -> Result<()> {
-        let (client, s) = (self.client.clone(), stream.to_owned());
-        let listed = self.runtime.block_on(list_shards(client, s)).map_err(|m| self.error(m))?;
+        // Retried while transient, as shard reads are (the sink waits).
+        let (began, mut pauses, mut attempt) = (std::time::Instant::now(), retry_pauses(), 0u32);
+        let retry_for = (!self.options.follow).then_some(REPLAY_RETRY_FOR);
+        let listed = loop {
+            let (client, s) = (self.client.clone(), stream.to_owned());
+            match self.runtime.block_on(list_shards(client, s)) {
+                Ok(listed) => break listed,
+                Err(f) if f.transient && retry_for.is_none_or(|limit| began.elapsed() < limit) => {
+                    attempt += 1;
+                    if attempt == 1 || attempt % 10 == 0 {
+                        tracing::warn!(attempt, "listing the shards failed; retrying: {}", f.message);
+                    }
+                    std::thread::sleep(pauses.next().unwrap_or(Duration::from_secs(30)));
+                }
+                Err(f) => return Err(self.error(f.message)),
+            }
+        };
         for shard in listed {
             let key = format!("{stream}/{}", shard.id);
             if self.by_name.contains_key(&key) {
@@ -372,6 +440,8 @@ impl KinesisSource {
                 at_tip: false,
                 millis_behind: 0,
                 records: 0,
+                retrying: false,
+                retries: 0,
             });
             self.order.ensure_shard(ix);
             if finished {
@@ -415,6 +485,9 @@ impl KinesisSource {
                 poll: self.options.poll,
                 decoding: Decoding { format: self.options.format, max_record_bytes: self.options.max_record_bytes },
                 stop: Arc::clone(&self.stop),
+                room: Arc::clone(&self.room),
+                room_size: self.options.read_ahead(),
+                retry_for: (!self.options.follow).then_some(REPLAY_RETRY_FOR),
             };
             self.runtime.spawn(reader.run(start));
             self.shards[ix].started = true;
@@ -596,7 +669,10 @@ impl KinesisSource {
 
     fn handle(&mut self, sink: &mut Sink, event: Event) -> Result<u64> {
         match event {
-            Event::Records { ix, records, millis_behind, at_tip } => {
+            Event::Records { ix, records, millis_behind, at_tip, _room } => {
+                if std::mem::take(&mut self.shards[ix].retrying) {
+                    tracing::info!(shard = %self.shards[ix].name(), "the shard's reads succeed again");
+                }
                 let mut pushed = 0;
                 for r in records {
                     let origin = Origin { shard: ix, seq: r.seq.clone() };
@@ -619,6 +695,16 @@ impl KinesisSource {
                 let stream = self.shards[ix].stream.clone();
                 self.list(&stream, &SavedState::default(), false)?;
                 self.start_ready()?;
+                Ok(0)
+            }
+            Event::Retrying { ix, attempt, message } => {
+                let shard = &mut self.shards[ix];
+                shard.retrying = true;
+                shard.retries += 1;
+                // The first failure of a streak, then every tenth.
+                if attempt == 1 || attempt % 10 == 0 {
+                    tracing::warn!(shard = %shard.name(), attempt, "reading the shard failed; retrying: {message}");
+                }
                 Ok(0)
             }
             Event::Failed { ix, message } => Err(self.error(format!("shard {}: {message}", self.shards[ix].name()))),
@@ -742,7 +828,19 @@ impl ChangeSource for KinesisSource {
                 .shards
                 .iter()
                 .filter(|s| s.started && !s.finished)
-                .map(|s| ShardLag { name: s.name(), millis_behind: s.millis_behind, records: s.records })
+                .map(|s| ShardLag {
+                    name: s.name(),
+                    millis_behind: s.millis_behind,
+                    records: s.records,
+                    state: if s.retrying {
+                        ShardState::Retrying
+                    } else if s.at_tip {
+                        ShardState::AtTip
+                    } else {
+                        ShardState::Reading
+                    },
+                    retries: s.retries,
+                })
                 .collect(),
             held: (txns as u64, bytes as u64),
         }
@@ -789,7 +887,7 @@ enum ShardStart {
 
 /// Reads one shard into the event channel until it is closed and read to
 /// its end (then `Closed`), a request fails for good (`Failed`), or the
-/// source stops.
+/// source stops. Transient failures are retried (see the module docs).
 struct ShardReader {
     client: Client,
     stream: String,
@@ -799,6 +897,70 @@ struct ShardReader {
     poll: Duration,
     decoding: Decoding,
     stop: Arc<AtomicBool>,
+    /// Room for records read ahead, in bytes (shared by the readers).
+    room: Arc<tokio::sync::Semaphore>,
+    /// The room's size: no read waits for more.
+    room_size: usize,
+    /// How long failing reads are retried before the shard fails (`None`:
+    /// while the source runs).
+    retry_for: Option<Duration>,
+}
+
+/// A failed request: its message, and whether a retry may succeed.
+struct Failure {
+    message: String,
+    transient: bool,
+}
+
+/// Whether a failed Kinesis call may succeed if retried: throttling,
+/// server errors, timeouts and connection failures (not a missing stream,
+/// denied access or a rejected request).
+fn transient<E: aws_sdk_kinesis::error::ProvideErrorMetadata>(
+    e: &aws_sdk_kinesis::error::SdkError<E, aws_sdk_kinesis::config::http::HttpResponse>,
+) -> bool {
+    use aws_sdk_kinesis::error::SdkError;
+    match e {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => true,
+        SdkError::ServiceError(s) => {
+            s.raw().status().is_server_error()
+                || s.raw().status().as_u16() == 429
+                || matches!(
+                    s.err().code(),
+                    Some(
+                        "ProvisionedThroughputExceededException"
+                            | "KMSThrottlingException"
+                            | "LimitExceededException"
+                            | "ThrottlingException"
+                            | "InternalFailure"
+                            | "ServiceUnavailable"
+                    )
+                )
+        }
+        _ => false,
+    }
+}
+
+fn failure<E>(
+    call: &str,
+    e: aws_sdk_kinesis::error::SdkError<E, aws_sdk_kinesis::config::http::HttpResponse>,
+) -> Failure
+where
+    E: aws_sdk_kinesis::error::ProvideErrorMetadata + std::error::Error + 'static,
+{
+    Failure { transient: transient(&e), message: format!("{call}: {}", DisplayErrorContext(&e)) }
+}
+
+/// Pauses between retries of failing reads: 100 ms doubling to 30 s, with
+/// jitter (shards throttled together do not retry in step).
+fn retry_pauses() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 impl ShardReader {
@@ -808,7 +970,7 @@ impl ShardReader {
         }
     }
 
-    async fn iterator(&self, start: &ShardStart) -> std::result::Result<Option<String>, String> {
+    async fn iterator(&self, start: &ShardStart) -> std::result::Result<Option<String>, Failure> {
         let (kind, seq) = match start {
             ShardStart::At(s) => (ShardIteratorType::AtSequenceNumber, Some(s.0.clone())),
             ShardStart::After(s) => (ShardIteratorType::AfterSequenceNumber, Some(s.0.clone())),
@@ -824,29 +986,77 @@ impl ShardReader {
             .set_starting_sequence_number(seq)
             .send()
             .await
-            .map_err(|e| format!("GetShardIterator: {}", DisplayErrorContext(&e)))?;
+            .map_err(|e| failure("GetShardIterator", e))?;
         Ok(out.shard_iterator().map(str::to_owned))
     }
 
     async fn read(&self, start: ShardStart) -> std::result::Result<(), String> {
-        let mut iterator = self.iterator(&start).await?;
+        let mut iterator: Option<Option<String>> = None;
         let mut last: Option<SequenceNumber> = None;
+        // Failing since, the pauses before the next retries, and how many
+        // were made.
+        let mut failing: Option<(std::time::Instant, Box<dyn Iterator<Item = Duration> + Send>, u32)> = None;
         // Acquire: pairs with the Release store of `KinesisSource::drop`.
         while !self.stop.load(Ordering::Acquire) {
-            let Some(it) = iterator.take() else {
-                let _ = self.tx.send(Event::Closed { ix: self.ix }).await;
-                return Ok(());
+            // Where to read: the iterator of the last read, or a new one
+            // where the last read record leaves off.
+            let it = match iterator.take() {
+                Some(Some(it)) => Ok(it),
+                Some(None) => {
+                    let _ = self.tx.send(Event::Closed { ix: self.ix }).await;
+                    return Ok(());
+                }
+                None => {
+                    let at = last.clone().map_or(start.clone(), ShardStart::After);
+                    match self.iterator(&at).await {
+                        Ok(Some(it)) => Ok(it),
+                        Ok(None) => {
+                            let _ = self.tx.send(Event::Closed { ix: self.ix }).await;
+                            return Ok(());
+                        }
+                        Err(f) => Err(f),
+                    }
+                }
             };
-            let out = match self.client.get_records().shard_iterator(it).limit(GET_LIMIT).send().await {
+            let read = match it {
+                Ok(it) => self.client.get_records().shard_iterator(it).limit(GET_LIMIT).send().await.map_err(|e| {
+                    if e.as_service_error().is_some_and(|s| s.is_expired_iterator_exception()) {
+                        // Iterators expire after five minutes: ask again
+                        // where we are, at once.
+                        None
+                    } else {
+                        Some(failure("GetRecords", e))
+                    }
+                }),
+                Err(f) => Err(Some(f)),
+            };
+            let out = match read {
                 Ok(out) => out,
-                Err(e) if e.as_service_error().is_some_and(|s| s.is_expired_iterator_exception()) => {
-                    // Iterators expire after five minutes: ask again where we are.
-                    let again = last.clone().map_or(start.clone(), ShardStart::After);
-                    iterator = self.iterator(&again).await?;
+                Err(None) => continue,
+                Err(Some(f)) if !f.transient => return Err(f.message),
+                Err(Some(f)) => {
+                    let (since, pauses, attempts) =
+                        failing.get_or_insert_with(|| (std::time::Instant::now(), Box::new(retry_pauses()), 0));
+                    *attempts += 1;
+                    if self.retry_for.is_some_and(|limit| since.elapsed() >= limit) {
+                        return Err(format!(
+                            "{} (failing for {:.0} s, {attempts} attempts)",
+                            f.message,
+                            since.elapsed().as_secs_f64()
+                        ));
+                    }
+                    let pause = pauses.next().unwrap_or(Duration::from_secs(30));
+                    let event = Event::Retrying { ix: self.ix, attempt: *attempts, message: f.message };
+                    if self.tx.send(event).await.is_err() {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(pause).await;
+                    // The iterator may be spent: read again from the last
+                    // record handed on.
                     continue;
                 }
-                Err(e) => return Err(format!("GetRecords: {}", DisplayErrorContext(&e))),
             };
+            failing = None;
             let records: Vec<KinesisRecord> = out
                 .records()
                 .iter()
@@ -856,17 +1066,23 @@ impl ShardReader {
                     decoded: self.decoding.decode(r.data().as_ref(), r.partition_key().unwrap_or_default()),
                 })
                 .collect();
+            let bytes: usize = records.iter().map(|r| r.bytes).sum();
             if let Some(r) = records.last() {
                 last = Some(r.seq.clone());
             }
             let millis_behind = out.millis_behind_latest().unwrap_or(0).max(0) as u64;
             let empty = records.is_empty();
-            iterator = out.next_shard_iterator().map(str::to_owned);
-            let at_tip = empty && millis_behind == 0 && iterator.is_some();
-            if self.tx.send(Event::Records { ix: self.ix, records, millis_behind, at_tip }).await.is_err() {
+            iterator = Some(out.next_shard_iterator().map(str::to_owned));
+            let at_tip = empty && millis_behind == 0 && matches!(iterator, Some(Some(_)));
+            // Room for what was read (a read larger than the cap waits for
+            // all of it); closed only when the source is gone.
+            let want = bytes.clamp(1, self.room_size).min(u32::MAX as usize) as u32;
+            let Ok(room) = Arc::clone(&self.room).acquire_many_owned(want).await else { return Ok(()) };
+            let event = Event::Records { ix: self.ix, records, millis_behind, at_tip, _room: room };
+            if self.tx.send(event).await.is_err() {
                 return Ok(());
             }
-            if empty && iterator.is_some() {
+            if empty && matches!(iterator, Some(Some(_))) {
                 tokio::time::sleep(self.poll).await;
             }
         }
@@ -892,7 +1108,7 @@ async fn client() -> Result<Client> {
     Ok(Client::new(&config))
 }
 
-async fn list_shards(client: Client, stream: String) -> std::result::Result<Vec<ListedShard>, String> {
+async fn list_shards(client: Client, stream: String) -> std::result::Result<Vec<ListedShard>, Failure> {
     let mut out = Vec::new();
     let mut token: Option<String> = None;
     loop {
@@ -900,8 +1116,7 @@ async fn list_shards(client: Client, stream: String) -> std::result::Result<Vec<
             Some(t) => client.list_shards().next_token(t),
             None => client.list_shards().stream_name(&stream),
         };
-        let page =
-            request.send().await.map_err(|e| format!("ListShards of stream {stream}: {}", DisplayErrorContext(&e)))?;
+        let page = request.send().await.map_err(|e| failure(&format!("ListShards of stream {stream}"), e))?;
         for s in page.shards() {
             out.push(ListedShard {
                 id: s.shard_id().to_owned(),
@@ -1053,7 +1268,7 @@ impl KinesisProducer {
         let shards = self
             .runtime
             .block_on(list_shards(self.client.clone(), stream.to_owned()))
-            .map_err(|m| Self::failed("ListShards", m))?;
+            .map_err(|f| Self::failed("ListShards", f.message))?;
         let mut n = 0u64;
         for shard in shards {
             let out = self

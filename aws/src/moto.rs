@@ -3,7 +3,8 @@
 //! serves one request at a time so that DynamoDB's conditional writes are
 //! atomic; and kinesalite (Kinesis: moto's Kinesis moves a parent shard's
 //! records into its children on a split and slows down badly with volume;
-//! kinesalite keeps closed parents readable to their end, as Kinesis does).
+//! kinesalite keeps closed parents readable to their end, as Kinesis does);
+//! and [`FaultProxy`], cloud faults in front of either.
 //! `scripts/test-deps.sh` installs moto in `/var/tmp/fovea-py` and
 //! kinesalite in `/var/tmp/fovea-npm`; `FOVEA_PYTHON` and
 //! `FOVEA_NODE_MODULES` name others.
@@ -203,5 +204,56 @@ impl Drop for Kinesalite {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `scripts/fault_proxy.py` running in front of a local stand-in: an HTTP
+/// layer that throttles, fails after applying, drops and delays requests
+/// (see the script's docs for `faults`); stopped on drop.
+pub struct FaultProxy {
+    child: Child,
+    /// `http://127.0.0.1:PORT`: point a client's endpoint here.
+    pub endpoint: String,
+    stats: PathBuf,
+}
+
+impl FaultProxy {
+    /// Starts the proxy in front of `target` (`http://HOST:PORT`) with the
+    /// script's fault options `faults` (e.g. `["--throttle", "0.1"]`).
+    pub fn start(target: &str, faults: &[&str]) -> std::io::Result<FaultProxy> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        // Relaxed: only uniqueness matters.
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stats = std::env::temp_dir().join(format!("fovea-fault-proxy-{}-{seq}.json", std::process::id()));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault_proxy.py");
+        let mut child = Command::new(python())
+            .arg(script)
+            .args(["--target", target, "--stats"])
+            .arg(&stats)
+            .args(faults)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("piped")), &mut line)?;
+        let port = line.trim().strip_prefix("listening ").ok_or_else(|| {
+            let _ = child.kill();
+            std::io::Error::other(format!("the fault proxy did not start: {line:?}"))
+        })?;
+        Ok(FaultProxy { endpoint: format!("http://127.0.0.1:{port}"), child, stats })
+    }
+
+    /// How many requests it saw and what it injected, by kind (`requests`,
+    /// `throttled`, `after`, `dropped`, `delayed`, `burst`).
+    pub fn stats(&self) -> std::collections::BTreeMap<String, u64> {
+        std::fs::read(&self.stats).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stats);
     }
 }

@@ -503,3 +503,84 @@ fn generated_stream_through_kinesis_equals_the_file_replay() {
     let history = ok(aws.fovea().args(["history", "--limit", "3", "--lake", &lake("rows")]).output().unwrap());
     assert!(history.contains("kinesis-row:gen-clean/shardId-"), "{history}");
 }
+
+/// Kinesis as it fails in production, through an HTTP layer in front of
+/// kinesalite: GetRecords, GetShardIterator and ListShards throttled,
+/// dropped, delayed and failed after being served, with bursts of
+/// throttling that outlast the SDK's own retries. `fovea serve` reports
+/// the shards retrying on /metrics while a burst lasts, never answers with
+/// a partial transaction, and ends with every transfer; `fovea replay`
+/// through the same faults ends equal too.
+#[test]
+fn kinesis_read_failures_are_retried_with_backoff_and_the_mirror_ends_exact() {
+    let aws = Aws::start();
+    let producer = aws.producer();
+    producer.create_stream("bank", 4).unwrap();
+    let clean = bank_records(600);
+    producer.put("bank", &with_faults(&clean, 11)).unwrap();
+    let faults = [
+        "--match",
+        "GetRecords|GetShardIterator|ListShards",
+        "--throttle",
+        "0.1",
+        "--drop",
+        "0.05",
+        "--after",
+        "0.05",
+        "--delay-ms",
+        "30",
+        "--burst-every",
+        "10",
+        "--burst-secs",
+        "6",
+    ];
+    let proxy = fovea_aws::moto::FaultProxy::start(&aws.kinesis.endpoint, &faults).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let [port, mport] = common::free_ports();
+    let metrics = format!("127.0.0.1:{mport}");
+    let mut cmd = aws.fovea();
+    cmd.env("AWS_ENDPOINT_URL_KINESIS", &proxy.endpoint)
+        .env("FOVEA_LOG", "fovea_aws::kinesis=info")
+        .args(["serve", "--lake", dir.path().join("served").to_str().unwrap(), "--input", "kinesis://bank?poll_ms=20"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--checkpoint-secs", "1", "--metrics", &metrics])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap());
+    let server = common::Server::spawn(cmd, dir.path().join("serve.log"), Some(metrics));
+    common::eventually(Duration::from_secs(60), "a shard shown retrying on /metrics", || {
+        server.metrics().contains("state=\"retrying\"").then_some(())
+    });
+    let total = "SELECT (SELECT sum(bal) FROM bank.a) + (SELECT sum(bal) FROM bank.b), (SELECT count(*) FROM bank.a) + (SELECT count(*) FROM bank.b)";
+    let expected = expected_bank(&clean);
+    common::eventually(Duration::from_secs(180), "all transfers applied", || {
+        if let Ok(out) = server.sql(total) {
+            assert_eq!(out.trim(), "20000,200", "a partial source transaction is visible");
+        }
+        server.sql("SELECT id, bal FROM bank.a ORDER BY id").ok().filter(|o| *o == expected).map(|_| ())
+    });
+    // After the burst every shard reads again.
+    let text = common::eventually(Duration::from_secs(60), "every shard reading again", || {
+        let text = server.metrics();
+        (!text.contains("state=\"retrying\"")).then_some(text)
+    });
+    assert!(text.contains("fovea_shard_read_retries_total{"), "{text}");
+    let log = server.stop();
+    assert!(log.contains("retrying") && log.contains("reads succeed again"), "{log}");
+
+    // A replay through the same faults.
+    let lake = dir.path().join("replayed");
+    let out = aws
+        .fovea()
+        .env("AWS_ENDPOINT_URL_KINESIS", &proxy.endpoint)
+        .args(["replay", "--lake", lake.to_str().unwrap(), "--input", "kinesis://bank?poll_ms=20"])
+        .output()
+        .unwrap();
+    ok(out);
+    let query = "SELECT id, bal FROM bank.a ORDER BY id";
+    let rows =
+        ok(aws.fovea().args(["sql", "--format", "csv", "--lake", lake.to_str().unwrap(), query]).output().unwrap());
+    assert_eq!(rows.split_once('\n').map(|(_, rows)| rows), Some(expected.as_str()));
+    let stats = proxy.stats();
+    for kind in ["throttled", "dropped", "after", "burst"] {
+        assert!(stats.get(kind).copied().unwrap_or(0) > 0, "no {kind} fault injected: {stats:?}");
+    }
+}

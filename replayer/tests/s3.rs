@@ -287,3 +287,67 @@ fn catalog_history_past_its_retention_is_pruned() {
     assert_eq!(again.sql("SELECT count(DISTINCT v) FROM public.t").unwrap(), format!("{}\n", xid - 1));
     drop(again.stop());
 }
+
+/// S3 and DynamoDB as they fail in production, through an HTTP layer in
+/// front of moto: requests throttled, dropped, delayed, and failed after
+/// being applied (a conditional write that landed, reported failed). A
+/// replay of pg-tiny, then a `fovea serve` of a growing stream on the same
+/// services, each end equal to what runs without faults produce.
+#[test]
+fn s3_and_dynamodb_faults_leave_a_replay_and_a_serve_exact() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("faulty").unwrap();
+    let seed = std::env::var("FOVEA_FAULT_SEED").unwrap_or_else(|_| "3".into());
+    let faults = ["--throttle", "0.15", "--drop", "0.05", "--after", "0.08", "--delay-ms", "20", "--seed", &seed];
+    let proxy = fovea_aws::moto::FaultProxy::start(&moto.endpoint, &faults).unwrap();
+    let through_proxy = |c: &mut Command| {
+        c.env("AWS_ENDPOINT_URL", &proxy.endpoint);
+    };
+    let input = data().join("debezium_events.precise_schemas.jsonl.gz");
+    let lake = ["--lake", "s3://faulty/pg-tiny", "--state", "dynamodb://fovea-faulty"];
+    let mut replay = fovea(&moto);
+    through_proxy(&mut replay);
+    let out = ok(replay
+        .arg("replay")
+        .args(lake)
+        .arg("--input")
+        .arg(&input)
+        .args(["--checkpoint-txns", "20"])
+        .output()
+        .unwrap());
+    assert!(out.contains("replayed"), "{out}");
+    for t in tables() {
+        let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
+        assert_eq!(export(&moto, &lake, &t), expected, "{t}");
+    }
+
+    // A served, growing stream on the same faulty services.
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().join("events.jsonl");
+    let spec = format!("file:{}", stream.display());
+    let served = ["--lake", "s3://faulty/served", "--state", "dynamodb://fovea-faulty-served"].map(str::to_owned);
+    let mut env = moto.env();
+    env.retain(|(k, _)| *k != "AWS_ENDPOINT_URL");
+    env.push(("AWS_ENDPOINT_URL", proxy.endpoint.clone()));
+    common::append_txns(&stream, 1..31);
+    let server = common::serve(dir.path(), &served, &env, &spec, &["--checkpoint-secs", "0.3", "--gc-secs", "1"]);
+    for batch in 0..5u64 {
+        common::append_txns(&stream, 31 + 10 * batch..41 + 10 * batch);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    common::eventually(Duration::from_secs(120), "every transaction served", || {
+        (common::count_and_sum(&server)? == common::expected(81)).then_some(())
+    });
+    let log = server.stop();
+    assert!(!log.contains("ERROR"), "{log}");
+    // What it made durable reads back exactly without the faults.
+    let restarted = common::serve(dir.path(), &served, &moto.env(), &spec, &[]);
+    assert_eq!(common::count_and_sum(&restarted).unwrap(), common::expected(81));
+    assert_eq!(restarted.sql("SELECT count(DISTINCT v) FROM public.t").unwrap(), "80\n");
+    drop(restarted.stop());
+    let stats = proxy.stats();
+    eprintln!("faults injected: {stats:?}");
+    for kind in ["throttled", "dropped", "after"] {
+        assert!(stats.get(kind).copied().unwrap_or(0) > 0, "no {kind} fault injected: {stats:?}");
+    }
+}

@@ -91,6 +91,33 @@ pub struct ShardLag {
     pub millis_behind: u64,
     /// Records read from it.
     pub records: u64,
+    /// What its reader is doing.
+    pub state: ShardState,
+    /// Reads retried after a failure.
+    pub retries: u64,
+}
+
+/// What a shard's reader is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShardState {
+    /// Reading records behind the tip.
+    #[default]
+    Reading,
+    /// Its last read was empty with nothing behind.
+    AtTip,
+    /// Its reads fail and are retried with backoff.
+    Retrying,
+}
+
+impl ShardState {
+    /// Its name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardState::Reading => "reading",
+            ShardState::AtTip => "at_tip",
+            ShardState::Retrying => "retrying",
+        }
+    }
 }
 
 /// A line-oriented input with positions.

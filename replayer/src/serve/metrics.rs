@@ -289,6 +289,23 @@ impl Metrics {
             );
             let records = lag.shards.iter().map(|s| (s.name.clone(), s.records)).collect();
             registry.register("shard_records", "Records read from the shard.", counted("shard", records));
+            let retries = lag.shards.iter().map(|s| (s.name.clone(), s.retries)).collect();
+            registry.register(
+                "shard_read_retries",
+                "Reads of the shard retried after a failure (throttling, server errors, timeouts).",
+                counted("shard", retries),
+            );
+            let states = GaugeFamily::default();
+            for s in &lag.shards {
+                let labels =
+                    vec![("shard".to_owned(), s.name.clone()), ("state".to_owned(), s.state.as_str().to_owned())];
+                states.get_or_create(&labels).set(1.0);
+            }
+            registry.register(
+                "shard_state",
+                "What the shard's reader is doing (reading, at_tip, retrying): 1.",
+                states,
+            );
         }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &registry) {
