@@ -88,6 +88,26 @@ impl Moto {
             .collect())
     }
 
+    /// Every object of `bucket` under `prefix` with its ETag, by key (with
+    /// boto3 from moto's interpreter: all pages).
+    pub fn list_objects(
+        &self,
+        bucket: &str,
+        prefix: &str,
+    ) -> std::io::Result<std::collections::BTreeMap<String, String>> {
+        const LIST: &str = "import sys, json, boto3\n\
+            pages = boto3.client('s3').get_paginator('list_objects_v2').paginate(Bucket=sys.argv[1], Prefix=sys.argv[2])\n\
+            print(json.dumps({o['Key']: o['ETag'] for p in pages for o in p.get('Contents', [])}))";
+        let out = Command::new(python()).envs(self.env()).args(["-c", LIST, bucket, prefix]).output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "listing {bucket}/{prefix}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        serde_json::from_slice(&out.stdout).map_err(std::io::Error::other)
+    }
+
     /// Deletes object `key` of `bucket` (as a retired file is deleted),
     /// with boto3 from moto's interpreter (moto wants deletes signed).
     pub fn delete_object(&self, bucket: &str, key: &str) -> std::io::Result<()> {

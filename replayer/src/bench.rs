@@ -456,6 +456,11 @@ fn typed_decode_seconds(dir: &std::path::Path, input: &std::path::Path) -> crate
     }
 }
 
+/// Object store requests of a replay per 1,000 rows replayed.
+fn requests_per_1000(r: &ReplayRun) -> f64 {
+    (r.store.requests() as f64 * 1000.0 / r.rows.max(1) as f64 * 100.0).round() / 100.0
+}
+
 /// `fovea bench replay`: generate, then replay into a fresh local lake
 /// and, with `remote`, into a fresh lake there too (same stream, same run).
 pub fn replay(
@@ -531,6 +536,7 @@ pub fn replay(
         "cpu_us_per_row_runs": cpu_runs,
         "typed_decode_us_per_record": (typed_decode_us * 1000.0).round() / 1000.0,
         "records": records,
+        "store_requests_per_1000_rows": requests_per_1000(&local),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
     });
     if let Some(remote) = remote {
@@ -545,11 +551,15 @@ pub fn replay(
         let r = replay_into(lake, &input, !json_out)?;
         let remote_rows_per_s = r.rows as f64 / r.seconds;
         let per_1000 = |n: u64| (n as f64 * 1000.0 / r.rows.max(1) as f64 * 100.0).round() / 100.0;
+        let local_requests = requests_per_1000(&local);
         result["remote"] = json!({
             "lake": name,
             "rows_per_s": remote_rows_per_s.round(),
             "over_local": ((remote_rows_per_s / rows_per_s) * 1000.0).round() / 1000.0,
             "store_requests_per_1000_rows": per_1000(r.store.requests()),
+            // The same replay's object requests against the local lake's:
+            // what the remote lake (its state, identity, payloads) adds.
+            "store_requests_over_local": (requests_per_1000(&r) / local_requests.max(1e-9) * 1000.0).round() / 1000.0,
             "store_puts_per_1000_rows": per_1000(r.store.puts),
             "store_gets_per_1000_rows": per_1000(r.store.gets),
             "store_bytes_written": r.store.bytes_written,
@@ -574,11 +584,13 @@ pub fn replay(
         );
         if let Some(r) = result.get("remote") {
             println!(
-                "into {}: {} rows/s ({}× local), {} store requests per 1000 rows, {} DynamoDB writes/s",
+                "into {}: {} rows/s ({}× local), {} store requests per 1000 rows ({}× local's {}), {} DynamoDB writes/s",
                 r["lake"].as_str().unwrap_or(""),
                 r["rows_per_s"],
                 r["over_local"],
                 r["store_requests_per_1000_rows"],
+                r["store_requests_over_local"],
+                result["store_requests_per_1000_rows"],
                 r["dynamodb_writes_per_s"]
             );
         }

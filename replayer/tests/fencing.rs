@@ -7,15 +7,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::{Server, append_txns, count_and_sum, eventually, expected, serve, wait_timeout};
-
-fn signal(server: &Server, sig: &str) {
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
-}
+use common::{Server, append_txns, count_and_sum, eventually, expected, serve, signal, wait_timeout};
 
 fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]) {
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,13 @@
 //!   fails (retried once, then abandoned and counted) and the tables stay
 //!   exact; healthy instances started then do the rewrites, and a reopened
 //!   lake (whose recovery vacuums what the dead attempts left) reads the
-//!   same.
+//!   same;
+//! * with Lambda throttling and losing answers of invocations that ran
+//!   (an HTTP fault layer in front of the endpoint), the rewrites still
+//!   happen and the tables stay exact;
+//! * a replayer paused during its rewrites and taken over, resumed while
+//!   its successor is paused, deletes and overwrites no object (listing
+//!   and ETags compared) before it is fenced, and the successor ends exact.
 
 mod common;
 
@@ -62,8 +68,8 @@ fn stream(dir: &Path) -> PathBuf {
 const BLOCKS: [&str; 4] = ["--block-rows", "1024", "--blocks-per-file", "4"];
 
 /// `fovea serve` of `input` into the S3 lake `prefix`, rewrites by the
-/// functions behind `lambda`.
-fn serve(moto: &Moto, lambda: &LocalLambda, prefix: &str, input: &Path, functions: &str) -> Server {
+/// functions behind the Lambda endpoint `lambda`.
+fn serve(moto: &Moto, lambda: &str, prefix: &str, input: &Path, functions: &str, extra: &[&str]) -> Server {
     let [port, mport] = free_ports();
     let stderr = input.with_extension(format!("serve-{port}.log"));
     let mut cmd = fovea(moto);
@@ -74,7 +80,8 @@ fn serve(moto: &Moto, lambda: &LocalLambda, prefix: &str, input: &Path, function
         .args(["--gc-secs", "1", "--checkpoint-secs", "2", "--storage-gc-threshold", "0.3", "--shards", "2"])
         .args(BLOCKS)
         .args(["--functions", functions])
-        .env("AWS_ENDPOINT_URL_LAMBDA", lambda.endpoint())
+        .args(extra)
+        .env("AWS_ENDPOINT_URL_LAMBDA", lambda)
         .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap());
@@ -111,7 +118,7 @@ fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lak
     let dir = tempfile::tempdir().unwrap();
     let input = stream(dir.path());
     let lambda = functions(&moto, &[]);
-    let server = serve(&moto, &lambda, "fn", &input, "lambda://fovea?concurrency=3&timeout_s=60");
+    let server = serve(&moto, &lambda.endpoint(), "fn", &input, "lambda://fovea?concurrency=3&timeout_s=60", &[]);
 
     // Caught up, with rewrites done and nothing left past the threshold.
     let metrics = eventually(Duration::from_secs(240), "replayed, combined and garbage-collected", || {
@@ -155,7 +162,7 @@ fn a_gc_function_dying_mid_write_changes_no_table() {
     let input = stream(dir.path());
     let kill = [("FOVEA_KILL_AT".to_owned(), "mid_write".to_owned())];
     let mut lambda = functions(&moto, &kill);
-    let server = serve(&moto, &lambda, "dying", &input, "lambda://fovea?timeout_s=20");
+    let server = serve(&moto, &lambda.endpoint(), "dying", &input, "lambda://fovea?timeout_s=20", &[]);
 
     let failed = eventually(Duration::from_secs(240), "a failed rewrite after catching up", || {
         let lag = server.metric("fovea_input_lag_bytes");
@@ -187,4 +194,72 @@ fn a_gc_function_dying_mid_write_changes_no_table() {
         ok(fovea(&moto).arg("replay").args(s3_lake("dying")).args(BLOCKS).arg("--input").arg(&input).output().unwrap());
     assert!(again.contains("replayed 0 transactions"), "{again}");
     assert_tables(&moto, "dying", &expected, "after recovery");
+}
+
+#[test]
+fn lambda_throttling_and_lost_answers_leave_the_tables_exact() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = stream(dir.path());
+    let lambda = functions(&moto, &[]);
+    let faults = ["--throttle", "0.3", "--after", "0.15", "--delay-ms", "50", "--seed", "5"];
+    let proxy = fovea_aws::moto::FaultProxy::start(&lambda.endpoint(), &faults).unwrap();
+    let server = serve(&moto, &proxy.endpoint, "throttled", &input, "lambda://fovea?concurrency=3&timeout_s=60", &[]);
+    eventually(Duration::from_secs(300), "replayed, combined and garbage-collected", || {
+        let lag = server.metric("fovea_input_lag_bytes");
+        let rewritten = server.metric("fovea_files_rewritten_total");
+        let queued = server.metric("fovea_storage_gc_queued");
+        (lag == 0.0 && rewritten > 0.0 && queued == 0.0).then_some(())
+    });
+    assert!(server.metric("fovea_files_combined_total") > 0.0);
+    let log = server.stop();
+    let stats = proxy.stats();
+    assert!(
+        stats.get("throttled").copied().unwrap_or(0) > 0 && stats.get("after").copied().unwrap_or(0) > 0,
+        "{stats:?}"
+    );
+    assert!(!log.contains("ERROR"), "{log}");
+    let expected = reference(&moto, dir.path(), &input);
+    assert_tables(&moto, "throttled", &expected, "after the run");
+}
+
+#[test]
+fn a_zombie_replayer_deletes_and_overwrites_nothing_of_its_successor() {
+    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = stream(dir.path());
+    let lambda = functions(&moto, &[]);
+    let fns = "lambda://fovea?concurrency=2&timeout_s=60";
+    // A replays and rewrites; it is paused in the middle of it.
+    let a = serve(&moto, &lambda.endpoint(), "zombie", &input, fns, &["--lease-secs", "2"]);
+    eventually(Duration::from_secs(240), "A combines", || (a.metric("fovea_files_combined_total") > 0.0).then_some(()));
+    common::signal(&a, "-STOP");
+    // B takes over, catches up and rewrites, and is paused in turn (its
+    // lease outlasts the pause).
+    let b = serve(&moto, &lambda.endpoint(), "zombie", &input, fns, &["--lease-secs", "600"]);
+    eventually(Duration::from_secs(240), "B catches up and rewrites", || {
+        let done = b.metric("fovea_input_lag_bytes") == 0.0 && b.metric("fovea_files_rewritten_total") > 0.0;
+        done.then_some(())
+    });
+    common::signal(&b, "-STOP");
+    let before = moto.list_objects("lake", "zombie/").unwrap();
+    // A resumes with B's objects in place: it is fenced and stops.
+    common::signal(&a, "-CONT");
+    let mut a = a;
+    let status = common::wait_timeout(&mut a.child, Duration::from_secs(60));
+    assert!(status.is_some_and(|s| !s.success()), "A did not stop: {status:?}\n{}", a.log());
+    assert!(a.log().contains("fenced"), "{}", a.log());
+    let after = moto.list_objects("lake", "zombie/").unwrap();
+    for (key, etag) in &before {
+        assert_eq!(after.get(key), Some(etag), "the zombie deleted or overwrote {key}\n{}", a.log());
+    }
+    // B goes on and ends exact.
+    common::signal(&b, "-CONT");
+    eventually(Duration::from_secs(120), "B still serving", || b.sql("SELECT 1").ok());
+    let log = b.stop();
+    assert!(log.contains("took over the lake's lease"), "{log}");
+    let expected = reference(&moto, dir.path(), &input);
+    assert_tables(&moto, "zombie", &expected, "after the take-over");
 }

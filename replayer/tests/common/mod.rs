@@ -513,3 +513,9 @@ pub fn serve(dir: &Path, lake_args: &[String], env: &[(&'static str, String)], i
         .stderr(std::fs::File::create(&stderr).unwrap());
     Server::spawn(cmd, stderr, None)
 }
+
+/// Sends signal `sig` (`-STOP`, `-CONT`, …) to the server's process.
+pub fn signal(server: &Server, sig: &str) {
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+}
