@@ -196,9 +196,13 @@ impl DynamoCatalog {
             // The SDK gives the request an idempotency token, kept across
             // its own retries: a retried commit that had landed is no
             // failure.
-            let (client, items) = (self.state.client.clone(), items.clone());
-            let out =
-                block_on_io(async move { client.transact_write_items().set_transact_items(Some(items)).send().await })?;
+            let request = self.state.client.transact_write_items().set_transact_items(Some(items.clone()));
+            // Re-sent while its outcome is unknown (the callers recognise
+            // a transaction refused because its own first send landed).
+            let out = crate::dynamo::send_write(|| {
+                let request = request.clone();
+                block_on_io(async move { request.send().await })
+            })?;
             let reasons = match out {
                 Ok(_) => return Ok(Ok(())),
                 Err(e) => match e.as_service_error() {

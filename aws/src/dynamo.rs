@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValuesOnConditionCheckFailure,
@@ -73,6 +74,41 @@ pub(crate) fn describe<E: ProvideErrorMetadata + std::fmt::Debug, R: std::fmt::D
     match e.as_service_error() {
         Some(s) => format!("{}: {}", s.code().unwrap_or("error"), s.message().unwrap_or("no message")),
         None => format!("{e:?}"),
+    }
+}
+
+/// Whether a failed call may have been applied: no answer, or a server
+/// error (a timeout after DynamoDB applied it, a lost connection, an answer
+/// that did not arrive whole). A refusal by DynamoDB's checks was not.
+pub(crate) fn outcome_unknown<E>(e: &SdkError<E, HttpResponse>) -> bool {
+    match e {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => true,
+        SdkError::ServiceError(s) => s.raw().status().is_server_error(),
+        _ => false,
+    }
+}
+
+/// Sends of a write whose outcome stays unknown before it is given up:
+/// every write fovea makes is idempotent or recognises its own success
+/// when re-sent (see the callers), so re-sending is safe.
+pub(crate) const RESENDS: usize = 3;
+
+/// Sends a write with `send`, re-sending it (after 50, 100, 200 ms) while
+/// its outcome is unknown.
+pub(crate) fn send_write<T, E: std::fmt::Debug>(
+    mut send: impl FnMut() -> Result<std::result::Result<T, SdkError<E, HttpResponse>>>,
+) -> Result<std::result::Result<T, SdkError<E, HttpResponse>>> {
+    let mut attempt = 0;
+    loop {
+        let out = send()?;
+        match &out {
+            Err(e) if attempt < RESENDS && outcome_unknown(e) => {
+                tracing::debug!("a DynamoDB write's outcome is unknown; sending it again: {e:?}");
+                std::thread::sleep(Duration::from_millis(50 << attempt));
+                attempt += 1;
+            }
+            _ => return Ok(out),
+        }
     }
 }
 
@@ -276,18 +312,21 @@ impl DynamoState {
             .filter_map(|w| w.strip_prefix('#'))
             .map(|w| (format!("#{w}"), w.to_owned()))
             .collect();
-        let out = block_on_io(async move {
-            client
-                .update_item()
-                .table_name(table)
-                .set_key(Some(key))
-                .update_expression(update)
-                .condition_expression(condition)
-                .set_expression_attribute_values(Some(values))
-                .set_expression_attribute_names(Some(names))
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-                .send()
-                .await
+        let request = client
+            .update_item()
+            .table_name(table)
+            .set_key(Some(key))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_values(Some(values))
+            .set_expression_attribute_names(Some(names))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        // Re-sent when its outcome is unknown: a re-send of a write that
+        // had landed either lands again unchanged or is refused with the
+        // item as the first send left it, which the callers recognise.
+        let out = send_write(|| {
+            let request = request.clone();
+            block_on_io(async move { request.send().await })
         })?;
         match out {
             Ok(_) => Ok(Ok(())),
@@ -532,19 +571,26 @@ impl TxnStore for DynamoTxnStore {
         // skips lapsed ones at once; TTL deletion is lazy).
         item.insert(EXPIRES_AT.into(), ni(expires_us / 1_000_000 + 86_400));
         self.state.count_write();
-        let (client, table) = (self.state.client.clone(), self.state.table().to_owned());
-        block_on_io(async move { client.put_item().table_name(table).set_item(Some(item)).send().await })?
-            .map(|_| ())
-            .map_err(|e| backend_error("PutItem", &format!("{}/{READER}/{id}", self.state.table()), describe(&e)))
+        let request = self.state.client.put_item().table_name(self.state.table()).set_item(Some(item));
+        // Unconditional: a re-send is the same write.
+        send_write(|| {
+            let request = request.clone();
+            block_on_io(async move { request.send().await })
+        })?
+        .map(|_| ())
+        .map_err(|e| backend_error("PutItem", &format!("{}/{READER}/{id}", self.state.table()), describe(&e)))
     }
 
     fn deregister_reader(&self, id: &str) -> Result<()> {
         self.state.count_write();
-        let (client, table, key) =
-            (self.state.client.clone(), self.state.table().to_owned(), DynamoState::key(READER, id));
-        block_on_io(async move { client.delete_item().table_name(table).set_key(Some(key)).send().await })?
-            .map(|_| ())
-            .map_err(|e| backend_error("DeleteItem", &format!("{}/{READER}/{id}", self.state.table()), describe(&e)))
+        let request =
+            self.state.client.delete_item().table_name(self.state.table()).set_key(Some(DynamoState::key(READER, id)));
+        send_write(|| {
+            let request = request.clone();
+            block_on_io(async move { request.send().await })
+        })?
+        .map(|_| ())
+        .map_err(|e| backend_error("DeleteItem", &format!("{}/{READER}/{id}", self.state.table()), describe(&e)))
     }
 
     fn readers(&self, now_us: i64) -> Result<Vec<ReaderLease>> {

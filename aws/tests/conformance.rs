@@ -28,6 +28,7 @@ fn backends_on_a_local_aws() {
     }
     dynamodb_txn_store_conforms();
     dynamodb_catalog_conforms(&moto);
+    every_write_kind_recognises_its_own_success_after_a_lost_answer(&moto);
     a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(&moto);
     pruning_deletes_the_objects_of_versions_and_checkpoints_gone(&moto);
     a_lease_grant_reported_failed_after_it_landed_is_held();
@@ -56,6 +57,33 @@ fn dynamodb_txn_store_conforms() {
     let spec = ttl.time_to_live_description().unwrap();
     assert_eq!(spec.attribute_name(), Some(fovea_aws::dynamo::EXPIRES_AT));
     assert_eq!(spec.time_to_live_status().map(|s| s.as_str()), Some("ENABLED"));
+}
+
+/// Every conditional write the state and the catalog make (reservations,
+/// watermarks, the lease, reader registrations, the lake's identity,
+/// catalog versions, the storage-GC queue, pruning) has its answer lost
+/// after it was applied, one write in three: both conformance suites still
+/// pass — each write recognises its own success.
+fn every_write_kind_recognises_its_own_success_after_a_lost_answer(moto: &fovea_aws::moto::Moto) {
+    let injector = FailAfterApplying::every_nth_write(3);
+    let n = AtomicUsize::new(0);
+    conformance::check(&|| {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        let state = DynamoState::connect(&format!("dynamodb://fovea-lost-{i}"), true).unwrap();
+        Arc::new(state.with_interceptor(injector.clone()).txn_store()) as Arc<dyn TxnStore>
+    });
+    moto.create_bucket("fovea-lost").unwrap();
+    fovea_core::catalog::conformance::check(&|| {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        let state = DynamoState::connect(&format!("dynamodb://fovea-lost-{i}"), true)
+            .unwrap()
+            .with_interceptor(injector.clone());
+        let store = fovea_aws::s3::s3_store(&format!("s3://fovea-lost/{i}")).unwrap();
+        let txn = Arc::new(state.txn_store()) as Arc<dyn TxnStore>;
+        let catalog = Arc::new(DynamoCatalog::new(state, store)) as Arc<dyn Catalog>;
+        (txn, catalog)
+    });
+    assert!(injector.fired.load(Ordering::Relaxed) > 10, "the faults were not injected");
 }
 
 fn dynamodb_catalog_conforms(moto: &fovea_aws::moto::Moto) {
@@ -107,17 +135,30 @@ fn s3_errors_name_the_url() {
 /// timeout after success would): fault injection at the SDK level.
 #[derive(Clone, Debug)]
 struct FailAfterApplying {
-    /// The operation whose next call fails (`TransactWriteItems`, …).
+    /// The operation whose next call fails (`TransactWriteItems`, …; `*`:
+    /// every write).
     operation: &'static str,
     armed: Arc<std::sync::atomic::AtomicBool>,
     fired: Arc<AtomicUsize>,
+    /// With `Some(n)`: every `n`-th successful call fails, armed or not.
+    every: Option<usize>,
+    seen: Arc<AtomicUsize>,
 }
 
 impl FailAfterApplying {
     fn on(operation: &'static str) -> Self {
-        FailAfterApplying { operation, armed: Arc::default(), fired: Arc::default() }
+        FailAfterApplying { operation, armed: Arc::default(), fired: Arc::default(), every: None, seen: Arc::default() }
+    }
+
+    /// Every `n`-th write that succeeded (of any kind) fails after it
+    /// was applied.
+    fn every_nth_write(n: usize) -> Self {
+        FailAfterApplying { every: Some(n), ..Self::on("*") }
     }
 }
+
+/// DynamoDB operations that write.
+const WRITES: [&str; 5] = ["UpdateItem", "PutItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"];
 
 impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
     fn name(&self) -> &'static str {
@@ -126,11 +167,21 @@ impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
 
     fn modify_before_completion(
         &self,
-        _context: &mut aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextMut<'_>,
+        context: &mut aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextMut<'_>,
         _components: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
         let operation = cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>().map(|m| m.name());
+        if let Some(n) = self.every {
+            let succeeded = matches!(context.output_or_error(), Some(Ok(_)));
+            let write = operation.is_some_and(|o| WRITES.contains(&o));
+            // Relaxed: a counter of this test's calls.
+            if succeeded && write && (self.seen.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(n) {
+                self.fired.fetch_add(1, Ordering::Relaxed);
+                return Err("injected: the answer was lost after the write was applied".into());
+            }
+            return Ok(());
+        }
         if operation == Some(self.operation) && self.armed.swap(false, Ordering::Relaxed) {
             self.fired.fetch_add(1, Ordering::Relaxed);
             return Err("injected: the answer was lost after the transaction was applied".into());
