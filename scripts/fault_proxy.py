@@ -14,6 +14,8 @@ delays. Tests point a client's endpoint (AWS_ENDPOINT_URL...) here.
         [--burst-every S --burst-secs D]
                                throttle every matching request for D of every S
                                seconds (past the SDK's own retries)
+        [--stall-after S]      from S seconds on, matching requests get no answer
+                               (the service stalls; the client's deadlines fire)
         [--stats FILE]         counts of what was injected, as JSON, kept current
 
 Prints "listening PORT" once it accepts connections. Standard library only.
@@ -30,7 +32,7 @@ import time
 import urllib.parse
 
 LOCK = threading.Lock()
-STATS = {"requests": 0, "throttled": 0, "after": 0, "dropped": 0, "delayed": 0, "burst": 0}
+STATS = {"requests": 0, "throttled": 0, "after": 0, "dropped": 0, "delayed": 0, "burst": 0, "stalled": 0}
 
 
 def count(kind, args):
@@ -122,6 +124,10 @@ def make_handler(args, rng):
             with LOCK:
                 roll = rng.random()
                 delay = rng.random() * args.delay_ms / 1000.0
+            if faulted and args.stall_after is not None and time.monotonic() - started >= args.stall_after:
+                count("stalled", args)
+                time.sleep(3600)
+                return
             if faulted and args.burst_every > 0:
                 if (time.monotonic() - started) % args.burst_every < args.burst_secs:
                     count("burst", args)
@@ -171,6 +177,7 @@ def main():
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--burst-every", type=float, default=0.0)
     p.add_argument("--burst-secs", type=float, default=0.0)
+    p.add_argument("--stall-after", type=float)
     p.add_argument("--stats")
     args = p.parse_args()
     class Server(http.server.ThreadingHTTPServer):

@@ -83,3 +83,34 @@ fn a_killed_replayer_is_taken_over_at_once() {
     assert!(began.elapsed() < Duration::from_secs(60), "B waited for a dead replayer's lease");
     eventually(Duration::from_secs(60), "B replays everything", || (count_and_sum(&b)? == expected(21)).then_some(()));
 }
+
+/// A state store that stops answering while `fovea serve` holds the lease
+/// (DynamoDB stalled behind an HTTP layer: every call hangs): the renewals
+/// run into their deadlines, and once the lease's expiry passes the
+/// replayer stops with an error saying so — it neither hangs nor goes on
+/// writing.
+#[test]
+fn a_stalled_state_store_ends_in_a_stop_not_a_hang() {
+    let moto = fovea_aws::moto::Moto::start(&fovea_aws::moto::script()).unwrap();
+    moto.create_bucket("stalled").unwrap();
+    let proxy =
+        fovea_aws::moto::FaultProxy::start(&moto.endpoint, &["--match", "DynamoDB_", "--stall-after", "12"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("events.jsonl");
+    let spec = format!("file:{}", input.display());
+    let mut env = moto.env();
+    env.push(("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint.clone()));
+    env.push(("FOVEA_AWS_ATTEMPT_SECS", "1".into()));
+    env.push(("FOVEA_AWS_OPERATION_SECS", "2".into()));
+    let lake = ["--lake", "s3://stalled/lake", "--state", "dynamodb://fovea-stalled"].map(str::to_owned);
+    append_txns(&input, 1..11);
+    let mut server = serve(dir.path(), &lake, &env, &spec, &["--lease-secs", "3", "--checkpoint-secs", "0.5"]);
+    eventually(Duration::from_secs(10), "the first transactions", || {
+        (count_and_sum(&server)? == expected(11)).then_some(())
+    });
+    let status = wait_timeout(&mut server.child, Duration::from_secs(90));
+    let log = server.log();
+    assert!(status.is_some_and(|s| !s.success()), "still running with its state store stalled: {status:?}\n{log}");
+    assert!(log.contains("expired") && log.contains("without a successful renewal"), "{log}");
+    assert!(proxy.stats().get("stalled").copied().unwrap_or(0) > 0, "{:?}", proxy.stats());
+}
