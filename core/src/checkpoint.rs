@@ -1014,9 +1014,41 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Deletes objects under `tables/` and `_fovea/checkpoints/` not in `named`.
+    /// Deletes the litter of crashed runs: objects under `tables/` and
+    /// `_fovea/checkpoints/` that `named` (the restored checkpoint's
+    /// objects) leaves out and that fovea provably wrote before this
+    /// writer's epoch — their names carry a file id of an earlier epoch.
+    /// One of this epoch or a later one cannot be a predecessor's (this
+    /// writer has just been granted its epoch and wrote nothing yet): the
+    /// state is older than the lake (a state table restored from an older
+    /// backup), an error, and nothing is deleted. Objects fovea does not
+    /// name so are left alone.
     pub(crate) fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
-        Ok(self.delete_unnamed(TABLES_PREFIX, named)? + self.delete_unnamed(CHECKPOINTS_PREFIX, named)?)
+        let epoch = self.clock.epoch();
+        let mut litter = Vec::new();
+        for prefix in [TABLES_PREFIX, CHECKPOINTS_PREFIX] {
+            for meta in self.lake.list(&Path::from(prefix))? {
+                let path = meta.location;
+                if named.contains(path.as_ref()) {
+                    continue;
+                }
+                match crate::lake::writer_epoch(&path) {
+                    Some(e) if e >= epoch => {
+                        return Err(Error::WrongState(format!(
+                            "the lake holds {path}, written under lease epoch {e}, but its state grants this writer \
+                             epoch {epoch}: the state is older than the lake (restored from an earlier backup?). Nothing \
+                             was deleted. Help: use the state the lake was last written with"
+                        )));
+                    }
+                    Some(_) => litter.push(path),
+                    None => tracing::warn!("{path} is not an object fovea names: recovery leaves it alone"),
+                }
+            }
+        }
+        for path in &litter {
+            self.lake.delete(path)?;
+        }
+        Ok(litter.len())
     }
 
     /// Deletes checkpoint objects that `current` does not name.

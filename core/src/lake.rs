@@ -68,6 +68,37 @@ pub fn combined_path(table: TableId, file: FileId, round: FileId) -> Path {
     Path::from(format!("tables/{}/files/{:016x}-{:016x}.parquet", table.0, file.0, round.0))
 }
 
+/// The lease epoch of the writer that created `path`, from the file id
+/// its name carries (file ids hold their writer's epoch in their high
+/// bits, [`crate::engine::FILE_ID_EPOCH_SHIFT`]): blocks and regular files
+/// by their file id, combine outputs by their round, checkpoint objects
+/// by the unique id in their names. `None` for a name fovea does not give.
+pub fn writer_epoch(path: &Path) -> Option<u64> {
+    let hex = |s: &str| (s.len() == 16).then(|| u64::from_str_radix(s, 16).ok()).flatten();
+    let epoch = |id: u64| id >> crate::engine::FILE_ID_EPOCH_SHIFT;
+    let parts: Vec<&str> = path.as_ref().split('/').collect();
+    match parts.as_slice() {
+        ["tables", table, kind, name] if table.bytes().all(|b| b.is_ascii_digit()) => {
+            let stem = name.strip_suffix(".parquet")?;
+            match (*kind, stem.split_once('-')) {
+                ("files", None) => hex(stem).map(epoch),
+                // A combine round's output: the round is this writer's id.
+                ("files", Some((file, round))) => hex(file).and(hex(round)).map(epoch),
+                ("blocks", Some((file, block))) if block.len() == 5 && block.bytes().all(|b| b.is_ascii_digit()) => {
+                    hex(file).map(epoch)
+                }
+                _ => None,
+            }
+        }
+        // `_fovea/checkpoints/TS/NAME-…-UNIQUE.EXT`: the unique id ends the stem.
+        ["_fovea", "checkpoints", ts, name] if ts.bytes().all(|b| b.is_ascii_digit()) => {
+            let stem = name.rsplit_once('.').map_or(*name, |(stem, _)| stem);
+            stem.rsplit('-').next()?.parse::<u64>().ok().map(epoch)
+        }
+        _ => None,
+    }
+}
+
 /// A row group of a regular file.
 #[derive(Clone, Copy, Debug)]
 pub struct RowGroupInfo {
@@ -703,6 +734,27 @@ mod tests {
     use super::*;
     use crate::metered::{MeteredStore, StoreMeter};
     use object_store::memory::InMemory;
+
+    #[test]
+    fn writer_epochs_come_from_the_names_fovea_gives() {
+        let id = |epoch: u64, n: u64| FileId((epoch << crate::engine::FILE_ID_EPOCH_SHIFT) + n);
+        let t = TableId(3);
+        assert_eq!(writer_epoch(&file_path(t, id(4, 9))), Some(4));
+        assert_eq!(writer_epoch(&block_path(t, id(2, 1), 7)), Some(2));
+        // A combine round's output is its round's (the writer that ran it).
+        assert_eq!(writer_epoch(&combined_path(t, id(1, 5), id(6, 2))), Some(6));
+        let unique = id(5, 77).0;
+        assert_eq!(writer_epoch(&Path::from(format!("_fovea/checkpoints/120/index-0-{unique}.bin"))), Some(5));
+        assert_eq!(writer_epoch(&Path::from("_fovea/checkpoints/120/index-1.bin")), Some(0));
+        for other in [
+            "tables/3/files/notes.txt",
+            "tables/x/files/0000000000000001.parquet",
+            "tables/3/README",
+            "_fovea/lake.json",
+        ] {
+            assert_eq!(writer_epoch(&Path::from(other)), None, "{other}");
+        }
+    }
 
     fn metered_lake() -> (Lake, Arc<StoreMeter>) {
         let meter = Arc::new(StoreMeter::default());

@@ -22,7 +22,7 @@ use object_store::ObjectStore;
 
 use crate::catalog::{Catalog, CheckpointRecord, SqliteCatalog};
 use crate::engine::{Engine, EngineConfig, METADATA_DIR};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::identity::Access;
 use crate::lease::{DEFAULT_LEASE_TTL, LeaseKeeper, ReaderRegistration};
 use crate::mvcc::{Clock, SqliteTxnStore, TxnStore};
@@ -122,7 +122,15 @@ pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_
         clock.set_epoch(l.epoch());
     }
     let engine = match &checkpoint {
-        Some(c) => Engine::restore(store, clock, &c.manifest, vacuum)?,
+        Some(c) => Engine::restore(store, clock, &c.manifest, vacuum).map_err(|e| match e {
+            Error::ObjectStore(object_store::Error::NotFound { path, .. }) => Error::WrongState(format!(
+                "the state's checkpoint (ts {}) names {path}, which the lake no longer holds: the state is older than \
+                 the lake (restored from an earlier backup?) or the lake lost objects. Nothing was deleted. Help: use \
+                 the state the lake was last written with",
+                c.manifest.checkpoint_ts
+            )),
+            other => other,
+        })?,
         None if !vacuum => Engine::open(store, clock, config)?,
         None => {
             // Objects without a checkpoint were written by a run that died

@@ -531,3 +531,76 @@ fn truncate_deletes_every_row_of_its_table() {
     ok(replay(&lake, &input, &["--schema-file", schema.to_str().unwrap()]));
     assert_eq!(export(&lake, "public.pgbench_tellers"), "tid,bid,tbalance,filler\n12,1,1200,\n");
 }
+
+/// Every file of the local lake `lake` but its state (`_fovea/`), with its
+/// size.
+fn lake_objects(lake: &Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![lake.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if !path.starts_with(lake.join("_fovea")) {
+                out.push((path.display().to_string(), e.metadata().unwrap().len()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Copies the lake's state files (`_fovea/*.sqlite*`) from `from` to `to`,
+/// replacing those there.
+fn copy_state(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(to).unwrap() {
+        let p = e.unwrap().path();
+        if p.to_string_lossy().contains(".sqlite") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        if p.to_string_lossy().contains(".sqlite") {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+/// The lake's state restored from a backup older than the lake (a state
+/// table restored from another day): the next writer finds objects its
+/// state's epochs cannot have written, refuses, and deletes nothing; with
+/// the newest state back, the lake continues exactly.
+#[test]
+fn a_state_older_than_its_lake_is_refused_and_nothing_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _) = prefix_lines(40);
+    let part = dir.path().join("part.jsonl");
+    std::fs::write(&part, first.join("\n") + "\n").unwrap();
+    let lake = dir.path().join("lake");
+    let state = lake.join("_fovea");
+    ok(replay(&lake, &part, &["--checkpoint-txns", "5"]));
+    let (old, new) = (dir.path().join("old-state"), dir.path().join("new-state"));
+    copy_state(&state, &old);
+    let all = dir.path().join("all.jsonl");
+    std::fs::write(&all, gunzip(&data().join("debezium_events.jsonl.gz"))).unwrap();
+    ok(replay(&lake, &all, &["--checkpoint-txns", "5"]));
+    copy_state(&state, &new);
+
+    copy_state(&old, &state);
+    let before = lake_objects(&lake);
+    let out = replay(&lake, &all, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("the state is older than the lake"), "{stderr}");
+    assert_eq!(lake_objects(&lake), before, "a refused recovery deleted objects");
+
+    copy_state(&new, &state);
+    let again = ok(replay(&lake, &all, &[]));
+    assert!(again.contains("replayed 0 transactions"), "{again}");
+    let reference = dir.path().join("reference");
+    ok(replay(&reference, &all, &[]));
+    assert_eq!(all_exports(&lake), all_exports(&reference));
+}

@@ -426,3 +426,62 @@ fn a_fenced_writers_failed_combine_leaves_its_successors_file() {
     assert_eq!(objects(dir.path(), "tables/0/files"), files, "the successor's file was deleted");
     assert_eq!(count(&successor), 200);
 }
+
+/// The state restored from a backup older than the lake, its checkpoint's
+/// objects still there: the next writer's recovery finds blocks written
+/// under the epoch it is granted (a writer the restored state never knew),
+/// refuses, and deletes nothing; with the newest state back the lake reads
+/// whole.
+#[test]
+fn a_recovery_with_a_state_older_than_the_lake_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Full files of two blocks: the later writer's rows go to a file of
+    // its own, named with its epoch.
+    let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
+    let (writer, _) = two_flushed_blocks(dir.path(), config);
+    drop(writer);
+    let state = dir.path().join("_fovea");
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(to).unwrap() {
+            let p = e.unwrap().path();
+            if p.to_string_lossy().contains(".sqlite") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        for e in std::fs::read_dir(from).unwrap() {
+            let p = e.unwrap().path();
+            if p.to_string_lossy().contains(".sqlite") {
+                std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+    };
+    let backup = dir.path().join("backup");
+    copy(&state, &backup);
+    // A later writer flushes more rows (no checkpoint names them yet).
+    let later = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    let t = later.engine.table("s.t").unwrap();
+    later
+        .engine
+        .apply((200..300).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
+        .unwrap();
+    later.engine.flush().unwrap();
+    drop(later);
+    let newest = dir.path().join("newest");
+    copy(&state, &newest);
+    let blocks = objects(dir.path(), "tables");
+    assert_eq!(blocks.len(), 3, "{blocks:?}");
+
+    copy(&backup, &state);
+    let err = open_lake(dir.path(), config, OpenMode::Write).err().expect("a state older than the lake");
+    assert!(err.to_string().contains("the state is older than the lake"), "{err}");
+    assert_eq!(objects(dir.path(), "tables"), blocks, "the refused recovery deleted objects");
+
+    // The newest state: its recovery deletes the unnamed block as the
+    // litter of a run that ended before its checkpoint, and the
+    // checkpointed rows read.
+    copy(&newest, &state);
+    let lake = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    assert_eq!(count(&lake), 200);
+    assert_eq!(objects(dir.path(), "tables").len(), 2);
+}
