@@ -239,6 +239,10 @@ pub struct Block {
     pub max_ts: Ts,
     /// The rows.
     pub data: BlockData,
+    /// Lease epoch of the writer that sealed it: its object's name carries
+    /// it ([`crate::lake::block_path`]), so a fenced predecessor never
+    /// writes over it. (0 for blocks read back: their objects are named.)
+    pub writer: u64,
 }
 
 /// What a lake file is now.

@@ -458,7 +458,10 @@ impl PendingCheckpoint {
     fn write_objects(&self) -> Result<Manifest> {
         let engine = &*self.engine;
         let c = self.c;
-        let dir = format!("{CHECKPOINTS_PREFIX}/{}", c.get());
+        // One directory per attempt, named by its unique id (which
+        // carries the writer's epoch): a fenced predecessor checkpointing
+        // the same ts never writes over this writer's objects.
+        let dir = format!("{CHECKPOINTS_PREFIX}/{}-{:016x}", c.get(), self.unique);
         // The chain of the committed checkpoint, which `changed` is relative to.
         let committed = lock(&engine.last_checkpoint).clone();
         let write = |s: usize| self.write_shard(s, &dir, committed.as_deref());
@@ -720,7 +723,7 @@ fn write_part(
                             let path = match &b.data {
                                 BlockData::Flushed(p) => p.clone(),
                                 BlockData::Memory(batch) => {
-                                    let p = block_path(part.table, f.id, b.index);
+                                    let p = block_path(part.table, f.id, b.index, b.writer);
                                     lake.put(&p, encode_block(std::slice::from_ref(batch), b.rows)?)?;
                                     p
                                 }
@@ -983,6 +986,7 @@ impl Engine {
                                         min_ts: Ts(b.min_ts),
                                         max_ts: Ts(b.max_ts),
                                         data: BlockData::Flushed(Path::from(b.path.as_str())),
+                                        writer: 0,
                                     })
                                 })
                                 .collect(),

@@ -1226,7 +1226,7 @@ fn flush_block(lake: &Lake, job: &FlushJob, block_rows: usize) -> Result<()> {
     let BlockData::Memory(batch) = &job.block.data else {
         return Ok(());
     };
-    let path = block_path(job.part.table.id, job.file, job.block.index);
+    let path = block_path(job.part.table.id, job.file, job.block.index, job.block.writer);
     lake.put(&path, encode_block(std::slice::from_ref(batch), block_rows)?)?;
     let mut state = lock(&job.part.state);
     let file = state.files.iter_mut().find(|f| f.id == job.file);

@@ -50,9 +50,12 @@ const MULTIPART_PART: usize = 8 << 20;
 /// (fovea's footers are a few KiB; a small block is read whole).
 pub const FOOTER_FETCH: u64 = 64 << 10;
 
-/// Path of a flushed write-buffer block.
-pub fn block_path(table: TableId, file: FileId, block: u32) -> Path {
-    Path::from(format!("tables/{}/blocks/{:016x}-{block:05}.parquet", table.0, file.0))
+/// Path of a flushed write-buffer block, sealed by a writer of lease
+/// epoch `writer` (blocks of one file may be written by successive
+/// writers: the epoch keeps a fenced one from writing over its
+/// successor's).
+pub fn block_path(table: TableId, file: FileId, block: u32, writer: u64) -> Path {
+    Path::from(format!("tables/{}/blocks/{:016x}-{block:05}-e{writer}.parquet", table.0, file.0))
 }
 
 /// Path of a regular file.
@@ -84,13 +87,27 @@ pub fn writer_epoch(path: &Path) -> Option<u64> {
                 ("files", None) => hex(stem).map(epoch),
                 // A combine round's output: the round is this writer's id.
                 ("files", Some((file, round))) => hex(file).and(hex(round)).map(epoch),
-                ("blocks", Some((file, block))) if block.len() == 5 && block.bytes().all(|b| b.is_ascii_digit()) => {
-                    hex(file).map(epoch)
+                ("blocks", Some((file, rest))) => {
+                    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+                    match rest.split_once("-e") {
+                        // FILE-BLOCK-eEPOCH: the writer's epoch.
+                        Some((block, writer)) if digits(block) => hex(file).and(writer.parse().ok()),
+                        // FILE-BLOCK (lakes written before): the file's.
+                        None if digits(rest) => hex(file).map(epoch),
+                        _ => None,
+                    }
                 }
                 _ => None,
             }
         }
-        // `_fovea/checkpoints/TS/NAME-…-UNIQUE.EXT`: the unique id ends the stem.
+        // `_fovea/checkpoints/TS-UNIQUE/…`: the attempt's unique id.
+        ["_fovea", "checkpoints", dir, _] if dir.contains('-') => {
+            let (ts, unique) = dir.split_once('-')?;
+            ts.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
+            hex(unique).map(epoch)
+        }
+        // `_fovea/checkpoints/TS/NAME-…-UNIQUE.EXT` (lakes written before):
+        // the unique id that ends the stem, if any.
         ["_fovea", "checkpoints", ts, name] if ts.bytes().all(|b| b.is_ascii_digit()) => {
             let stem = name.rsplit_once('.').map_or(*name, |(stem, _)| stem);
             stem.rsplit('-').next()?.parse::<u64>().ok().map(epoch)
@@ -740,10 +757,13 @@ mod tests {
         let id = |epoch: u64, n: u64| FileId((epoch << crate::engine::FILE_ID_EPOCH_SHIFT) + n);
         let t = TableId(3);
         assert_eq!(writer_epoch(&file_path(t, id(4, 9))), Some(4));
-        assert_eq!(writer_epoch(&block_path(t, id(2, 1), 7)), Some(2));
+        // A block by the writer that sealed it, whatever its file's epoch.
+        assert_eq!(writer_epoch(&block_path(t, id(2, 1), 7, 3)), Some(3));
+        assert_eq!(writer_epoch(&Path::from(format!("tables/3/blocks/{:016x}-00007.parquet", id(2, 1).0))), Some(2));
         // A combine round's output is its round's (the writer that ran it).
         assert_eq!(writer_epoch(&combined_path(t, id(1, 5), id(6, 2))), Some(6));
         let unique = id(5, 77).0;
+        assert_eq!(writer_epoch(&Path::from(format!("_fovea/checkpoints/120-{unique:016x}/index-0.bin"))), Some(5));
         assert_eq!(writer_epoch(&Path::from(format!("_fovea/checkpoints/120/index-0-{unique}.bin"))), Some(5));
         assert_eq!(writer_epoch(&Path::from("_fovea/checkpoints/120/index-1.bin")), Some(0));
         for other in [

@@ -167,6 +167,7 @@ impl CheckpointReader {
                                         min_ts: Ts(b.min_ts),
                                         max_ts: Ts(b.max_ts),
                                         data: BlockData::Flushed(Path::from(b.path.as_str())),
+                                        writer: 0,
                                     })
                                 })
                                 .collect(),

@@ -203,6 +203,15 @@ pub struct FlushJob {
     pub block: Arc<Block>,
 }
 
+impl ShardContext<'_> {
+    /// The lease epoch of this writer: the high bits of the file ids it
+    /// allocates ([`crate::engine::FILE_ID_EPOCH_SHIFT`]).
+    pub fn writer_epoch(&self) -> u64 {
+        // Relaxed: the epoch bits are fenced in before any shard applies.
+        self.file_ids.load(Ordering::Relaxed) >> crate::engine::FILE_ID_EPOCH_SHIFT
+    }
+}
+
 /// What a shard needs from its engine while applying.
 pub struct ShardContext<'a> {
     /// Global file-id allocator.
@@ -468,7 +477,7 @@ impl Shard {
             let mut state = lock(&pw.part.state);
             let active = state.active.as_mut().ok_or_else(|| Error::invariant("open block without active builder"))?;
             active.builder.append(row, ts);
-            if active.builder.is_full() { close_active(&mut state, open, cfg)? } else { None }
+            if active.builder.is_full() { close_active(&mut state, open, cfg, ctx.writer_epoch())? } else { None }
         };
         let row_id = RowId(open.row_id_start + open.rows as u64);
         open.rows += 1;
@@ -485,7 +494,7 @@ impl Shard {
         let Some(pw) = self.parts.get_mut(&table) else { return Ok(()) };
         let Some(open) = pw.open.take() else { return Ok(()) };
         let mut state = lock(&pw.part.state);
-        let block = close_active(&mut state, &open, ctx.config)?;
+        let block = close_active(&mut state, &open, ctx.config, ctx.writer_epoch())?;
         if let Some(FileKind::Virtual { sealed, .. }) =
             state.files.iter_mut().find(|f| f.id == open.file).map(|f| &mut f.kind)
         {
@@ -514,15 +523,21 @@ impl Shard {
 
 /// Makes the active block of a part immutable (it joins its file's blocks)
 /// and returns it for flushing; `None` when it holds no rows.
-fn close_active(state: &mut PartState, open: &OpenBlock, cfg: BufferConfig) -> Result<Option<Arc<Block>>> {
+fn close_active(state: &mut PartState, open: &OpenBlock, cfg: BufferConfig, writer: u64) -> Result<Option<Arc<Block>>> {
     let Some(mut active) = state.active.take() else { return Ok(None) };
     if active.builder.rows() == 0 {
         return Ok(None);
     }
     let batch = active.builder.finish()?;
     let (min_ts, max_ts) = ts_range(crate::lake::create_ts_column(&batch)?);
-    let block =
-        Arc::new(Block { index: open.index, rows: batch.num_rows(), min_ts, max_ts, data: BlockData::Memory(batch) });
+    let block = Arc::new(Block {
+        index: open.index,
+        rows: batch.num_rows(),
+        min_ts,
+        max_ts,
+        data: BlockData::Memory(batch),
+        writer,
+    });
     let sealed_now = open.index as usize + 1 == cfg.blocks_per_file;
     let file = state
         .files

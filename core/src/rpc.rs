@@ -231,6 +231,7 @@ fn keep_offsets(
                     min_ts: Ts(u64::MAX),
                     max_ts: Ts(u64::MAX),
                     data: b.data.clone(),
+                    writer: b.writer,
                 })
             }
         })

@@ -266,6 +266,7 @@ impl SplitTask {
                     min_ts: Ts(0),
                     max_ts: Ts::MAX,
                     data: BlockData::Flushed(Path::from(path.as_str())),
+                    writer: 0,
                 };
                 Split::Block { id, deletes, block: Arc::new(block), offset: self.offset }
             }
