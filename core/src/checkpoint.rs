@@ -1026,7 +1026,8 @@ impl Engine {
     /// writer has just been granted its epoch and wrote nothing yet): the
     /// state is older than the lake (a state table restored from an older
     /// backup), an error, and nothing is deleted. Objects fovea does not
-    /// name so are left alone.
+    /// name so are left alone. Without a lease (epoch 0) every unnamed
+    /// object of fovea's is litter.
     pub(crate) fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
         let epoch = self.clock.epoch();
         let mut litter = Vec::new();
@@ -1037,7 +1038,8 @@ impl Engine {
                     continue;
                 }
                 match crate::lake::writer_epoch(&path) {
-                    Some(e) if e >= epoch => {
+                    // (Epoch 0: no lease, an engine of its own; nothing to tell apart.)
+                    Some(e) if epoch > 0 && e >= epoch => {
                         return Err(Error::WrongState(format!(
                             "the lake holds {path}, written under lease epoch {e}, but its state grants this writer \
                              epoch {epoch}: the state is older than the lake (restored from an earlier backup?). Nothing \

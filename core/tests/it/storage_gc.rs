@@ -289,10 +289,12 @@ fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
     let (engine, store, mut oracle) = engine();
     three_quarters_stale(&engine, &mut oracle);
     // A timed-out invocation that finishes after the replayer gave up:
-    // its output (a file id nothing names) appears after the clean-up.
+    // its output (named by a round nothing names) appears after the
+    // clean-up.
     let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
     let (_, files) = regular_files(&store);
-    let stray = Path::from(files[0].as_ref().replace("/files/", "/files/ffff"));
+    let dir = files[0].as_ref().rsplit_once('/').unwrap().0;
+    let stray = Path::from(format!("{dir}/{:016x}-{:016x}.parquet", 0xabc, 0xfffff));
     lake.put(&stray, lake.get(&files[0]).unwrap()).unwrap();
     assert_exact(&engine, &oracle, "beside a stray object");
     let manifest = engine.write_checkpoint().unwrap();
