@@ -29,3 +29,13 @@ for f in fovea-scan fovea-combine fovea-gc; do
   test -x "$target/$f/bootstrap" || { echo "no $target/$f/bootstrap"; exit 1; }
   echo "$f: $(du -h "$target/$f/bootstrap" | cut -f1)"
 done
+# Fault injection is compiled only under the `faults` feature, which the
+# workspace's tests turn on and release builds do not: none of its code may
+# be in a function (its log and parse messages are the tell).
+for f in fovea-scan fovea-combine fovea-gc; do
+  if grep -a -q -e 'FOVEA_KILL_AT: aborting' -e 'injecting faults into' -e 'latency_ms=N' "$target/$f/bootstrap"; then
+    echo "$f: fault injection code in a release build"
+    exit 1
+  fi
+done
+echo "no fault injection code in the functions"

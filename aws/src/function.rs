@@ -6,14 +6,15 @@
 //! Configuration (environment): `FOVEA_LAKE=s3://BUCKET/PREFIX` pins the
 //! lake (requests naming another are refused); without it each request
 //! names its lake. AWS settings as every AWS client reads them.
-//! `FOVEA_KILL_AT` (tests only) aborts a rewrite function at a phase.
+//! `FOVEA_KILL_AT` (tests only, with the `faults` feature) aborts a rewrite
+//! function at a phase; a build without it refuses to start with it set.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fovea_core::lake::Lake;
-use fovea_core::rewrite::{KillPhase, RewriteAnswer, RewriteRequest, run_rewrite_killed_at};
+use fovea_core::rewrite::{KillPhase, RewriteAnswer, RewriteRequest};
 use fovea_core::scan_worker::{SplitFailure, SplitFailureKind};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 
@@ -113,14 +114,30 @@ impl Lakes {
     }
 }
 
+/// The phase `FOVEA_KILL_AT` names (tests of killed functions).
+#[cfg(feature = "faults")]
+fn kill_phase() -> Result<Option<KillPhase>, lambda_runtime::Error> {
+    match std::env::var("FOVEA_KILL_AT") {
+        Ok(phase) => Ok(Some(KillPhase::parse(&phase).map_err(|e| e.to_string())?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Without fault injection compiled in, `FOVEA_KILL_AT` is refused, not
+/// ignored.
+#[cfg(not(feature = "faults"))]
+fn kill_phase() -> Result<Option<KillPhase>, lambda_runtime::Error> {
+    match std::env::var_os("FOVEA_KILL_AT") {
+        Some(_) => Err("FOVEA_KILL_AT is set, but this build has no fault injection (the `faults` feature)".into()),
+        None => Ok(None),
+    }
+}
+
 /// Runs a rewrite function (`function` is its name in logs) that accepts
 /// the jobs of kind `accepts` (`combine` or `gc`) until the runtime stops.
 pub async fn serve_rewrites(function: &'static str, accepts: &'static str) -> Result<(), lambda_runtime::Error> {
     let started = start(function)?;
-    let kill = match std::env::var("FOVEA_KILL_AT") {
-        Ok(phase) => Some(KillPhase::parse(&phase).map_err(|e| e.to_string())?),
-        Err(_) => None,
-    };
+    let kill = kill_phase()?;
     let lakes = Arc::new(Lakes::from_env());
     tracing::info!(init_ms = started.elapsed().as_secs_f64() * 1e3, lake = ?lakes.pinned(), "{function} ready");
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
@@ -154,7 +171,13 @@ async fn handle_rewrite(
     // it: off the async workers.
     tokio::task::spawn_blocking(move || {
         let lake = lakes.lake_for(request.lake.as_deref())?;
-        let answer = run_rewrite_killed_at(&lake, &request, kill)?;
+        #[cfg(feature = "faults")]
+        let answer = fovea_core::rewrite::run_rewrite_killed_at(&lake, &request, kill)?;
+        #[cfg(not(feature = "faults"))]
+        let answer = {
+            let _: Option<KillPhase> = kill;
+            fovea_core::rewrite::run_rewrite(&lake, &request)?
+        };
         tracing::info!(output = %request.output, rows = answer.rows, bytes = answer.bytes(), ms = answer.micros as f64 / 1e3, "rewritten");
         Ok(answer)
     })

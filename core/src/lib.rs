@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+#[cfg(feature = "faults")]
 pub mod faults;
 pub mod ids;
 pub mod index;

@@ -52,6 +52,28 @@ impl LakeBackends {
     }
 }
 
+impl LakeBackends {
+    /// With `FOVEA_FAULTS` set (tests only), the backends with the faults it
+    /// plans injected ([`crate::faults`]); a build without the `faults`
+    /// feature refuses it rather than ignore it. Unset: as they are.
+    pub fn with_env_faults(self) -> Result<Self> {
+        let plan = std::env::var("FOVEA_FAULTS").unwrap_or_default();
+        if plan.is_empty() {
+            return Ok(self);
+        }
+        #[cfg(feature = "faults")]
+        {
+            tracing::warn!(faults = %plan, "injecting faults into the lake's backends (FOVEA_FAULTS: testing only)");
+            Ok(crate::faults::FaultPlan::parse(&plan)?.inject(self))
+        }
+        #[cfg(not(feature = "faults"))]
+        Err(Error::Source {
+            input: "FOVEA_FAULTS".into(),
+            message: "set, but this build has no fault injection (the `faults` feature)".into(),
+        })
+    }
+}
+
 /// A lake opened: the engine (restored from the newest checkpoint when
 /// there is one), its catalog, that checkpoint, and for a writer the lease.
 pub struct OpenLake {

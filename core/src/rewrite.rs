@@ -191,9 +191,10 @@ fn data_file_path(what: &str, path: &str) -> std::result::Result<Path, SplitFail
 }
 
 /// Where a rewrite can be made to die (tests of what a killed function
-/// leaves: `FOVEA_KILL_AT` in the combine and GC functions; never set in
-/// production).
+/// leaves: `FOVEA_KILL_AT` in the combine and GC functions, built with the
+/// `faults` feature only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "faults"), allow(dead_code))]
 pub enum KillPhase {
     /// After reading, before writing anything.
     BeforeWrite,
@@ -203,6 +204,7 @@ pub enum KillPhase {
     AfterWrite,
 }
 
+#[cfg(feature = "faults")]
 impl KillPhase {
     /// Parses `before_write`, `mid_write` or `after_write`.
     pub fn parse(text: &str) -> Result<Self> {
@@ -220,11 +222,20 @@ impl KillPhase {
 
 /// Runs `request` on `lake`: reads what it names, writes its output.
 pub fn run_rewrite(lake: &Lake, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure> {
-    run_rewrite_killed_at(lake, request, None)
+    rewrite(lake, request, None)
 }
 
 /// [`run_rewrite`], aborting the process at `kill` (see [`KillPhase`]).
+#[cfg(feature = "faults")]
 pub fn run_rewrite_killed_at(
+    lake: &Lake,
+    request: &RewriteRequest,
+    kill: Option<KillPhase>,
+) -> std::result::Result<RewriteAnswer, SplitFailure> {
+    rewrite(lake, request, kill)
+}
+
+fn rewrite(
     lake: &Lake,
     request: &RewriteRequest,
     kill: Option<KillPhase>,
@@ -241,11 +252,15 @@ pub fn run_rewrite_killed_at(
     let mut file = RegularFileWriter::new(request.row_group_rows);
     for_each_group(&metered, request, &output, &mut |group| file.push(&group).map_err(fail))?;
     let rows = file.rows();
+    // Without the `faults` feature `kill` is always `None`: no abort.
     let die = |phase: KillPhase| {
+        #[cfg(feature = "faults")]
         if kill == Some(phase) {
             tracing::error!(?phase, output = %output, "FOVEA_KILL_AT: aborting");
             std::process::abort();
         }
+        #[cfg(not(feature = "faults"))]
+        let _ = phase;
     };
     die(KillPhase::BeforeWrite);
     if rows == 0 {

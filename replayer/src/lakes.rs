@@ -87,17 +87,11 @@ impl LakeArgs {
 
     /// The lake's backends, its object store counted in `meter`, and the
     /// DynamoDB state when it has one (to count its writes). With
-    /// `FOVEA_FAULTS` set (testing only), faults are injected into all three
-    /// backends ([`fovea_core::faults`]).
+    /// `FOVEA_FAULTS` set (tests only), faults are injected into all three
+    /// backends ([`LakeBackends::with_env_faults`]).
     pub fn backends_metered(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
         let (backends, dynamo) = self.backends_plain(meter)?;
-        match std::env::var("FOVEA_FAULTS") {
-            Ok(plan) if !plan.is_empty() => {
-                tracing::warn!(faults = %plan, "injecting faults into the lake's backends (FOVEA_FAULTS: testing only)");
-                Ok((fovea_core::faults::FaultPlan::parse(&plan)?.inject(backends), dynamo))
-            }
-            _ => Ok((backends, dynamo)),
-        }
+        Ok((backends.with_env_faults()?, dynamo))
     }
 
     fn backends_plain(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
