@@ -86,6 +86,10 @@ fn corrupt(what: String, e: impl std::fmt::Display) -> Error {
 /// Version items deleted per pruning transaction (DynamoDB takes 100
 /// actions; two are the epoch check and the head's count).
 const PRUNE_BATCH: usize = 98;
+/// Pruning transactions per [`Catalog::prune`] call: a long backlog (a lake
+/// pruned for the first time) goes over several checkpoints, none held
+/// back long.
+const PRUNE_BATCHES_PER_CALL: usize = 16;
 
 /// The version a payload object's name carries (`KIND-VERSION-…`), and its
 /// kind.
@@ -540,6 +544,9 @@ impl Catalog for DynamoCatalog {
         // never more, so the window is never cut short).
         let mut stored = num(&head, "history_total")?.saturating_sub(num(&head, "history_pruned")?);
         let keep = retention.keep_history as u64;
+        // Cancelled transactions (a concurrent pruner took some items
+        // first) are read again, a few times.
+        let (mut batches, mut cancelled) = (0, 0);
         loop {
             // The oldest versions that may go, one batch of them.
             let mut doomed: Vec<(u64, u64, Option<String>)> = Vec::new();
@@ -559,10 +566,14 @@ impl Catalog for DynamoCatalog {
                 doomed.push((version, count, string(item, "payload_ref")));
                 Ok(true)
             })?;
-            if doomed.is_empty() {
+            if doomed.is_empty() || batches == PRUNE_BATCHES_PER_CALL {
+                // Stopping short, the oldest version left is the first of
+                // those this round would have deleted.
+                let first_kept = doomed.first().map_or(first_kept, |d| d.0);
                 self.prune_objects(first_kept, &mut pruned)?;
                 return Ok(pruned);
             }
+            batches += 1;
             let removed: u64 = doomed.iter().map(|d| d.1).sum();
             let head = Update::builder()
                 .table_name(self.state.table())
@@ -587,10 +598,18 @@ impl Catalog for DynamoCatalog {
                 Err(reasons) if reasons.first().and_then(Option::as_deref) == Some("ConditionalCheckFailed") => {
                     return Err(Error::Fenced { epoch, current: self.current_epoch()? });
                 }
-                Err(reasons) => {
+                Err(reasons) if cancelled < 3 => {
                     // Another pruner took some of them first: read again.
+                    cancelled += 1;
                     tracing::debug!("a catalog prune was cancelled ({reasons:?}); reading the versions again");
                     continue;
+                }
+                Err(reasons) => {
+                    return Err(backend_error(
+                        "TransactWriteItems",
+                        &self.key_str("version", "*"),
+                        format!("pruning cancelled again and again: {reasons:?}"),
+                    ));
                 }
             }
             pruned.versions += doomed.len() as u64;

@@ -1019,15 +1019,23 @@ impl ShardReader {
                 }
             };
             let read = match it {
-                Ok(it) => self.client.get_records().shard_iterator(it).limit(GET_LIMIT).send().await.map_err(|e| {
-                    if e.as_service_error().is_some_and(|s| s.is_expired_iterator_exception()) {
-                        // Iterators expire after five minutes: ask again
-                        // where we are, at once.
-                        None
-                    } else {
-                        Some(failure("GetRecords", e))
-                    }
-                }),
+                Ok(it) => {
+                    let sent = self.client.get_records().shard_iterator(it.clone()).limit(GET_LIMIT).send().await;
+                    sent.map_err(|e| {
+                        if e.as_service_error().is_some_and(|s| s.is_expired_iterator_exception()) {
+                            // Iterators expire after five minutes: ask again
+                            // where we are, at once.
+                            None
+                        } else {
+                            // A failed read leaves its iterator valid: the
+                            // retry reads from the same place (also when
+                            // the shard started at LATEST and nothing was
+                            // read yet).
+                            iterator = Some(Some(it));
+                            Some(failure("GetRecords", e))
+                        }
+                    })
+                }
                 Err(f) => Err(Some(f)),
             };
             let out = match read {
@@ -1051,8 +1059,6 @@ impl ShardReader {
                         return Ok(());
                     }
                     tokio::time::sleep(pause).await;
-                    // The iterator may be spent: read again from the last
-                    // record handed on.
                     continue;
                 }
             };
