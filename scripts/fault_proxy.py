@@ -14,6 +14,7 @@ delays. Tests point a client's endpoint (AWS_ENDPOINT_URL...) here.
         [--burst-every S --burst-secs D]
                                throttle every matching request for D of every S
                                seconds (past the SDK's own retries)
+        [--burst-until S]      no bursts from S seconds on
         [--stall-after S]      from S seconds on, matching requests get no answer
                                (the service stalls; the client's deadlines fire)
         [--stats FILE]         counts of what was injected, as JSON, kept current
@@ -128,8 +129,9 @@ def make_handler(args, rng):
                 count("stalled", args)
                 time.sleep(3600)
                 return
-            if faulted and args.burst_every > 0:
-                if (time.monotonic() - started) % args.burst_every < args.burst_secs:
+            elapsed = time.monotonic() - started
+            if faulted and args.burst_every > 0 and (args.burst_until is None or elapsed < args.burst_until):
+                if elapsed % args.burst_every < args.burst_secs:
                     count("burst", args)
                     self.answer(*service_error(service, "throttle"))
                     return
@@ -177,6 +179,7 @@ def main():
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--burst-every", type=float, default=0.0)
     p.add_argument("--burst-secs", type=float, default=0.0)
+    p.add_argument("--burst-until", type=float)
     p.add_argument("--stall-after", type=float)
     p.add_argument("--stats")
     args = p.parse_args()
