@@ -395,29 +395,31 @@ impl Catalog for DynamoCatalog {
                 }
             }
         })();
+        // Whether this commit's version item is there (its nonce names it).
+        let landed = || {
+            self.state
+                .get("version", &version_key(version))
+                .map(|item| item.is_some_and(|item| string(&item, "nonce").as_deref() == Some(nonce.as_str())))
+        };
         match result {
-            // Refused because the version exists: it may be this very
-            // commit, landed by an attempt whose answer was lost (the SDK's
-            // retry then fails the conditions; a stand-in without
-            // idempotency tokens, or a token past its ten minutes).
-            Err(e @ Error::VersionExists { .. }) | Err(e @ Error::Fenced { .. })
-                if self
-                    .state
-                    .get("version", &version_key(version))
-                    .ok()
-                    .flatten()
-                    .is_some_and(|item| string(&item, "nonce").as_deref() == Some(nonce.as_str())) =>
-            {
-                tracing::warn!(version, error = %e, "a catalog commit refused as a duplicate had landed");
-                Ok(())
-            }
-            Err(e) if outcome_unknown => {
-                // The transaction may have landed: if its version item is
-                // this commit's, it did (and its payloads are the lake's).
-                match self.state.get("version", &version_key(version)) {
-                    Ok(Some(item)) if string(&item, "nonce").as_deref() == Some(nonce.as_str()) => {
+            Ok(()) => Ok(()),
+            // The transaction may have landed: its outcome is unknown, or it
+            // was refused because the version exists — perhaps by this very
+            // commit, landed by a send whose answer was lost (a re-send then
+            // fails the conditions).
+            Err(e) if outcome_unknown || matches!(e, Error::VersionExists { .. } | Error::Fenced { .. }) => {
+                match landed() {
+                    Ok(true) => {
                         tracing::warn!(version, error = %e, "a catalog commit reported failed had landed");
                         Ok(())
+                    }
+                    // Refused, and not this commit's: its payloads are
+                    // nobody's.
+                    Ok(false) if !outcome_unknown => {
+                        for p in written {
+                            let _ = self.lake.delete(&p);
+                        }
+                        Err(e)
                     }
                     // Not landed, or unknown still: its payloads stay (a
                     // late landing would name them); an orphan costs one
@@ -433,7 +435,6 @@ impl Catalog for DynamoCatalog {
                 }
                 Err(e)
             }
-            Ok(()) => Ok(()),
         }
     }
 
