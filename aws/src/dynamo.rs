@@ -211,18 +211,19 @@ impl DynamoState {
         self.wait_active()
     }
 
-    /// Waits until the table is usable (real DynamoDB takes seconds).
+    /// Waits until the table is usable (real DynamoDB takes seconds): the
+    /// SDK's `TableExists` waiter (DescribeTable until ACTIVE), for at most
+    /// 5 minutes.
     fn wait_active(&self) -> Result<()> {
-        for _ in 0..600 {
-            let (client, table) = (self.client.clone(), self.table.clone());
-            let d = block_on_io(async move { client.describe_table().table_name(table).send().await })?
-                .map_err(|e| backend_error("DescribeTable", &self.table, describe(&e)))?;
-            if d.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(backend_error("DescribeTable", &self.table, "the table did not become ACTIVE within 60 s"))
+        use aws_sdk_dynamodb::client::Waiters;
+        let (client, table) = (self.client.clone(), self.table.clone());
+        block_on_io(
+            async move { client.wait_until_table_exists().table_name(table).wait(Duration::from_secs(300)).await },
+        )?
+        .map(drop)
+        .map_err(|e| {
+            backend_error("DescribeTable", &self.table, aws_sdk_dynamodb::error::DisplayErrorContext(&e).to_string())
+        })
     }
 
     /// The lake's timestamp store in this table.

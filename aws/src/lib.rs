@@ -25,8 +25,6 @@ pub mod function;
 pub mod functions;
 pub mod kinesis;
 pub mod lambda;
-pub mod lambda_local;
-pub mod moto;
 pub mod s3;
 
 /// Attempts (first try included) of a request the SDK retries.

@@ -20,8 +20,9 @@ use object_store::path::Path;
 
 #[test]
 fn backends_on_a_local_aws() {
-    let moto = fovea_aws::moto::Moto::start(&fovea_aws::moto::script()).unwrap();
-    for (k, v) in moto.env() {
+    let moto = fovea_testkit::moto::Moto::start(&fovea_testkit::moto::script()).unwrap();
+    let kinesalite = fovea_testkit::moto::Kinesalite::start().unwrap();
+    for (k, v) in moto.env().into_iter().chain(kinesalite.env()) {
         // SAFETY: this binary has one test and this is its first statement:
         // no other thread exists yet that could read the environment.
         unsafe { std::env::set_var(k, v) };
@@ -35,6 +36,48 @@ fn backends_on_a_local_aws() {
     a_missing_table_without_create_is_a_clear_error();
     s3_lake_reads_ranges_and_uploads_in_parts(&moto);
     s3_errors_name_the_url();
+    kinesis_sources_conform(&kinesalite);
+}
+
+/// Kinesis streams fed as Debezium Server feeds them (row records keyed by
+/// their key, BEGIN/END by transaction id, spread over the shards):
+/// [`fovea_core::cdc::conformance`] with one shard and with three.
+fn kinesis_sources_conform(kinesalite: &fovea_testkit::moto::Kinesalite) {
+    use fovea_core::cdc::conformance::{SourceFixture, SuiteTxn, check};
+    use fovea_core::cdc::source::{ChangeSource, Resume};
+    use fovea_testkit::kinesis::{KinesisProducer, debezium_server_record};
+
+    struct KinesisFixture {
+        producer: KinesisProducer,
+        stream: String,
+    }
+
+    impl SourceFixture for KinesisFixture {
+        fn append(&mut self, txns: &[SuiteTxn]) -> fovea_core::Result<()> {
+            let mut records = Vec::new();
+            for line in txns.iter().flat_map(SuiteTxn::debezium_lines) {
+                records.extend(debezium_server_record(&line)?);
+            }
+            self.producer.put(&self.stream, &records).map(drop)
+        }
+
+        fn open(&mut self, resume: Option<Resume>) -> fovea_core::Result<Box<dyn ChangeSource>> {
+            let url = format!("kinesis://{}?poll_ms=10", self.stream);
+            let options = fovea_aws::kinesis::KinesisOptions::parse(&url, fovea_core::cdc::InputFormat::Auto, false)?;
+            Ok(Box::new(fovea_aws::kinesis::KinesisSource::open(options, resume.as_ref())?))
+        }
+
+        fn ends(&self) -> bool {
+            true
+        }
+    }
+
+    for shards in [1, 3] {
+        let producer = KinesisProducer::connect(Some(&kinesalite.endpoint)).unwrap();
+        let stream = format!("conformance-{shards}");
+        producer.create_stream(&stream, shards).unwrap();
+        check(&mut KinesisFixture { producer, stream });
+    }
 }
 
 fn dynamodb_txn_store_conforms() {
@@ -64,7 +107,7 @@ fn dynamodb_txn_store_conforms() {
 /// catalog versions, the storage-GC queue, pruning) has its answer lost
 /// after it was applied, one write in three: both conformance suites still
 /// pass — each write recognises its own success.
-fn every_write_kind_recognises_its_own_success_after_a_lost_answer(moto: &fovea_aws::moto::Moto) {
+fn every_write_kind_recognises_its_own_success_after_a_lost_answer(moto: &fovea_testkit::moto::Moto) {
     let injector = FailAfterApplying::every_nth_write(3);
     let n = AtomicUsize::new(0);
     conformance::check(&|| {
@@ -86,7 +129,7 @@ fn every_write_kind_recognises_its_own_success_after_a_lost_answer(moto: &fovea_
     assert!(injector.fired.load(Ordering::Relaxed) > 10, "the faults were not injected");
 }
 
-fn dynamodb_catalog_conforms(moto: &fovea_aws::moto::Moto) {
+fn dynamodb_catalog_conforms(moto: &fovea_testkit::moto::Moto) {
     moto.create_bucket("fovea-catalog").unwrap();
     let n = AtomicUsize::new(0);
     fovea_core::catalog::conformance::check(&|| {
@@ -106,7 +149,7 @@ fn a_missing_table_without_create_is_a_clear_error() {
     assert!(err.contains("expected dynamodb://TABLE"), "{err}");
 }
 
-fn s3_lake_reads_ranges_and_uploads_in_parts(moto: &fovea_aws::moto::Moto) {
+fn s3_lake_reads_ranges_and_uploads_in_parts(moto: &fovea_testkit::moto::Moto) {
     moto.create_bucket("fovea-lake").unwrap();
     let store = fovea_aws::s3::s3_store("s3://fovea-lake/lakes/one").unwrap();
     let lake = Lake::new(store);
@@ -196,7 +239,7 @@ impl aws_sdk_dynamodb::config::Intercept for FailAfterApplying {
 /// stay, and the catalog reads whole. (It used to delete the payloads of
 /// any commit that returned an error: the lake then named objects that no
 /// longer existed.)
-fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fovea_aws::moto::Moto) {
+fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fovea_testkit::moto::Moto) {
     use fovea_core::catalog::{CatalogCommit, CatalogOperation, HistoryEntry};
     moto.create_bucket("fovea-ambiguous").unwrap();
     let injector = FailAfterApplying::on("TransactWriteItems");
@@ -254,7 +297,7 @@ fn a_catalog_commit_reported_failed_after_it_landed_keeps_its_payloads(moto: &fo
 /// large history payload, the record of a checkpoint replaced since, an
 /// orphan of a commit whose outcome was never known) and keeps the current
 /// checkpoint's record.
-fn pruning_deletes_the_objects_of_versions_and_checkpoints_gone(moto: &fovea_aws::moto::Moto) {
+fn pruning_deletes_the_objects_of_versions_and_checkpoints_gone(moto: &fovea_testkit::moto::Moto) {
     use fovea_core::catalog::{CatalogCommit, CheckpointRecord, HistoryEntry, Retention};
     moto.create_bucket("fovea-pruning").unwrap();
     let state = DynamoState::connect("dynamodb://fovea-pruning", true).unwrap();

@@ -254,6 +254,27 @@ impl MemoryStats {
 }
 
 /// The fovea engine.
+///
+/// # Locks
+///
+/// An engine's locks are taken in this order — a lock is never taken
+/// while one below it in the list is held — and are released before
+/// object-store IO, except where a step says so:
+///
+/// 1. `sequencer`: [`Engine::apply`]'s begin-then-apply, so timestamps reach
+///    the shards in order.
+/// 2. `sequencer_apply`: one transaction's shards locked together
+///    ([`Engine::apply_at`]); table creation at a ts.
+/// 3. `image`: a checkpoint's capture (held while it takes the shards);
+///    storage GC's swap waits on it (`no_image_in_progress`).
+/// 4. `tables` (read or write): checkpoint capture reads it before taking
+///    any shard; memory GC writes it after letting every shard go.
+/// 5. `shards[i]`: several at once only in ascending index order
+///    (`apply_at`, capture).
+/// 6. a part's `state`, inside its shard's lock.
+/// 7. leaves, held briefly with nothing taken inside: `retired`,
+///    `last_checkpoint`, `source_commits`, `flush_tx` and the flusher's
+///    state, `rewrite_worker` (cloned out: never held across a rewrite).
 pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) clock: Arc<Clock>,

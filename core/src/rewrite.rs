@@ -497,9 +497,283 @@ pub(crate) fn run_all(
         .collect()
 }
 
+/// The conformance suite every [`RewriteWorker`] passes (public so that the
+/// Lambda combine and GC functions in `fovea-aws` run it).
+pub mod conformance {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::engine::Engine;
+    use crate::replay::Op;
+    use crate::scan::ScanOptions;
+    use crate::schema::{Value, rows_from_batch};
+
+    /// The suite's table, created by [`check`].
+    pub const TABLE: &str = "conformance.rewrites";
+
+    /// The worker under test, with every answer checked against its
+    /// output: the written file holds exactly the rows the job asks for
+    /// (the blocks' rows in order; the source's rows but the dropped ones,
+    /// in order) and the answer says so. The engine refuses a wrong answer
+    /// by itself (a lossy rewrite never reaches a scan), so the suite looks
+    /// at the output directly.
+    #[derive(Debug)]
+    struct Checked {
+        worker: Arc<dyn RewriteWorker>,
+        lake: Lake,
+        /// Combines answered.
+        combines: AtomicUsize,
+        /// Storage-GC rewrites answered.
+        drops: AtomicUsize,
+        wrong: Mutex<Vec<String>>,
+    }
+
+    impl Checked {
+        fn expected(&self, job: &RewriteJob) -> Result<arrow::record_batch::RecordBatch> {
+            let read = |p: &str| self.lake.read_block(&Path::from(p));
+            match job {
+                RewriteJob::Combine { blocks } => {
+                    let batches = blocks.iter().map(|b| read(b)).collect::<Result<Vec<_>>>()?;
+                    let schema = batches.first().map(|b| b.schema()).ok_or_else(|| Error::invariant("no blocks"))?;
+                    Ok(arrow::compute::concat_batches(&schema, &batches)?)
+                }
+                RewriteJob::DropRows { source, rows, dropped } => {
+                    let keep = decode_keep(dropped, *rows).map_err(Error::invariant)?;
+                    Ok(arrow::compute::filter_record_batch(&read(source)?, &keep)?)
+                }
+            }
+        }
+
+        fn check(&self, request: &RewriteRequest, answer: &RewriteAnswer) -> Option<String> {
+            let written = match self.lake.read_block(&Path::from(request.output.as_str())) {
+                Ok(w) => w,
+                Err(e) => return Some(format!("{}: the output cannot be read: {e}", request.output)),
+            };
+            let expected = match self.expected(&request.job) {
+                Ok(x) => x,
+                Err(e) => return Some(format!("{}: the job's sources cannot be read: {e}", request.output)),
+            };
+            if answer.rows != written.num_rows()
+                || answer.row_groups.iter().map(|g| g.rows).sum::<usize>() != answer.rows
+            {
+                return Some(format!(
+                    "{}: the answer says {} rows in groups of {:?}, the file holds {}",
+                    request.output,
+                    answer.rows,
+                    answer.row_groups.iter().map(|g| g.rows).collect::<Vec<_>>(),
+                    written.num_rows()
+                ));
+            }
+            (written != expected).then(|| {
+                format!(
+                    "{}: holds {} rows, the job asks for {}, or they differ",
+                    request.output,
+                    written.num_rows(),
+                    expected.num_rows()
+                )
+            })
+        }
+    }
+
+    impl RewriteWorker for Checked {
+        fn rewrite(&self, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure> {
+            let answer = self.worker.rewrite(request)?;
+            let done = match request.job {
+                RewriteJob::Combine { .. } => &self.combines,
+                RewriteJob::DropRows { .. } => &self.drops,
+            };
+            // Relaxed: a count read after the rounds joined.
+            done.fetch_add(1, Ordering::Relaxed);
+            if let Some(wrong) = self.check(request, &answer) {
+                self.wrong.lock().unwrap_or_else(|p| p.into_inner()).push(wrong);
+            }
+            Ok(answer)
+        }
+
+        fn concurrency(&self) -> usize {
+            self.worker.concurrency()
+        }
+
+        fn kind(&self) -> &'static str {
+            self.worker.kind()
+        }
+    }
+
+    /// Runs the suite: `engine`'s combines and storage-GC rounds go to
+    /// `worker` (which writes to `engine`'s lake) while a table is written,
+    /// updated and deleted from; after every round each scan equals a
+    /// naive model of the table, at the newest snapshot and at one taken
+    /// before the rewrites. Requests a worker must refuse (a missing
+    /// source, an output outside the table's files, an output that is its
+    /// source) fail with the typed failure the contract names. Panics
+    /// naming what differs.
+    pub fn check(engine: &Engine, worker: Arc<dyn RewriteWorker>) {
+        let counted = Arc::new(Checked {
+            worker: Arc::clone(&worker),
+            lake: engine.lake().clone(),
+            combines: AtomicUsize::new(0),
+            drops: AtomicUsize::new(0),
+            wrong: Mutex::new(Vec::new()),
+        });
+        engine.set_rewrite_worker(Arc::clone(&counted) as Arc<dyn RewriteWorker>);
+        let schema =
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false), Field::new("v", DataType::Utf8, true)]));
+        let def = engine.create_table(TABLE, schema, vec![0]).expect("create the suite's table");
+        let mut model: BTreeMap<i64, String> = BTreeMap::new();
+        let mut apply = |ops: Vec<(i64, Option<String>)>| {
+            // Deletes of keys already gone are left out (a delete names a live row).
+            let ops: Vec<Op> = ops
+                .into_iter()
+                .filter_map(|(k, v)| match v {
+                    Some(v) => {
+                        model.insert(k, v.clone());
+                        Some(Op::Upsert { table: def.id, row: vec![Value::Int(k), Value::Utf8(v)] })
+                    }
+                    None => model.remove(&k).map(|_| Op::Delete { table: def.id, key: vec![Value::Int(k)] }),
+                })
+                .collect();
+            engine.apply(ops).expect("apply");
+            model.clone()
+        };
+        let scan = |qts: &crate::mvcc::Snapshot| -> BTreeMap<i64, String> {
+            let batches =
+                engine.scan(qts, TABLE, ScanOptions::default()).and_then(|s| s.collect_batches()).expect("scan");
+            batches
+                .iter()
+                .flat_map(|b| rows_from_batch(b).expect("rows"))
+                .map(|r| match (&r[0], &r[1]) {
+                    (Value::Int(k), Value::Utf8(v)) => (*k, v.clone()),
+                    other => panic!("a row of the suite's table reads as {other:?}"),
+                })
+                .collect()
+        };
+        let mut before = None;
+        for round in 0..4i64 {
+            let mut latest = (0..6)
+                .map(|chunk| {
+                    let base = round * 600 + chunk * 100;
+                    apply((base..base + 100).map(|k| (k, Some(format!("r{round}-{k}")))).collect())
+                })
+                .last()
+                .expect("six chunks");
+            if round > 0 {
+                // Update a fifth and delete a third of the earlier rounds' rows.
+                apply((0..round * 600).step_by(5).map(|k| (k, Some(format!("u{round}-{k}")))).collect());
+                latest = apply((1..round * 600).step_by(3).map(|k| (k, None)).collect());
+            }
+            engine.flush().expect("flush");
+            let snapshot = engine.snapshot();
+            let combined = engine.combine().expect("combine");
+            assert_eq!(scan(&snapshot), latest, "round {round}: the table after combining {combined} file(s)");
+            let report = engine.storage_gc(0.2).expect("storage GC");
+            assert_eq!(scan(&engine.snapshot()), latest, "round {round}: the table after storage GC ({report:?})");
+            assert_eq!(scan(&snapshot), latest, "round {round}: a snapshot taken before the rewrites, read after them");
+            if round == 1 {
+                before = Some((snapshot, latest));
+            }
+        }
+        let (snapshot, then) = before.expect("round 1 ran");
+        assert_eq!(scan(&snapshot), then, "a snapshot two rounds of rewrites old");
+        // Relaxed: the rounds above returned.
+        let (combines, drops) = (counted.combines.load(Ordering::Relaxed), counted.drops.load(Ordering::Relaxed));
+        let wrong = counted.wrong.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert!(wrong.is_empty(), "the worker wrote outputs other than its jobs ask for:\n{}", wrong.join("\n"));
+        assert!(
+            combines > 0 && drops > 0,
+            "the worker answered the suite's rounds: {combines} combines and {drops} storage-GC rewrites done"
+        );
+
+        // What a worker must refuse, with the failure its caller acts on.
+        let table_dir = format!("tables/{}", def.id.0);
+        let refused = |request: RewriteRequest, kinds: &[SplitFailureKind], what: &str| match worker.rewrite(&request) {
+            Ok(answer) => panic!("{what}: the worker answered {} rows instead of refusing", answer.rows),
+            Err(f) => {
+                assert!(kinds.contains(&f.kind), "{what}: failed as {:?} ({f}), expected one of {kinds:?}", f.kind)
+            }
+        };
+        let output = format!("{table_dir}/files/conformance-out.parquet");
+        refused(
+            RewriteRequest {
+                lake: None,
+                job: RewriteJob::Combine { blocks: vec![format!("{table_dir}/blocks/missing-00000-e0.parquet")] },
+                output: output.clone(),
+                row_group_rows: 100,
+            },
+            &[SplitFailureKind::ObjectMissing],
+            "a combine of a block that is not there",
+        );
+        refused(
+            RewriteRequest {
+                lake: None,
+                job: RewriteJob::Combine { blocks: vec![format!("{table_dir}/blocks/missing-00000-e0.parquet")] },
+                output: "_fovea/catalog/elsewhere.parquet".into(),
+                row_group_rows: 100,
+            },
+            &[SplitFailureKind::BadRequest],
+            "an output outside the table's files",
+        );
+        refused(
+            RewriteRequest {
+                lake: None,
+                job: RewriteJob::DropRows {
+                    source: output.clone(),
+                    rows: 1,
+                    dropped: encode_rows(&[], 1).expect("encode"),
+                },
+                output: output.clone(),
+                row_group_rows: 100,
+            },
+            &[SplitFailureKind::BadRequest],
+            "an output that is its own source",
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_process_rewrites_conform() {
+        let engine =
+            crate::engine::Engine::in_memory(crate::engine::EngineConfig::default().with_shards(2).with_blocks(100, 3))
+                .unwrap();
+        let worker = Arc::new(LocalRewrites::new(engine.lake().clone()));
+        conformance::check(&engine, worker);
+    }
+
+    /// The suite catches what it promises to: a worker that drops a row of
+    /// a combine fails it.
+    #[test]
+    #[should_panic(expected = "outputs other than its jobs ask for")]
+    fn a_worker_that_loses_a_row_fails_the_suite() {
+        #[derive(Debug)]
+        struct Lossy(Lake);
+        impl RewriteWorker for Lossy {
+            fn rewrite(&self, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure> {
+                match &request.job {
+                    RewriteJob::Combine { blocks } if !blocks.is_empty() => {
+                        // Combine all but the last block: its rows are lost.
+                        let mut shorter = request.clone();
+                        shorter.job = RewriteJob::Combine { blocks: blocks[..blocks.len() - 1].to_vec() };
+                        run_rewrite(&self.0, if blocks.len() > 1 { &shorter } else { request })
+                    }
+                    _ => run_rewrite(&self.0, request),
+                }
+            }
+            fn kind(&self) -> &'static str {
+                "lossy"
+            }
+        }
+        let engine =
+            crate::engine::Engine::in_memory(crate::engine::EngineConfig::default().with_blocks(100, 3)).unwrap();
+        let worker = Arc::new(Lossy(engine.lake().clone()));
+        conformance::check(&engine, worker);
+    }
 
     #[test]
     fn dropped_rows_round_trip() {

@@ -311,8 +311,234 @@ pub async fn delete_spilled(store: &Arc<dyn ObjectStore>, query: &str) -> Result
     Ok(())
 }
 
+/// Split tasks run in this process the way a worker elsewhere runs them:
+/// each task goes out as a [`SplitRequest`] through [`run_split`] (its
+/// answer inline up to the inline limit, spilled to the lake beyond) and
+/// comes back through [`SplitAnswer::fetch_batches`], as a Lambda answer
+/// does. A plan for remote workers (`fovea_sql`'s remote scans) is then
+/// testable without a Lambda runtime, and the [`conformance`] suite has a
+/// reference implementation.
+#[derive(Clone)]
+pub struct LocalSplits {
+    lake: Lake,
+    concurrency: usize,
+    inline_limit: Option<usize>,
+}
+
+impl std::fmt::Debug for LocalSplits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalSplits")
+            .field("concurrency", &self.concurrency)
+            .field("inline_limit", &self.inline_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalSplits {
+    /// Tasks on `lake`, `concurrency` at a time per query, answers inline
+    /// up to `inline_limit` bytes (default [`DEFAULT_INLINE_LIMIT`]).
+    pub fn new(lake: Lake, concurrency: usize, inline_limit: Option<usize>) -> Self {
+        LocalSplits { lake, concurrency: concurrency.max(1), inline_limit }
+    }
+}
+
+impl SplitWorker for LocalSplits {
+    fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
+        let request =
+            SplitRequest { lake: None, task, spill_prefix: spill_prefix(query, n, 0), inline_limit: self.inline_limit };
+        let lake = self.lake.clone();
+        // The split's reads block on the IO runtime: on a blocking thread
+        // of it, never on the caller's executor.
+        let answered = crate::lake::spawn_io(async move {
+            let store = Arc::clone(lake.store());
+            let answer = tokio::task::spawn_blocking(move || run_split(&lake, &request))
+                .await
+                .map_err(|e| Error::invariant(format!("a split task failed: {e}")))?
+                .map_err(|f| Error::Backend {
+                    backend: "in-process split",
+                    operation: format!("split {n}"),
+                    key: String::new(),
+                    message: f.to_string(),
+                })?;
+            answer.fetch_batches(&store).await
+        });
+        Box::pin(async move { answered.await? })
+    }
+
+    fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {
+        let store = Arc::clone(self.lake.store());
+        let query = query.to_owned();
+        let run = crate::lake::spawn_io(async move { delete_spilled(&store, &query).await });
+        Box::pin(async move { run.await? })
+    }
+}
+
+/// The conformance suite every [`SplitWorker`] passes (public so that the
+/// Lambda scan worker in `fovea-aws` runs it against the function).
+pub mod conformance {
+    use std::sync::Arc;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::engine::Engine;
+    use crate::replay::Op;
+    use crate::scan::ScanOptions;
+    use crate::schema::{Value, rows_from_batch};
+
+    /// The suite's table, created by [`check`].
+    pub const TABLE: &str = "conformance.splits";
+
+    /// Runs the suite: `engine` writes a table to the lake `worker` reads
+    /// (in memory, in write-buffer blocks, in combined files; updated and
+    /// deleted rows, versions newer than the snapshot), then every split of
+    /// full and projected scans at a snapshot runs on `worker`. Each task's
+    /// rows must be exactly those the scan reads in process, whole; nothing
+    /// spilled may remain after [`SplitWorker::finish`]. Panics naming what
+    /// differs.
+    pub fn check(engine: &Engine, worker: &dyn SplitWorker) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, true),
+        ]));
+        let def = engine.create_table(TABLE, schema, vec![0]).expect("create the suite's table");
+        let row = |k: i64, round: i64| {
+            vec![
+                Value::Int(k),
+                Value::Utf8(format!("v{k}-{round}").repeat(1 + (k % 7) as usize)),
+                Value::Int(k * round),
+            ]
+        };
+        // Three rounds, each flushed (blocks) and the first combined (files);
+        // updates and deletes across them.
+        let mut live = std::collections::BTreeSet::new();
+        for round in 0..3i64 {
+            let mut ops: Vec<Op> = (round * 400..round * 400 + 400)
+                .map(|k| {
+                    live.insert(k);
+                    Op::Insert { table: def.id, row: row(k, round) }
+                })
+                .collect();
+            if round > 0 {
+                // Updates and deletes of live rows of earlier rounds.
+                let earlier: Vec<i64> = live.range(..round * 400).copied().collect();
+                ops.extend(earlier.iter().step_by(9).map(|&k| Op::Update {
+                    table: def.id,
+                    key: vec![Value::Int(k)],
+                    row: row(k, round),
+                }));
+                for &k in earlier.iter().skip(1).step_by(13) {
+                    live.remove(&k);
+                    ops.push(Op::Delete { table: def.id, key: vec![Value::Int(k)] });
+                }
+            }
+            for chunk in ops.chunks(150) {
+                engine.apply(chunk.to_vec()).expect("apply");
+            }
+            engine.flush().expect("flush");
+            if round == 0 {
+                engine.combine().expect("combine");
+            }
+        }
+        let snapshot = engine.snapshot();
+        // Versions after the snapshot: the tasks must not see them.
+        let later: Vec<Op> =
+            live.iter().take(50).map(|&k| Op::Delete { table: def.id, key: vec![Value::Int(k)] }).collect();
+        engine.apply(later).expect("apply");
+        engine.apply(vec![Op::Insert { table: def.id, row: row(100_000, 9) }]).expect("apply");
+
+        for (what, options) in [
+            ("a full scan", ScanOptions::default()),
+            ("a projected scan", ScanOptions { projection: Some(vec![2, 0]), ..ScanOptions::default() }),
+        ] {
+            let scan = engine.scan(&snapshot, TABLE, options.clone()).expect("plan");
+            let tasks = scan.tasks().expect("tasks");
+            assert!(tasks.len() > 1, "{what}: the suite's table should give several splits, got {}", tasks.len());
+            let mut want = rows(scan.collect_batches().expect("scan in process"));
+            let query = format!("conformance-{}", what.replace(' ', "-"));
+            let mut got = Vec::new();
+            for (n, task) in tasks.into_iter().enumerate() {
+                let in_process =
+                    rows(task.scan(engine.lake().clone()).and_then(|s| s.collect_batches()).expect("task in process"));
+                let remote = rows(
+                    crate::lake::block_on_io(worker.run(&query, n, task))
+                        .expect("io")
+                        .unwrap_or_else(|e| panic!("{what}: split {n} failed on the worker: {e}")),
+                );
+                assert_eq!(
+                    remote, in_process,
+                    "{what}: split {n}'s rows on the worker differ from the same task in process"
+                );
+                got.extend(remote);
+            }
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "{what}: the splits' rows together differ from the scan's");
+            crate::lake::block_on_io(worker.finish(&query)).expect("io").expect("finish");
+            let spilled: Vec<_> = crate::lake::block_on_io({
+                let store = Arc::clone(engine.lake().store());
+                let prefix = Path::from(format!("{SPILL_ROOT}/{query}"));
+                async move { store.list(Some(&prefix)).try_collect::<Vec<_>>().await }
+            })
+            .expect("io")
+            .expect("list");
+            assert!(spilled.is_empty(), "{what}: spilled answers left after finish: {spilled:?}");
+        }
+    }
+
+    fn rows(batches: Vec<RecordBatch>) -> Vec<String> {
+        batches.iter().flat_map(|b| rows_from_batch(b).expect("rows")).map(|r| format!("{r:?}")).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use crate::engine::{Engine, EngineConfig};
+
+    #[test]
+    fn in_process_splits_conform_inline_and_spilled() {
+        // Answers inline, then every answer spilled (an inline limit of 64 bytes).
+        for inline_limit in [None, Some(64)] {
+            let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(100, 3)).unwrap();
+            let worker = LocalSplits::new(engine.lake().clone(), 4, inline_limit);
+            conformance::check(&engine, &worker);
+        }
+    }
+
+    /// The suite catches what it promises to: a worker that loses a row of
+    /// a split fails it.
+    #[test]
+    #[should_panic(expected = "differ from the same task in process")]
+    fn a_worker_that_loses_a_row_fails_the_suite() {
+        #[derive(Debug)]
+        struct Lossy(LocalSplits);
+        impl SplitWorker for Lossy {
+            fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
+                let run = self.0.run(query, n, task);
+                Box::pin(async move {
+                    let mut batches = run.await?;
+                    if let Some(last) = batches.iter_mut().rev().find(|b| b.num_rows() > 0) {
+                        *last = last.slice(0, last.num_rows() - 1);
+                    }
+                    Ok(batches)
+                })
+            }
+            fn concurrency(&self) -> usize {
+                1
+            }
+            fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {
+                self.0.finish(query)
+            }
+        }
+        let engine = Engine::in_memory(EngineConfig::default().with_blocks(100, 3)).unwrap();
+        conformance::check(&engine, &Lossy(LocalSplits::new(engine.lake().clone(), 1, None)));
+    }
+
     use super::*;
 
     #[test]

@@ -128,7 +128,7 @@ type LakeSample = (f64, u64);
 
 /// Bytes of the files under `dir`. A file deleted while the walk runs (GC
 /// retiring blocks) is not counted; any other error is returned.
-pub(crate) fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
+pub fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut total = 0;
     let entries = match std::fs::read_dir(dir) {

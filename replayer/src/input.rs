@@ -37,6 +37,8 @@ pub fn open_source(
     engine: &Arc<Engine>,
     metrics: Option<Arc<Metrics>>,
 ) -> CliResult<Box<dyn ChangeSource>> {
+    let resume = checkpoint.map(CheckpointRecord::resume);
+    let checkpoint = resume.as_ref();
     if spec.starts_with("kinesis://") {
         let options = fovea_aws::kinesis::KinesisOptions::parse(spec, format, follow)?;
         return Ok(Box::new(fovea_aws::kinesis::KinesisSource::open(options, checkpoint)?));

@@ -5,11 +5,17 @@
 use hdrhistogram::Histogram;
 
 /// Latency samples in milliseconds, recorded at microsecond resolution.
-pub(crate) struct Latencies(Histogram<u64>);
+pub struct Latencies(Histogram<u64>);
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Latencies {
     /// No samples yet.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         // Three significant digits from 1 µs to an hour.
         Latencies(
             Histogram::new_with_bounds(1, 3_600_000_000, 3)
@@ -18,12 +24,12 @@ impl Latencies {
     }
 
     /// Records one sample (negative ones as 0, beyond an hour as an hour).
-    pub(crate) fn record_ms(&mut self, ms: f64) {
+    pub fn record_ms(&mut self, ms: f64) {
         self.0.saturating_record((ms * 1e3).round().max(0.0) as u64);
     }
 
     /// The `q` quantile (0 ≤ q ≤ 1) in milliseconds; NaN without samples.
-    pub(crate) fn quantile_ms(&self, q: f64) -> f64 {
+    pub fn quantile_ms(&self, q: f64) -> f64 {
         if self.0.is_empty() { f64::NAN } else { self.0.value_at_quantile(q) as f64 / 1e3 }
     }
 }

@@ -1,112 +1,13 @@
 //! `fovea`: the replayer service and command line.
 
-mod bench;
-mod bench_gc;
-mod bench_kinesis;
-mod bench_lambda;
-mod bench_scan;
-mod demo;
-mod input;
-mod lakes;
-mod latency;
-mod query;
-mod replay;
-mod serve;
-mod tls;
-mod workload;
+use fovea_replayer::{demo, lakes, query, replay, serve, tls};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// The replayer allocates and frees many small objects (decoded records,
-/// rows, index keys); glibc's allocator spent a third of replay time in
-/// its free lists, mimalloc does not.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Memory settings made before anything allocates: a constructor in
-/// `.init_array` runs before the Rust runtime starts, and glibc hands it
-/// the process's arguments and environment.
-///
-/// * **Lazy commit for readers.** mimalloc commits its arenas eagerly on
-///   Linux by default, and pages freed there then stay resident: a reader
-///   process answering one query kept ~40 MB it no longer used (peak RSS
-///   107 MB; 69 MB with lazy commit). Replay runs faster with eager commit
-///   (~20% less CPU measured), so only the reading commands (`sql`,
-///   `export`, `history`, the scan bench's probe) commit lazily.
-/// * **No transparent huge pages** unless `MIMALLOC_ALLOW_THP` is set (as
-///   mimalloc reads it). mimalloc asks for huge pages, and every first touch
-///   of one makes the kernel zero 2 MB: a replay spent about a third of its
-///   CPU zeroing pages (perf: `clear_page_erms` under huge-page faults, in
-///   every thread). Without them the same replay took 30% less CPU
-///   (hybench, 60,000 transactions: 7.1–7.5 s against 4.7–5.7 s).
-/// * **Quick purging for the server.** `fovea serve` returns the pages it
-///   frees to the OS after 2 ms (mimalloc's `purge_delay`, 10 ms by
-///   default; `MIMALLOC_PURGE_DELAY` overrides it): with the default,
-///   pages freed by bursts (an initial copy, a checkpoint's images, a
-///   combine's row groups) stayed resident, and `fovea bench serve` peaked
-///   at 167–179 MB against 139 MB with 2 ms and 131–137 MB with 0 (pgbench
-///   -s 10, 1.09M live rows). The price is system time for the purges
-///   (the initial copy took 1.6 s with 2 ms, 1.9–2.0 s with 0, 1.3–1.4 s
-///   with 10; `bench replay` took 3.3–3.9 s of system CPU with 0 against
-///   1.9 s), so batch commands keep the default.
-#[cfg(target_os = "linux")]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static MEMORY_SETTINGS: extern "C" fn(std::ffi::c_int, *const *const std::ffi::c_char, *const *const std::ffi::c_char) = {
-    extern "C" fn memory_settings(
-        argc: std::ffi::c_int,
-        argv: *const *const std::ffi::c_char,
-        envp: *const *const std::ffi::c_char,
-    ) {
-        let env_has = |name: &[u8]| {
-            (0..)
-                .map_while(|i| {
-                    // SAFETY: glibc passes the environment: a NULL-terminated
-                    // array of NUL-terminated strings, valid here.
-                    let entry = if envp.is_null() { std::ptr::null() } else { unsafe { *envp.add(i) } };
-                    // SAFETY: non-null entries are NUL-terminated strings (above).
-                    (!entry.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(entry) }.to_bytes())
-                })
-                .any(|e| e.strip_prefix(name).is_some_and(|rest| rest.starts_with(b"=")))
-        };
-        let thp_chosen = env_has(b"MIMALLOC_ALLOW_THP");
-        if !thp_chosen {
-            // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and
-            // sets a flag of this process's memory map. Its result is left:
-            // a kernel without it keeps huge pages, which is only slower.
-            let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-        }
-        // `mi_option_arena_eager_commit` in mimalloc.h (v2 and v3 alike);
-        // libmimalloc-sys does not name it.
-        const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-        let arg = |i: std::ffi::c_int| -> &[u8] {
-            if argv.is_null() || i >= argc {
-                return b"";
-            }
-            // SAFETY: glibc passes main's argc and argv: argv[0..argc] are
-            // valid NUL-terminated strings for the life of the process.
-            unsafe { std::ffi::CStr::from_ptr(*argv.add(i as usize)) }.to_bytes()
-        };
-        let reader =
-            matches!(arg(1), b"sql" | b"export" | b"history") || (arg(1) == b"bench" && arg(2) == b"scan-probe");
-        if reader {
-            // SAFETY: mi_option_set only stores the value in mimalloc's
-            // option table; it takes no pointers, nothing else runs yet.
-            unsafe { libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0) }
-        }
-        // `mi_option_purge_delay` in mimalloc.h (v2 and v3 alike).
-        const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-        let server = arg(1) == b"serve" || (arg(1) == b"bench" && arg(2) == b"serve");
-        if server && !env_has(b"MIMALLOC_PURGE_DELAY") {
-            // SAFETY: as above.
-            unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 2) }
-        }
-    }
-    memory_settings
-};
+fovea_replayer::process_settings!(readers: [b"sql", b"export", b"history"], servers: [b"serve"]);
 
 /// fovea replays a database's change stream into a Parquet lakehouse with
 /// snapshot isolation and millisecond freshness.
@@ -265,191 +166,15 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
-    /// Write a synthetic Debezium stream (Kafka-style lines with BEGIN/END).
-    Gen {
-        /// Workload shape.
-        #[arg(value_enum)]
-        workload: workload::Workload,
-        /// Transactions after the initial load.
-        #[arg(long, default_value_t = 10_000)]
-        txns: u64,
-        /// Random seed.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Output file (default: standard output).
-        #[arg(long)]
-        output: Option<PathBuf>,
-    },
-    /// Benchmarks, measured in one run on this machine.
+    /// Benchmarks and synthetic workloads: runs the `fovea-bench` binary
+    /// beside this one (or on PATH) with the remaining arguments, e.g.
+    /// `fovea bench replay --json` or `fovea bench gen hybench`. The product
+    /// binary holds none of their code.
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(subcommand)]
-        which: BenchCommand,
-    },
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Storage GC: lake size and query latency on a table with half its
-    /// stored rows stale, before and after one round; the round's rows/s;
-    /// replay rows/s with storage GC running beside it vs without.
-    Gc {
-        /// Rows of the table.
-        #[arg(long, default_value_t = 1_000_000)]
-        rows: usize,
-        /// Seconds of each replay run.
-        #[arg(long, default_value_t = 6.0)]
-        seconds: f64,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Throughput and memory of the core structures.
-    Components {
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Small sizes (a smoke run, seconds even in debug builds).
-        #[arg(long)]
-        quick: bool,
-    },
-    /// Freshness (HyBench method: query start − newest visible fresh_ts)
-    /// with a query loop running, replaying at a fixed rate.
-    Freshness {
-        /// Target replay rate, rows per second.
-        #[arg(long, default_value_t = 100_000)]
-        rate: u64,
-        /// Duration.
-        #[arg(long, default_value_t = 20)]
-        seconds: u64,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Query cost of live data (vs a static copy) and replay cost of queries.
-    Query {
-        /// Rows of the queried table.
-        #[arg(long, default_value_t = 2_000_000)]
-        rows: usize,
-        /// Rounds of replay windows, one per query load (none, 1 and 10
-        /// queries/s, back to back), 2 s each; ratios are medians over
-        /// rounds.
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-        rounds: u32,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// pgbench against a throwaway local PostgreSQL 15 while `fovea serve`
-    /// follows its slot: rows/s replayed, freshness P50/P99 (from the
-    /// metric), RSS.
-    Serve {
-        /// PostgreSQL server binaries.
-        #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
-        pg_bin: PathBuf,
-        /// pgbench scale (100,000 accounts each).
-        #[arg(long, default_value_t = 10)]
-        scale: u32,
-        /// pgbench clients.
-        #[arg(long, default_value_t = 4)]
-        clients: u32,
-        /// Seconds of pgbench load.
-        #[arg(long, default_value_t = 30)]
-        seconds: u64,
-        /// pgbench transactions per second (0: unthrottled; on two cores
-        /// pgbench, PostgreSQL and fovea then compete for the CPU).
-        #[arg(long, default_value_t = 1000)]
-        rate: u32,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// The HyBench stream through a local multi-shard Kinesis vs from a
-    /// file, in one run (rows/s ratio), and freshness P50/P99 while the
-    /// records are put (Kinesis: AWS_ENDPOINT_URL_KINESIS, else a
-    /// kinesalite started for the run).
-    Kinesis {
-        /// Transactions.
-        #[arg(long, default_value_t = 20_000)]
-        txns: u64,
-        /// Shards of the stream.
-        #[arg(long, default_value_t = 4)]
-        shards: i32,
-        /// Records per second put while `fovea serve` follows (Kinesis
-        /// takes 1,000 per second per shard).
-        #[arg(long, default_value_t = 2_000)]
-        rate: u64,
-        /// Longest the followed load runs.
-        #[arg(long, default_value_t = 20)]
-        seconds: u64,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Readers on a replayed lake: start-up latency and peak RSS of a
-    /// fresh process (count of the smallest table, LIMIT 10 of the
-    /// largest) reading as of the checkpoint vs restoring the engine, and
-    /// full-scan rows/s vs DataFusion on the same Parquet files.
-    Scan {
-        /// Transactions of the generated HyBench stream.
-        #[arg(long, default_value_t = 200_000)]
-        txns: u64,
-        /// Processes per start-up measurement (the median is reported).
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-        /// lambda://FUNCTION: instead, a full-table aggregation in process
-        /// and through N = 1, 4, 16 invocations of the scan function
-        /// (local moto + cargo lambda watch unless --lake is given).
-        #[arg(long)]
-        scan: Option<String>,
-        /// Rows of the table the Lambda scans read.
-        #[arg(long, default_value_t = 10_000_000, requires = "scan")]
-        rows: u64,
-        /// An existing s3:// lake for the Lambda scans (with --state).
-        #[arg(long, requires_all = ["scan", "state"])]
-        lake: Option<String>,
-        /// The state of --lake (dynamodb://TABLE).
-        #[arg(long, requires = "lake")]
-        state: Option<String>,
-    },
-    /// One reader process of `fovea bench scan` (prints rows and peak RSS).
-    #[command(hide = true)]
-    ScanProbe {
-        /// How to open the lake.
-        #[arg(long, value_enum)]
-        mode: bench_scan::ProbeMode,
-        /// The lake directory.
-        #[arg(long)]
-        lake: PathBuf,
-        /// The query.
-        sql: String,
-    },
-    /// End-to-end replay throughput: generate a stream to a file, replay it
-    /// into a fresh lake, report rows/s (and the decode share).
-    Replay {
-        /// Workload shape.
-        #[arg(long, value_enum, default_value = "hybench")]
-        workload: workload::Workload,
-        /// Transactions.
-        #[arg(long, default_value_t = 200_000)]
-        txns: u64,
-        /// Replays of the stream into a fresh local lake each: `rows_per_s`
-        /// and `cpu_us_per_row` are the medians, every run is listed (on a
-        /// shared host one run's figure can be off by a third).
-        #[arg(long, default_value_t = 1)]
-        runs: usize,
-        /// Also replay into this lake (s3://BUCKET/PREFIX; a fresh prefix
-        /// per run) and compare with the local lake of the same run.
-        #[arg(long)]
-        lake: Option<String>,
-        /// The state of --lake: dynamodb://TABLE (a fresh table per run).
-        #[arg(long)]
-        state: Option<String>,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
+        /// Arguments for `fovea-bench`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -548,54 +273,31 @@ fn main() -> ExitCode {
             let mut out = std::io::BufWriter::new(stdout.lock());
             query::history(&lake, table.as_deref(), limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
-        Command::Gen { workload, txns, seed, output } => {
-            let result = match output {
-                Some(p) => std::fs::File::create(&p)
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("cannot create {}: {e}", p.display())))
-                    .and_then(|f| {
-                        let mut w = std::io::BufWriter::new(f);
-                        workload::generate(workload, txns, seed, &mut w)?;
-                        std::io::Write::flush(&mut w)
-                    }),
-                None => {
-                    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-                    workload::generate(workload, txns, seed, &mut w).and_then(|()| std::io::Write::flush(&mut w))
-                }
-            };
-            result.map_err(Into::into)
-        }
-        Command::Bench { which: BenchCommand::Replay { workload, txns, runs, lake, state, json } } => {
-            bench::replay(workload, txns, runs.max(1), lake.map(|lake| bench::RemoteLake { lake, state }), json)
-        }
-        Command::Bench { which: BenchCommand::Freshness { rate, seconds, json } } => {
-            bench::freshness(rate, seconds, json)
-        }
-        Command::Bench { which: BenchCommand::Query { rows, rounds, json } } => bench::query(rows, rounds as usize, json),
-        Command::Bench { which: BenchCommand::Scan { json, scan: Some(target), rows, lake, state, .. } } => {
-            bench_lambda::run(&bench_lambda::LambdaScanBench { target, rows, lake: lake.zip(state), json })
-        }
-        Command::Bench { which: BenchCommand::Scan { txns, runs, json, scan: None, .. } } => {
-            bench_scan::run(&bench_scan::ScanBench { txns, runs: runs.max(1), json })
-        }
-        Command::Bench { which: BenchCommand::ScanProbe { mode, lake, sql } } => bench_scan::probe(mode, &lake, &sql),
-        Command::Bench { which: BenchCommand::Kinesis { txns, shards, rate, seconds, json } } => {
-            bench_kinesis::run(&bench_kinesis::KinesisBench { txns, shards, rate, seconds, json })
-        }
-        Command::Bench { which: BenchCommand::Serve { pg_bin, scale, clients, seconds, rate, json } } => {
-            serve::bench::serve_bench(&serve::bench::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
-        }
-        Command::Bench { which: BenchCommand::Gc { rows, seconds, json } } => {
-            bench_gc::run(&bench_gc::GcBenchArgs { rows, seconds, json })
-        }
-        Command::Bench { which: BenchCommand::Components { json, quick } } => {
-            bench::components(if quick { bench::ComponentSizes::quick() } else { bench::ComponentSizes::full() }, json);
-            Ok(())
-        }
+        Command::Bench { args } => return bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fovea bench ARGS…`: `fovea-bench ARGS…`, the binary next to this one
+/// first (`cargo build` puts both in one directory), then PATH; its exit
+/// status is this one's.
+fn bench(args: &[std::ffi::OsString]) -> ExitCode {
+    let beside = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.join("fovea-bench")));
+    let program = beside.filter(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("fovea-bench"));
+    match std::process::Command::new(&program).args(args).status() {
+        Ok(status) => status.code().and_then(|c| u8::try_from(c).ok()).map_or(ExitCode::FAILURE, ExitCode::from),
+        Err(e) => {
+            eprintln!(
+                "error: fovea bench runs the fovea-bench binary ({}: {e}); build it with \
+                 `cargo build --release -p fovea-bench`, or run `cargo run --release -p fovea-bench -- …`",
+                program.display()
+            );
             ExitCode::FAILURE
         }
     }

@@ -7,44 +7,25 @@ fn fovea() -> Command {
 }
 
 #[test]
-fn bench_components_prints_every_field_as_json() {
+fn bench_runs_the_fovea_bench_binary_beside_it() {
+    let beside = std::path::Path::new(env!("CARGO_BIN_EXE_fovea")).with_file_name("fovea-bench");
     let out = fovea().args(["bench", "components", "--quick", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for field in [
-        "visibility_deletes_per_s",
-        "bitmap_tiles_per_s",
-        "index_updates_per_s",
-        "txn_begin_commit_per_s",
-        "write_buffer_rows_per_s",
-        "visibility_bits_per_tuple",
-        "vfor_overhead_ratio",
-    ] {
-        let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {v}"));
-        assert!(x > 0.0, "{field} = {x}");
+    if beside.is_file() {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["visibility_bits_per_tuple"].as_f64().is_some(), "{v}");
+        // Its exit status is the bench's.
+        let bad = fovea().args(["bench", "no-such-bench"]).output().unwrap();
+        assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
+    } else {
+        // `cargo test -p fovea-replayer` alone does not build it.
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cargo build --release -p fovea-bench"), "{err}");
     }
-    assert!(v["visibility_bits_per_tuple"].as_f64().unwrap() <= 1.05);
-}
-
-#[test]
-fn bench_query_prints_every_ratio_as_json() {
-    let out = fovea().args(["bench", "query", "--rows", "20000", "--rounds", "1", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for field in [
-        "live_over_static_ratio",
-        "replay_rows_per_s_without_queries",
-        "replay_rows_per_s_with_1qps",
-        "replay_rows_per_s_with_10qps",
-        "replay_rows_per_s_with_queries",
-        "replay_with_1qps_over_without",
-        "replay_with_10qps_over_without",
-        "replay_with_queries_over_without",
-    ] {
-        let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {v}"));
-        assert!(x.is_finite() && x > 0.0, "{field} = {x}");
-    }
-    assert_eq!(v["replay_rounds"], 1);
+    // Nothing of the benchmarks is compiled into this binary.
+    let generate = fovea().args(["gen", "hybench"]).output().unwrap();
+    assert!(!generate.status.success());
 }
 
 #[test]
@@ -98,21 +79,4 @@ fn demo_refuses_a_directory_that_is_not_a_lake() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is not a fovea lake"), "{err}");
     assert!(dir.path().join("precious.txt").is_file());
-}
-
-#[test]
-fn bench_replay_reports_the_median_of_its_runs() {
-    let out = fovea().args(["bench", "replay", "--txns", "200", "--runs", "3", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let runs: Vec<f64> = v["rows_per_s_runs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-    assert_eq!(runs.len(), 3, "{v}");
-    let mut sorted = runs.clone();
-    sorted.sort_by(f64::total_cmp);
-    assert_eq!(v["rows_per_s"].as_f64(), Some(sorted[1]), "{v}");
-    assert!(v["rows"].as_u64().unwrap() > 0 && v["typed_decode_us_per_record"].as_f64().unwrap() > 0.0, "{v}");
-    if let Some(cpu) = v["cpu_us_per_row"].as_f64() {
-        assert_eq!(v["cpu_us_per_row_runs"].as_array().unwrap().len(), 3, "{v}");
-        assert!(cpu > 0.0, "{v}");
-    }
 }

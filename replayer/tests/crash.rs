@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
+mod common;
+
 fn fovea() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fovea"))
 }
@@ -29,9 +31,7 @@ fn replay_cmd(lake: &Path, input: &Path) -> Command {
 fn sigkill_during_replay_loses_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("stream.jsonl");
-    let out =
-        fovea().args(["gen", "hybench", "--txns", "30000", "--seed", "3", "--output"]).arg(&input).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    common::hybench(&input, 30_000, 3);
 
     let reference = dir.path().join("reference");
     let out = replay_cmd(&reference, &input).output().unwrap();

@@ -108,7 +108,7 @@ fn failing_deletes_never_stop_a_replay() {
 fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_replay() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("hybench.jsonl");
-    ok(fovea().args(["gen", "hybench", "--txns", "12000", "--output"]).arg(&input).output().unwrap());
+    common::hybench(&input, 12_000, 1);
     let clean = dir.path().join("clean");
     ok(fovea().args(["replay", "--lake", clean.to_str().unwrap(), "--input"]).arg(&input).output().unwrap());
     let faulty = dir.path().join("faulty");
@@ -140,7 +140,7 @@ fn a_generated_stream_replayed_under_injected_faults_equals_an_uninterrupted_rep
 fn serve_under_injected_faults_restarts_to_exact() {
     let dir = tempfile::tempdir().unwrap();
     let whole = dir.path().join("hybench-whole.jsonl");
-    ok(fovea().args(["gen", "hybench", "--txns", "3000", "--seed", "3", "--output"]).arg(&whole).output().unwrap());
+    common::hybench(&whole, 3_000, 3);
     let clean = dir.path().join("clean");
     ok(fovea().args(["replay", "--lake", clean.to_str().unwrap(), "--input"]).arg(&whole).output().unwrap());
     let lines: Vec<String> = std::fs::read_to_string(&whole).unwrap().lines().map(|l| format!("{l}\n")).collect();

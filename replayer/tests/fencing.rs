@@ -59,7 +59,7 @@ fn a_paused_replayer_is_taken_over_and_fenced_when_it_resumes() {
 
 #[test]
 fn on_s3_and_dynamodb_too() {
-    let moto = fovea_aws::moto::Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = fovea_testkit::moto::Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("fenced").unwrap();
     let args = ["--lake", "s3://fenced/lake", "--state", "dynamodb://fovea-fenced"].map(str::to_owned);
     paused_replayer_scenario(&args, &moto.env());
@@ -91,10 +91,11 @@ fn a_killed_replayer_is_taken_over_at_once() {
 /// writing.
 #[test]
 fn a_stalled_state_store_ends_in_a_stop_not_a_hang() {
-    let moto = fovea_aws::moto::Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = fovea_testkit::moto::Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("stalled").unwrap();
     let proxy =
-        fovea_aws::moto::FaultProxy::start(&moto.endpoint, &["--match", "DynamoDB_", "--stall-after", "12"]).unwrap();
+        fovea_testkit::moto::FaultProxy::start(&moto.endpoint, &["--match", "DynamoDB_", "--stall-after", "12"])
+            .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("events.jsonl");
     let spec = format!("file:{}", input.display());

@@ -17,8 +17,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
-use fovea_aws::kinesis::KinesisProducer;
-use fovea_aws::moto::{Kinesalite, Moto};
+use fovea_testkit::kinesis::KinesisProducer;
+use fovea_testkit::moto::{Kinesalite, Moto};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde_json::{Value as Json, json};
 
@@ -29,7 +29,7 @@ struct Aws {
 
 impl Aws {
     fn start() -> Aws {
-        let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+        let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
         moto.create_bucket("lake").unwrap();
         Aws { moto, kinesis: Kinesalite::start().unwrap() }
     }
@@ -49,7 +49,7 @@ type Records = Vec<(String, Vec<u8>)>;
 
 /// What Debezium Server puts for each line of a Kafka-style file.
 fn debezium_records(path: &std::path::Path) -> Records {
-    gunzip(path).lines().filter_map(|l| fovea_aws::kinesis::debezium_server_record(l).unwrap()).collect()
+    gunzip(path).lines().filter_map(|l| fovea_testkit::kinesis::debezium_server_record(l).unwrap()).collect()
 }
 
 /// A producer's faults: 5% of records put twice (a retried put whose
@@ -478,12 +478,11 @@ fn generated_stream_through_kinesis_equals_the_file_replay() {
     let producer = aws.producer();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("stream.jsonl");
-    let out = aws.fovea().args(["gen", "hybench", "--txns", "400"]).output().unwrap();
-    std::fs::write(&file, ok(out)).unwrap();
+    common::hybench(&file, 400, 1);
     let records: Records = std::fs::read_to_string(&file)
         .unwrap()
         .lines()
-        .filter_map(|l| fovea_aws::kinesis::debezium_server_record(l).unwrap())
+        .filter_map(|l| fovea_testkit::kinesis::debezium_server_record(l).unwrap())
         .collect();
     producer.create_stream("gen", 3).unwrap();
     producer.put("gen", &with_faults(&records, 21)).unwrap();
@@ -534,7 +533,7 @@ fn kinesis_read_failures_are_retried_with_backoff_and_the_mirror_ends_exact() {
         "--burst-secs",
         "6",
     ];
-    let proxy = fovea_aws::moto::FaultProxy::start(&aws.kinesis.endpoint, &faults).unwrap();
+    let proxy = fovea_testkit::moto::FaultProxy::start(&aws.kinesis.endpoint, &faults).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let [port, mport] = common::free_ports();
     let metrics = format!("127.0.0.1:{mport}");

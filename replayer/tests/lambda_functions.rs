@@ -26,8 +26,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Server, eventually, free_ports, ok};
-use fovea_aws::lambda_local::LocalLambda;
-use fovea_aws::moto::Moto;
+use fovea_testkit::lambda_local::LocalLambda;
+use fovea_testkit::moto::Moto;
 
 const TABLES: [&str; 2] = ["hybench.account", "hybench.transfer"];
 
@@ -55,11 +55,7 @@ fn functions(moto: &Moto, gc_env: &[(String, String)]) -> LocalLambda {
 /// An update-heavy hybench stream (every account updated many times).
 fn stream(dir: &Path) -> PathBuf {
     let path = dir.join("hybench.jsonl");
-    ok(Command::new(env!("CARGO_BIN_EXE_fovea"))
-        .args(["gen", "hybench", "--txns", "30000", "--seed", "7", "--output"])
-        .arg(&path)
-        .output()
-        .unwrap());
+    common::hybench(&path, 30_000, 7);
     path
 }
 
@@ -113,7 +109,7 @@ fn assert_tables(moto: &Moto, prefix: &str, expected: &[String], when: &str) {
 
 #[test]
 fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lake_smaller() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = stream(dir.path());
@@ -156,7 +152,7 @@ fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lak
 
 #[test]
 fn a_gc_function_dying_mid_write_changes_no_table() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = stream(dir.path());
@@ -198,13 +194,13 @@ fn a_gc_function_dying_mid_write_changes_no_table() {
 
 #[test]
 fn lambda_throttling_and_lost_answers_leave_the_tables_exact() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = stream(dir.path());
     let lambda = functions(&moto, &[]);
     let faults = ["--throttle", "0.3", "--after", "0.15", "--delay-ms", "50", "--seed", "5"];
-    let proxy = fovea_aws::moto::FaultProxy::start(&lambda.endpoint(), &faults).unwrap();
+    let proxy = fovea_testkit::moto::FaultProxy::start(&lambda.endpoint(), &faults).unwrap();
     let server = serve(&moto, &proxy.endpoint, "throttled", &input, "lambda://fovea?concurrency=3&timeout_s=60", &[]);
     eventually(Duration::from_secs(300), "replayed, combined and garbage-collected", || {
         let lag = server.metric("fovea_input_lag_bytes");
@@ -226,7 +222,7 @@ fn lambda_throttling_and_lost_answers_leave_the_tables_exact() {
 
 #[test]
 fn a_zombie_replayer_deletes_and_overwrites_nothing_of_its_successor() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = stream(dir.path());

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{ok, pg_tiny as data};
-use fovea_aws::lambda_local::LocalLambda;
-use fovea_aws::moto::Moto;
+use fovea_testkit::lambda_local::LocalLambda;
+use fovea_testkit::moto::Moto;
 
 const S3: [&str; 4] = ["--lake", "s3://lake/pg-tiny", "--state", "dynamodb://fovea-lambda"];
 
@@ -79,7 +79,7 @@ fn slt_queries(file: &Path) -> Vec<String> {
 
 #[test]
 fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let input = data().join("debezium_events.precise_schemas.jsonl.gz");
     ok(fovea(&moto).arg("replay").args(S3).arg("--input").arg(&input).output().unwrap());
@@ -106,7 +106,7 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
     let plot = tempfile::tempdir().unwrap();
     let png = plot.path().join("balances.png");
     let python = |args: &[&str]| {
-        let out = Command::new(fovea_aws::moto::python())
+        let out = Command::new(fovea_testkit::moto::python())
             .envs(moto.env())
             .env("AWS_ENDPOINT_URL_LAMBDA", lambda.endpoint())
             .env("FOVEA_BIN", env!("CARGO_BIN_EXE_fovea"))
@@ -231,7 +231,7 @@ fn bank_lines(txns: u64) -> String {
 
 #[test]
 fn lambda_scans_never_see_a_partial_transaction_while_replay_runs() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("bank.jsonl");

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
-use fovea_aws::moto::Moto;
+use fovea_testkit::moto::Moto;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 fn fovea(moto: &Moto) -> Command {
@@ -26,7 +26,7 @@ fn export(moto: &Moto, lake: &[&str], table: &str) -> String {
 
 #[test]
 fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let input = data().join("debezium_events.precise_schemas.jsonl.gz");
     let s3 = ["--lake", "s3://lake/pg-tiny", "--state", "dynamodb://fovea-pg-tiny"];
@@ -89,11 +89,7 @@ fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
     // SIGKILL during a replay into S3, restarted each time: the same as an
     // uninterrupted replay.
     let stream = dir.path().join("stream.jsonl");
-    ok(fovea(&moto)
-        .args(["gen", "hybench", "--txns", "4000", "--seed", "5", "--output"])
-        .arg(&stream)
-        .output()
-        .unwrap());
+    common::hybench(&stream, 4_000, 5);
     let reference = dir.path().join("reference");
     let reference_args = ["--lake", reference.to_str().unwrap()];
     ok(fovea(&moto).arg("replay").args(reference_args).arg("--input").arg(&stream).output().unwrap());
@@ -139,7 +135,7 @@ fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
 /// through its own state. Readers are refused the same way.
 #[test]
 fn a_lake_refuses_a_state_that_is_not_its_own() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let input = data().join("debezium_events.precise_schemas.jsonl.gz");
     let shop = ["--lake", "s3://lake/shop", "--state", "dynamodb://state_a"];
@@ -181,7 +177,7 @@ fn a_lake_refuses_a_state_that_is_not_its_own() {
 /// store used to read the environment's keys alone).
 #[test]
 fn a_profile_without_environment_keys_opens_an_s3_lake() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let credentials = dir.path().join("credentials");
@@ -223,7 +219,7 @@ fn a_profile_without_environment_keys_opens_an_s3_lake() {
 /// still reads exactly, also after a restart.
 #[test]
 fn catalog_history_past_its_retention_is_pruned() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("pruned").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("events.jsonl");
@@ -295,11 +291,11 @@ fn catalog_history_past_its_retention_is_pruned() {
 /// services, each end equal to what runs without faults produce.
 #[test]
 fn s3_and_dynamodb_faults_leave_a_replay_and_a_serve_exact() {
-    let moto = Moto::start(&fovea_aws::moto::script()).unwrap();
+    let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("faulty").unwrap();
     let seed = std::env::var("FOVEA_FAULT_SEED").unwrap_or_else(|_| "3".into());
     let faults = ["--throttle", "0.15", "--drop", "0.05", "--after", "0.08", "--delay-ms", "20", "--seed", &seed];
-    let proxy = fovea_aws::moto::FaultProxy::start(&moto.endpoint, &faults).unwrap();
+    let proxy = fovea_testkit::moto::FaultProxy::start(&moto.endpoint, &faults).unwrap();
     let through_proxy = |c: &mut Command| {
         c.env("AWS_ENDPOINT_URL", &proxy.endpoint);
     };

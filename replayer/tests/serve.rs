@@ -117,7 +117,7 @@ fn serve_follows_a_growing_file_for_rust_and_python_clients() {
     });
 
     // A Python client (ADBC Flight SQL driver) reads the same.
-    let python = fovea_aws::moto::python();
+    let python = fovea_testkit::moto::python();
     let script = format!(
         "import adbc_driver_flightsql.dbapi as f\n\
          c = f.connect('{}')\n\
@@ -344,7 +344,7 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
              cur.execute('SELECT count(*) AS n FROM public.t')\n\
              print(cur.fetchall()[0][0])\n"
         );
-        let python = fovea_aws::moto::python();
+        let python = fovea_testkit::moto::python();
         std::process::Command::new(&python).args(["-c", &script]).output().unwrap()
     };
     let trusted = adbc(true);

@@ -194,7 +194,7 @@ fn serve_follows_postgres_through_copy_pgbench_and_a_kill() {
     // The exposition is valid OpenMetrics (the reference parser reads it),
     // and the histograms counted what happened.
     let body = text.split_once("\r\n\r\n").map_or(text.as_str(), |(_, b)| b);
-    let python = fovea_aws::moto::python();
+    let python = fovea_testkit::moto::python();
     let script = "import sys\n\
         from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
         fams = {f.name: f for f in parse(sys.stdin.read())}\n\

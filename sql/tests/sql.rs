@@ -203,3 +203,54 @@ async fn time_travel_matches_the_state_at_each_ts() {
     let err = engine.snapshot_at(history[1].0).unwrap_err().to_string();
     assert!(err.contains("oldest available ts"), "{err}");
 }
+
+/// Remote plans (each scan's splits on a `SplitWorker`) run on the
+/// in-process worker, answers inline and spilled: the same answers as the
+/// in-process plan, at a snapshot older than later updates, with nothing
+/// spilled left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_plans_answer_as_in_process_plans() {
+    use fovea_core::scan_worker::LocalSplits;
+    use object_store::ObjectStore as _;
+    let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(16, 2)).unwrap();
+    bank(&engine);
+    engine.flush().unwrap();
+    engine.combine().unwrap();
+    for k in (0..100).step_by(3) {
+        engine
+            .apply(vec![
+                Op::Update { table: TableId(0), key: vec![Value::Int(k)], row: vec![Value::Int(k), Value::Int(50)] },
+                Op::Update { table: TableId(1), key: vec![Value::Int(k)], row: vec![Value::Int(k), Value::Int(150)] },
+            ])
+            .unwrap();
+    }
+    let snapshot = engine.snapshot();
+    engine.apply(vec![Op::Delete { table: TableId(0), key: vec![Value::Int(1)] }]).unwrap();
+    let source: Arc<dyn fovea_core::SnapshotTables> = Arc::new(engine.at(snapshot.clone()));
+    for inline_limit in [None, Some(64)] {
+        let worker = Arc::new(LocalSplits::new(engine.lake().clone(), 3, inline_limit));
+        for sql in [
+            "SELECT sum(bal) AS s, count(*) AS n FROM bank.a",
+            "SELECT count(*) AS n FROM bank.b WHERE bal > 100",
+            "SELECT a.id, a.bal + b.bal AS total FROM bank.a a JOIN bank.b b ON a.id = b.id ORDER BY a.id LIMIT 7",
+        ] {
+            let local = fovea_sql::query_on(Arc::clone(&source), sql).await.unwrap();
+            let remote = fovea_sql::query_remote(Arc::clone(&source), worker.clone(), sql).await.unwrap();
+            let text = |b: &[arrow::record_batch::RecordBatch]| {
+                arrow::util::pretty::pretty_format_batches(b).unwrap().to_string()
+            };
+            assert_eq!(text(&remote), text(&local), "{sql} (inline limit {inline_limit:?})");
+        }
+        let left = engine.lake().store().list(Some(&"_fovea/scan-results".into()));
+        let left: Vec<_> = futures::TryStreamExt::try_collect(left).await.unwrap();
+        assert!(left.is_empty(), "spilled answers left: {left:?}");
+    }
+    let total = fovea_sql::query_remote(
+        source,
+        Arc::new(LocalSplits::new(engine.lake().clone(), 2, None)),
+        "SELECT sum(bal) FROM bank.a",
+    )
+    .await
+    .unwrap();
+    assert_eq!(scalar(&total), 100 * 100 - 34 * 50);
+}

@@ -78,6 +78,17 @@ pub struct CheckpointRecord {
     pub source_state: Option<String>,
 }
 
+impl CheckpointRecord {
+    /// What it records of its input, for a source to reopen there.
+    pub fn resume(&self) -> crate::cdc::source::Resume {
+        crate::cdc::source::Resume {
+            input: self.input.clone(),
+            position: self.position,
+            state: self.source_state.clone(),
+        }
+    }
+}
+
 /// What one commit adds to the catalog.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CatalogCommit {

@@ -16,12 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::time::Duration;
 
-use super::source::{ChangeSource, Lag, LineSource, Polled};
+use super::source::{ChangeSource, Lag, LineSource, Polled, RecordSink, Resume};
 use super::typed::{CurrentTables, TypedTables};
 use super::{BufferPool, ChangeRecord, InputFormat, LineBuffer, SharedLine, SourcePosition, decode_owned_line};
-use crate::catalog::CheckpointRecord;
 use crate::error::{Error, Result};
-use crate::sink::Sink;
 
 /// Threads decoding lines (besides the reader and the applying thread).
 const DECODERS: usize = 2;
@@ -72,7 +70,7 @@ impl FileSource {
     /// ending, polling every `poll`.
     pub fn open(
         path: &Path,
-        checkpoint: Option<&CheckpointRecord>,
+        checkpoint: Option<&Resume>,
         format: InputFormat,
         follow: bool,
         poll: Duration,
@@ -89,7 +87,7 @@ impl FileSource {
                 .to_string();
             let (position, state) = checkpoint
                 .filter(|c| c.input == name)
-                .map_or((SourcePosition::default(), None), |c| (c.position, c.source_state.as_deref()));
+                .map_or((SourcePosition::default(), None), |c| (c.position, c.state.as_deref()));
             let (source, fingerprint) = LineSource::resume(path, position, state)?;
             (name, source, Some(fingerprint.to_state()), Some(path.to_owned()))
         };
@@ -126,7 +124,7 @@ impl ChangeSource for FileSource {
         &self.name
     }
 
-    fn poll(&mut self, sink: &mut Sink) -> Result<Polled> {
+    fn poll(&mut self, sink: &mut dyn RecordSink) -> Result<Polled> {
         let batch = match self.from_decoders[self.turn % DECODERS].recv_timeout(self.poll) {
             Ok(b) => b,
             Err(RecvTimeoutError::Timeout) => return Ok(Polled::default()),

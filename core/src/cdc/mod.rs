@@ -15,6 +15,7 @@
 //! | `CREATE TABLE` statements overriding inferred types | [`ddl`] |
 //! | PostgreSQL logical replication (`pgoutput`) | [`pgoutput`] |
 
+pub mod conformance;
 pub mod ddl;
 pub mod debezium;
 pub mod dms;

@@ -10,9 +10,51 @@ use std::path::{Path, PathBuf};
 
 use super::SourcePosition;
 use crate::error::{Error, Result};
-use crate::sink::Sink;
 
-/// A change stream feeding a [`Sink`].
+/// Where a [`ChangeSource`] pushes its records: the engine's
+/// [`crate::sink::Sink`], or anything else that keeps this contract (a
+/// recorder in the sources' conformance suite).
+///
+/// Contract:
+/// * [`Self::push`] takes one record read at `position`; `next` is the
+///   position after it (where a checkpoint taken now would resume). Records
+///   of one source transaction arrive between its BEGIN and END, in order;
+///   an error means this record was not applied, and the sink takes no
+///   more.
+/// * [`Self::is_applied`] tells whether the source transaction with this
+///   identity was applied (by this sink or, within its dedup window, before
+///   a restart): a source that may redeliver asks before holding one back.
+/// * [`Self::set_source_state`] sets what the next checkpoints record for
+///   the source to reopen with, besides the position.
+/// * [`Self::sync`] returns once everything pushed so far is applied.
+pub trait RecordSink {
+    /// Takes one record read at `position`; `next` is the position after it.
+    fn push(&mut self, record: super::ChangeRecord, position: SourcePosition, next: SourcePosition) -> Result<()>;
+
+    /// Whether the source transaction `identity` was applied.
+    fn is_applied(&self, identity: &str) -> bool;
+
+    /// What the next checkpoints record for the source to reopen with.
+    fn set_source_state(&mut self, state: Option<String>);
+
+    /// Waits until everything pushed so far is applied.
+    fn sync(&mut self) -> Result<()>;
+}
+
+/// What a checkpoint records of an input for a source to reopen there
+/// (see [`ChangeSource::state_at`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// The input's name ([`ChangeSource::name`]): a source reopens only at
+    /// a checkpoint of its own input.
+    pub input: String,
+    /// The position the checkpoint resumes at.
+    pub position: SourcePosition,
+    /// [`ChangeSource::state_at`] of that position.
+    pub state: Option<String>,
+}
+
+/// A change stream feeding a [`RecordSink`].
 ///
 /// Contract, for every implementation:
 /// * **Order and atomicity**: [`Self::poll`] pushes records into the sink in
@@ -40,7 +82,7 @@ pub trait ChangeSource: Send {
 
     /// Pushes the records available now into `sink`. Returns soon when
     /// nothing is available (waiting at most about its poll interval).
-    fn poll(&mut self, sink: &mut Sink) -> Result<Polled>;
+    fn poll(&mut self, sink: &mut dyn RecordSink) -> Result<Polled>;
 
     /// The position after the last record pushed.
     fn position(&self) -> SourcePosition;

@@ -6,7 +6,7 @@
 #[test]
 fn without_a_runtime_api_the_function_stops_with_an_error() {
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_fovea-scan"));
-    let (status, text) = fovea_aws::lambda_local::run_without_runtime_api(binary).unwrap();
+    let (status, text) = fovea_testkit::lambda_local::run_without_runtime_api(binary).unwrap();
     assert!(!status.success());
     assert!(text.contains("AWS_LAMBDA_RUNTIME_API"), "{text}");
 }

@@ -81,6 +81,12 @@ pub struct QueryRegistry {
     next: AtomicU64,
 }
 
+impl Default for QueryRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl QueryRegistry {
     /// An empty registry.
     pub fn new() -> Self {

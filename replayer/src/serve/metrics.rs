@@ -17,7 +17,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -356,7 +355,8 @@ pub fn stall_message(s: &fovea_core::Stall) -> String {
     )
 }
 
-/// Serves `GET /metrics` (and `/healthz`) until the runtime stops.
+/// Serves `GET /metrics` (and `/healthz`) over HTTP/1.1 (hyper) until the
+/// runtime stops.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
@@ -364,13 +364,15 @@ pub async fn serve_metrics(
     started: std::time::Instant,
 ) {
     // At most this many scrapes at once; each has this long to send its
-    // request and take the answer (a slow or idle client cannot hold one).
+    // request head, and a connection this long in all (a slow or idle
+    // client cannot hold one).
     const CONNECTIONS: usize = 32;
-    const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    const CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        let mut stream = match listener.accept().await {
+        let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
                 // Out of file descriptors and the like: wait instead of
@@ -380,44 +382,50 @@ pub async fn serve_metrics(
                 continue;
             }
         };
-        let metrics = Arc::clone(&metrics);
-        let engine = Arc::clone(&engine);
+        let (metrics, engine) = (Arc::clone(&metrics), Arc::clone(&engine));
+        let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let answer = answer(request.method(), request.uri().path(), &metrics, &engine, started);
+            std::future::ready(Ok::<_, std::convert::Infallible>(answer))
+        });
         tokio::spawn(async move {
             let _slot = slot;
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            // Read the request head (bounded in size and time); the body,
-            // if any, is ignored.
-            let read_head = async {
-                while n < buf.len() {
-                    match stream.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => n += k,
-                    }
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            };
-            if tokio::time::timeout(IO_TIMEOUT, read_head).await.is_err() {
-                return;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("metrics endpoint: {e}"),
+                Err(_) => tracing::debug!("metrics endpoint: a connection took longer than {CONNECTION_TIMEOUT:?}"),
             }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let plain = "text/plain; charset=utf-8";
-            let (status, content_type, body) = match path {
-                "/metrics" => ("200 OK", CONTENT_TYPE, metrics.render(&engine, started)),
-                "/healthz" => match metrics.stall(&engine) {
-                    None => ("200 OK", plain, "ok\n".to_owned()),
-                    Some(s) => ("503 Service Unavailable", plain, stall_message(&s) + "\n"),
-                },
-                _ => ("404 Not Found", plain, "try /metrics\n".to_owned()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(response.as_bytes())).await;
         });
     }
+}
+
+/// The answer to one request of the metrics endpoint.
+fn answer(
+    method: &hyper::Method,
+    path: &str,
+    metrics: &Metrics,
+    engine: &Engine,
+    started: std::time::Instant,
+) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+    use hyper::StatusCode;
+    let plain = "text/plain; charset=utf-8";
+    let (status, content_type, body) = match path {
+        _ if method != hyper::Method::GET && method != hyper::Method::HEAD => {
+            (StatusCode::METHOD_NOT_ALLOWED, plain, "GET only\n".to_owned())
+        }
+        "/metrics" => (StatusCode::OK, CONTENT_TYPE, metrics.render(engine, started)),
+        "/healthz" => match metrics.stall(engine) {
+            None => (StatusCode::OK, plain, "ok\n".to_owned()),
+            Some(s) => (StatusCode::SERVICE_UNAVAILABLE, plain, stall_message(&s) + "\n"),
+        },
+        _ => (StatusCode::NOT_FOUND, plain, "try /metrics\n".to_owned()),
+    };
+    let mut response = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
+    response
 }

@@ -11,7 +11,6 @@
 //! SIGINT / SIGTERM stop the input loop; a final checkpoint is written and
 //! confirmed before the process exits.
 
-pub mod bench;
 pub mod flight;
 pub mod metrics;
 pub mod postgres;

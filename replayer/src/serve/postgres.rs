@@ -27,11 +27,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fovea_core::Engine;
 use fovea_core::cdc::pgoutput::{Lsn, PgOutputDecoder, PgTransaction, SpillConfig, XidSnapshot, pg_type, text_json};
-use fovea_core::cdc::source::{ChangeSource, Lag, Polled};
+use fovea_core::cdc::source::{ChangeSource, Lag, Polled, RecordSink};
 use fovea_core::cdc::types::format_value;
 use fovea_core::cdc::{ChangeRecord, DeclaredColumn, ROWID_COLUMN, RowChange, RowOp, SourcePosition, rowid_column};
 use fovea_core::schema::{TypeChange, rows_from_batch};
-use fovea_core::sink::Sink;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
@@ -405,7 +404,7 @@ impl PgSource {
 
     /// Copies published tables not copied yet (at start, and when tables
     /// join the publication) as one transaction each time.
-    pub fn copy_new_tables(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<u64> {
+    pub fn copy_new_tables(&mut self, sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<u64> {
         self.last_publication_check = std::time::Instant::now();
         let published: Vec<String> = self
             .client
@@ -444,7 +443,7 @@ impl PgSource {
     /// longer published), from the mirror in a mirror transaction of their
     /// own, and drops their rows the stream still holds (by relation id).
     /// A table of that name seen again is copied anew.
-    fn forget_tables(&mut self, tables: &[String], sink: &mut Sink, engine: &Engine) -> CliResult<()> {
+    fn forget_tables(&mut self, tables: &[String], sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<()> {
         self.state.copies += 1;
         let identity = format!("gone:{}:{}", self.state.copies, self.applied);
         let position = self.applied.position();
@@ -489,7 +488,7 @@ impl PgSource {
     /// than when last seen, is copied again. (A change committed after the
     /// read may make a copy needless, never one missed: the next check sees
     /// it.)
-    fn check_schemas(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<()> {
+    fn check_schemas(&mut self, sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<()> {
         if let Some(read) = self.schemas.take_if(|r| self.applied >= r.at) {
             let mut stale = Vec::new();
             for (table, columns) in read.tables {
@@ -560,7 +559,7 @@ impl PgSource {
         Ok(CatalogSchemas { at, tables })
     }
 
-    fn copy_tables(&mut self, tables: &[String], sink: &mut Sink, engine: &Engine) -> CliResult<u64> {
+    fn copy_tables(&mut self, tables: &[String], sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<u64> {
         let mut copy = connect(&self.input)?;
         let mut txn = copy
             .build_transaction()
@@ -732,7 +731,7 @@ impl PgSource {
     /// sink, transaction by transaction. A lost connection is not an error:
     /// the outcome says so and the next polls reconnect, with growing
     /// delays, and resume after the last applied transaction.
-    pub fn poll(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<PollOutcome> {
+    pub fn poll(&mut self, sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<PollOutcome> {
         if let Some(at) = self.retry_at {
             let now = std::time::Instant::now();
             if now < at {
@@ -758,7 +757,7 @@ impl PgSource {
         }
     }
 
-    fn poll_connected(&mut self, sink: &mut Sink, engine: &Engine) -> CliResult<PollOutcome> {
+    fn poll_connected(&mut self, sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<PollOutcome> {
         if self.client.is_closed() {
             self.client = connect(&self.input)?;
             tracing::info!("reconnected to PostgreSQL");
@@ -812,13 +811,10 @@ impl PgSource {
         self.stream = Some(stream);
         if self.last_counts_log.elapsed() >= std::time::Duration::from_secs(5) {
             self.last_counts_log = std::time::Instant::now();
-            let stats = sink.stats();
             tracing::debug!(
                 applied = %self.applied,
                 confirmed = %self.confirmed,
                 counts = ?self.counts,
-                sink_applied = stats.applied,
-                sink_skipped = stats.skipped,
                 hwm = engine.clock().hwm().get(),
                 "stream"
             );
@@ -828,7 +824,13 @@ impl PgSource {
 
     /// Hands one committed transaction to the sink (unless already applied),
     /// streaming its rows (a spilled transaction never is in memory whole).
-    fn apply(&mut self, txn: PgTransaction, sink: &mut Sink, engine: &Engine, out: &mut PollOutcome) -> CliResult<()> {
+    fn apply(
+        &mut self,
+        txn: PgTransaction,
+        sink: &mut dyn RecordSink,
+        engine: &Engine,
+        out: &mut PollOutcome,
+    ) -> CliResult<()> {
         self.counts.received += 1;
         // Received again after a restart: already applied.
         if txn.end_lsn <= self.applied {
@@ -935,7 +937,12 @@ impl PgSource {
     /// transaction), and with each `TRUNCATE t` as deletes of t's rows
     /// live before the transaction (t's earlier rows in it are moot).
     /// Returns whether anything was pushed.
-    fn push_transaction(&mut self, mut txn: PgTransaction, sink: &mut Sink, engine: &Engine) -> CliResult<bool> {
+    fn push_transaction(
+        &mut self,
+        mut txn: PgTransaction,
+        sink: &mut dyn RecordSink,
+        engine: &Engine,
+    ) -> CliResult<bool> {
         let covered: Vec<&CopyFilter> = self.state.filters.iter().filter(|f| f.snapshot.sees(txn.xid)).collect();
         let (gone, decoder) = (&self.state.gone, &self.decoder);
         let dropped = |table: &str| {
@@ -1019,7 +1026,7 @@ impl TxnRecords {
         }
     }
 
-    fn row(&mut self, sink: &mut Sink, mut row: RowChange) -> CliResult<()> {
+    fn row(&mut self, sink: &mut dyn RecordSink, mut row: RowChange) -> CliResult<()> {
         if !self.begun {
             self.begun = true;
             let begin = ChangeRecord::Begin { txid: self.identity.clone(), commit_us: Some(self.commit_us) };
@@ -1036,7 +1043,13 @@ impl TxnRecords {
     }
 
     /// Deletes of every row `scan` (of `table`'s key columns) reads.
-    fn wipe(&mut self, sink: &mut Sink, engine: &Engine, table: &str, scan: fovea_core::Scan) -> CliResult<()> {
+    fn wipe(
+        &mut self,
+        sink: &mut dyn RecordSink,
+        engine: &Engine,
+        table: &str,
+        scan: fovea_core::Scan,
+    ) -> CliResult<()> {
         let def = engine.table(table)?;
         let names: Vec<String> = def.primary_key.iter().map(|&i| def.schema.field(i).name().clone()).collect();
         let types: Vec<_> = def.primary_key.iter().map(|&i| def.schema.field(i).data_type().clone()).collect();
@@ -1070,7 +1083,7 @@ impl TxnRecords {
     }
 
     /// Pushes END if anything was pushed; returns whether.
-    fn end(self, sink: &mut Sink) -> CliResult<bool> {
+    fn end(self, sink: &mut dyn RecordSink) -> CliResult<bool> {
         if self.begun {
             let end = ChangeRecord::End {
                 txid: self.identity,
@@ -1124,13 +1137,13 @@ impl PgChangeSource {
     /// read this slot.
     pub fn open(
         spec: &str,
-        checkpoint: Option<&fovea_core::catalog::CheckpointRecord>,
+        checkpoint: Option<&fovea_core::cdc::source::Resume>,
         engine: std::sync::Arc<Engine>,
         metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
     ) -> CliResult<Self> {
         let input = PgInput::parse(spec)?;
         let name = input.name();
-        let resume = checkpoint.filter(|c| c.input == name).map(|c| (c.position, c.source_state.clone()));
+        let resume = checkpoint.filter(|c| c.input == name).map(|c| (c.position, c.state.clone()));
         Ok(PgChangeSource { pg: PgSource::open(input, resume)?, name, engine, metrics, copied_once: false })
     }
 
@@ -1153,7 +1166,7 @@ impl ChangeSource for PgChangeSource {
         &self.name
     }
 
-    fn poll(&mut self, sink: &mut Sink) -> fovea_core::Result<Polled> {
+    fn poll(&mut self, sink: &mut dyn RecordSink) -> fovea_core::Result<Polled> {
         if !self.copied_once {
             self.copied_once = true;
             let copied = self.pg.copy_new_tables(sink, &self.engine).map_err(|e| into_core(e, &self.name))?;

@@ -25,6 +25,14 @@ pub fn ok(out: std::process::Output) -> String {
 }
 
 /// The text of a gzip file.
+/// Writes a generated HyBench stream (`fovea-bench gen hybench`) of `txns`
+/// transactions to `path`.
+pub fn hybench(path: &Path, txns: u64, seed: u64) {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    fovea_testkit::workload::generate(fovea_testkit::workload::Workload::Hybench, txns, seed, &mut out).unwrap();
+    std::io::Write::flush(&mut out).unwrap();
+}
+
 pub fn gunzip(p: &Path) -> String {
     let mut s = String::new();
     flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();

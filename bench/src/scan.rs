@@ -1,4 +1,4 @@
-//! `fovea bench scan`: what a reader costs on a replayed lake.
+//! `fovea-bench scan`: what a reader costs on a replayed lake.
 //!
 //! - Reader start-up: a fresh `fovea` process answers `count(*)` of the
 //!   lake's smallest table and `SELECT * … LIMIT 10` of its largest, once
@@ -22,7 +22,7 @@ use fovea_sql::datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::replay::CliResult;
+use fovea_replayer::replay::CliResult;
 
 /// How a probe process opens the lake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -33,7 +33,7 @@ pub enum ProbeMode {
     Engine,
 }
 
-/// `fovea bench scan`'s settings.
+/// `fovea-bench scan`'s settings.
 pub struct ScanBench {
     /// Transactions of the generated HyBench stream.
     pub txns: u64,
@@ -49,7 +49,7 @@ pub fn probe(mode: ProbeMode, lake: &Path, sql: &str) -> CliResult<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let batches = match mode {
         ProbeMode::Reader => {
-            let opened = crate::lakes::LakeArgs::local(lake).open_read()?;
+            let opened = fovea_replayer::lakes::LakeArgs::local(lake).open_read()?;
             runtime.block_on(fovea_sql::query_on(opened.reader as Arc<dyn SnapshotTables>, sql))?
         }
         ProbeMode::Engine => {
@@ -64,7 +64,7 @@ pub fn probe(mode: ProbeMode, lake: &Path, sql: &str) -> CliResult<()> {
         }
     };
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    println!("{}", json!({"rows": rows, "peak_rss_bytes": crate::serve::metrics::peak_rss_bytes()}));
+    println!("{}", json!({"rows": rows, "peak_rss_bytes": fovea_replayer::serve::metrics::peak_rss_bytes()}));
     Ok(())
 }
 
@@ -79,11 +79,7 @@ fn start_up(lake: &Path, mode: ProbeMode, sql: &str, runs: usize) -> CliResult<(
     let mut rss = Vec::with_capacity(runs);
     for _ in 0..runs {
         let started = Instant::now();
-        let out = Command::new(&exe)
-            .args(["bench", "scan-probe", "--mode", mode_name, "--lake"])
-            .arg(lake)
-            .arg(sql)
-            .output()?;
+        let out = Command::new(&exe).args(["scan-probe", "--mode", mode_name, "--lake"]).arg(lake).arg(sql).output()?;
         times.push(started.elapsed().as_secs_f64());
         if !out.status.success() {
             return Err(format!("probe {mode_name} {sql:?} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
@@ -136,22 +132,22 @@ fn full_scans(
     Ok(rows.into_iter().zip(times.iter_mut().map(|t| median(t))).collect())
 }
 
-/// `fovea bench scan`.
+/// `fovea-bench scan`.
 pub fn run(b: &ScanBench) -> CliResult<()> {
     let dir = std::env::temp_dir().join(format!("fovea-bench-scan-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let input = dir.join("stream.jsonl");
     {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&input)?);
-        crate::workload::generate(crate::workload::Workload::Hybench, b.txns, 7, &mut w)?;
+        fovea_testkit::workload::generate(fovea_testkit::workload::Workload::Hybench, b.txns, 7, &mut w)?;
         std::io::Write::flush(&mut w)?;
     }
     let lake = dir.join("lake");
-    let replayed = crate::bench::replay_into(crate::lakes::LakeArgs::local(&lake), &input, !b.json)?;
+    let replayed = crate::replay::replay_into(fovea_replayer::lakes::LakeArgs::local(&lake), &input, !b.json)?;
     std::fs::remove_file(&input)?;
 
     // The smallest and the largest table by stored rows.
-    let opened = crate::lakes::LakeArgs::local(&lake).open_read()?;
+    let opened = fovea_replayer::lakes::LakeArgs::local(&lake).open_read()?;
     let reader = Arc::clone(&opened.reader);
     let mut sizes = Vec::new();
     for def in reader.tables() {

@@ -1,4 +1,4 @@
-//! `fovea bench serve`: pgbench against a throwaway local PostgreSQL while
+//! `fovea-bench serve`: pgbench against a throwaway local PostgreSQL while
 //! `fovea serve` follows its slot; rows/s replayed, freshness P50/P99 from
 //! the `fovea_freshness_seconds` metric, and RSS.
 
@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::latency::Latencies;
-use crate::replay::CliResult;
+use fovea_replayer::latency::Latencies;
+use fovea_replayer::replay::CliResult;
 
-/// Options of `fovea bench serve`.
+/// Options of `fovea-bench serve`.
 #[derive(Clone, Debug)]
 pub struct ServeBenchArgs {
     /// PostgreSQL 15 server binaries.
@@ -162,8 +162,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     pg.psql("CREATE PUBLICATION fovea_bench FOR ALL TABLES")?;
     let lake = pg.dir.join("lake");
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
-    let serve_args = super::ServeArgs {
-        lake: crate::lakes::LakeArgs::local(&lake),
+    let serve_args = fovea_replayer::serve::ServeArgs {
+        lake: fovea_replayer::lakes::LakeArgs::local(&lake),
         functions: Default::default(),
         schema_file: None,
         block_rows: fovea_core::buffer::DEFAULT_BLOCK_ROWS,
@@ -191,7 +191,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let server = {
         let stop = Arc::clone(&stop);
-        std::thread::spawn(move || super::serve(serve_args, stop).map_err(|e| e.to_string()))
+        std::thread::spawn(move || fovea_replayer::serve::serve(serve_args, stop).map_err(|e| e.to_string()))
     };
     // The initial copy is done when the accounts are all there.
     let accounts = 100_000.0 * f64::from(args.scale);

@@ -1,4 +1,4 @@
-//! `fovea bench gc`: what storage GC buys and costs, in one run.
+//! `fovea-bench gc`: what storage GC buys and costs, in one run.
 //!
 //! * A table of `rows` rows on a local lake, every second row updated
 //!   twice: half the stored rows are stale (the files of the initial load
@@ -17,10 +17,10 @@ use arrow::datatypes::{DataType, Field, Schema};
 use fovea_core::{Engine, EngineConfig, Op, Value};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
-use crate::bench_scan::median;
-use crate::replay::{CliResult, STORAGE_GC_THRESHOLD, maintenance_round};
+use crate::scan::median;
+use fovea_replayer::replay::{CliResult, STORAGE_GC_THRESHOLD, maintenance_round};
 
-/// Options of `fovea bench gc`.
+/// Options of `fovea-bench gc`.
 pub struct GcBenchArgs {
     /// Rows of the table.
     pub rows: usize,
@@ -45,7 +45,7 @@ fn row(k: i64, v: i64) -> Vec<Value> {
 
 /// Bytes of the table files under `dir`.
 fn lake_bytes(dir: &std::path::Path) -> CliResult<u64> {
-    Ok(crate::demo::dir_bytes(&dir.join("tables")).map_err(|e| format!("size of {}: {e}", dir.display()))?)
+    Ok(fovea_replayer::demo::dir_bytes(&dir.join("tables")).map_err(|e| format!("size of {}: {e}", dir.display()))?)
 }
 
 /// Runs the benchmark and prints its report.

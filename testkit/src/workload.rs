@@ -1,4 +1,4 @@
-//! `fovea gen` workloads: synthetic Debezium streams shaped like HyBench and
+//! Workloads (`fovea-bench gen`): synthetic Debezium streams shaped like HyBench and
 //! CH-benCHmark, as Kafka-style record lines with BEGIN/END records.
 //!
 //! Every row carries `fresh_ts`, the µs at which the change was produced,

@@ -41,24 +41,25 @@
 //! (the stream or shard gone, access denied, a rejected request) ends the
 //! input at once, naming the shard.
 
+mod options;
+mod shard;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::error::DisplayErrorContext;
-use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
-use fovea_core::catalog::CheckpointRecord;
 use fovea_core::cdc::ordering::{Held, Link, Origin, SequenceNumber, ShardIx, Tail, TxnOrder, keep_earliest, link_of};
-use fovea_core::cdc::source::{ChangeSource, Lag, Polled, ShardLag, ShardState};
+use fovea_core::cdc::source::{ChangeSource, Lag, Polled, RecordSink, Resume, ShardLag, ShardState};
 use fovea_core::cdc::{ChangeRecord, InputFormat, SourcePosition, decode_line};
-use fovea_core::sink::Sink;
 use fovea_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use tokio::sync::mpsc;
+
+pub use options::{KinesisOptions, Start};
+use shard::*;
 
 /// Records asked for per GetRecords (the service maximum).
 const GET_LIMIT: i32 = 10_000;
@@ -69,116 +70,6 @@ const EVENTS_PER_POLL: usize = 64;
 pub const REPLAY_RETRY_FOR: Duration = Duration::from_secs(300);
 /// Least read-ahead room: one GetRecords answer holds up to 10 MiB.
 const MIN_READ_AHEAD: usize = 16 << 20;
-
-/// Where a shard without a checkpointed position starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
-    /// Its oldest record (`TRIM_HORIZON`).
-    TrimHorizon,
-    /// Records put from now on (`LATEST`).
-    Latest,
-}
-
-/// What `--input kinesis://…` asks for.
-#[derive(Clone, Debug)]
-pub struct KinesisOptions {
-    /// Stream names.
-    pub streams: Vec<String>,
-    /// Record format.
-    pub format: InputFormat,
-    /// Where shards without a checkpoint start.
-    pub start: Start,
-    /// Apply whole source transactions (`false`: row at a time).
-    pub atomic: bool,
-    /// Follow the streams (serve) instead of stopping at their tips (replay).
-    pub follow: bool,
-    /// Pause after an empty read of a shard (Kinesis allows five reads a
-    /// second per shard).
-    pub poll: Duration,
-    /// Cap on the bytes of records held for incomplete transactions.
-    pub max_held_bytes: usize,
-    /// Cap on the bytes of records read ahead (read, not yet taken in).
-    pub read_ahead_bytes: Option<usize>,
-    /// Largest record accepted.
-    pub max_record_bytes: usize,
-    /// How long a complete transaction whose predecessor in the commit
-    /// chain has not arrived waits before it is applied anyway, with a
-    /// warning (see [`TxnOrder::with_gap_grace`]).
-    pub gap_grace: Duration,
-}
-
-impl KinesisOptions {
-    /// Parses `kinesis://STREAM[,STREAM…][?format=…&start=…&atomic=…&poll_ms=…&max_held_mb=…&max_record_kb=…&gap_grace_ms=…]`;
-    /// `format` is the default of `--format`.
-    pub fn parse(spec: &str, format: InputFormat, follow: bool) -> Result<Self> {
-        let bad = |m: String| Error::Source { input: spec.to_owned(), message: m };
-        let rest = spec.strip_prefix("kinesis://").ok_or_else(|| bad("expected kinesis://STREAM".into()))?;
-        let (names, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let streams: Vec<String> = names.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect();
-        if streams.is_empty() {
-            return Err(bad("no stream named: kinesis://STREAM[,STREAM…]".into()));
-        }
-        let mut options = KinesisOptions {
-            streams,
-            format,
-            start: Start::TrimHorizon,
-            atomic: true,
-            follow,
-            poll: Duration::from_millis(200),
-            max_held_bytes: default_held_cap(),
-            read_ahead_bytes: None,
-            max_record_bytes: 10 << 20,
-            gap_grace: Duration::from_secs(10),
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let number = |what: &str| v.parse::<u64>().map_err(|_| bad(format!("{k}={v:?}: expected {what}")));
-            match k {
-                "format" => options.format = v.parse().map_err(bad)?,
-                "start" => {
-                    options.start = match v {
-                        "trim_horizon" => Start::TrimHorizon,
-                        "latest" => Start::Latest,
-                        _ => return Err(bad(format!("start={v:?}: expected trim_horizon or latest"))),
-                    }
-                }
-                "atomic" => {
-                    options.atomic = v.parse().map_err(|_| bad(format!("atomic={v:?}: expected true or false")))?
-                }
-                "poll_ms" => options.poll = Duration::from_millis(number("milliseconds")?),
-                "max_held_mb" => options.max_held_bytes = (number("megabytes")? as usize) << 20,
-                "read_ahead_mb" => options.read_ahead_bytes = Some((number("megabytes")? as usize) << 20),
-                "max_record_kb" => options.max_record_bytes = (number("kilobytes")? as usize) << 10,
-                "gap_grace_ms" => options.gap_grace = Duration::from_millis(number("milliseconds")?),
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb, read_ahead_mb, max_record_kb or gap_grace_ms"
-                    )));
-                }
-            }
-        }
-        Ok(options)
-    }
-
-    /// The read-ahead cap in effect.
-    pub fn read_ahead(&self) -> usize {
-        self.read_ahead_bytes.unwrap_or(self.max_held_bytes / 4).max(MIN_READ_AHEAD)
-    }
-
-    /// The input's name in checkpoints.
-    pub fn name(&self) -> String {
-        format!("kinesis://{}", self.streams.join(","))
-    }
-}
-
-/// An eighth of the machine's memory (512 MiB when unknown).
-fn default_held_cap() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-        line.split_whitespace().nth(1)?.parse::<usize>().ok()
-    });
-    total.map_or(512 << 20, |kb| (kb << 10) / 8)
-}
 
 /// Where a shard resumes, as checkpoints record it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -351,9 +242,9 @@ pub struct KinesisSource {
 impl KinesisSource {
     /// Lists the streams' shards and starts reading them, resuming where
     /// `checkpoint` stopped if it read these streams.
-    pub fn open(options: KinesisOptions, checkpoint: Option<&CheckpointRecord>) -> Result<Self> {
+    pub fn open(options: KinesisOptions, checkpoint: Option<&Resume>) -> Result<Self> {
         let name = options.name();
-        let saved: SavedState = match checkpoint.filter(|c| c.input == name).and_then(|c| c.source_state.as_deref()) {
+        let saved: SavedState = match checkpoint.filter(|c| c.input == name).and_then(|c| c.state.as_deref()) {
             Some(s) => serde_json::from_str(s).map_err(|e| Error::Corrupt {
                 what: format!("the checkpointed state of input {name}"),
                 reason: e.to_string(),
@@ -515,7 +406,13 @@ impl KinesisSource {
     }
 
     /// Takes one record read from a shard.
-    fn take_record(&mut self, sink: &mut Sink, origin: Origin, bytes: usize, decoded: Decoded) -> Result<u64> {
+    fn take_record(
+        &mut self,
+        sink: &mut dyn RecordSink,
+        origin: Origin,
+        bytes: usize,
+        decoded: Decoded,
+    ) -> Result<u64> {
         let (link, record) = match decoded {
             Decoded::Skip => return Ok(0),
             Decoded::Record(link, record) => (link, record),
@@ -558,14 +455,14 @@ impl KinesisSource {
     /// Applies the initial-load records gathered from one read of a shard
     /// as one mirror transaction, named by the first one's position (read
     /// again after a restart, it is skipped).
-    fn flush_load(&mut self, sink: &mut Sink) -> Result<u64> {
+    fn flush_load(&mut self, sink: &mut dyn RecordSink) -> Result<u64> {
         let Some((origin, rows)) = self.load.take() else { return Ok(0) };
         let txid = format!("kinesis-load:{}/{}", self.shards[origin.shard].name(), origin.seq);
         self.push_made(sink, txid, rows, origin, None)
     }
 
     /// `&atomic=false`: a row is a transaction of its own.
-    fn push_alone(&mut self, sink: &mut Sink, record: ChangeRecord, origin: Origin) -> Result<u64> {
+    fn push_alone(&mut self, sink: &mut dyn RecordSink, record: ChangeRecord, origin: Origin) -> Result<u64> {
         let ChangeRecord::Row(row) = record else { return Ok(0) };
         let txid = format!("kinesis-row:{}/{}", self.shards[origin.shard].name(), origin.seq);
         let commit_us = row.commit_us;
@@ -577,7 +474,7 @@ impl KinesisSource {
     /// restart, it is skipped by that name); returns the rows pushed.
     fn push_made(
         &mut self,
-        sink: &mut Sink,
+        sink: &mut dyn RecordSink,
         txid: String,
         rows: Vec<ChangeRecord>,
         origin: Origin,
@@ -610,7 +507,7 @@ impl KinesisSource {
     }
 
     /// Pushes one record at the next ordinal; a sink error names `origin`.
-    fn push(&mut self, sink: &mut Sink, record: ChangeRecord, origin: &Origin) -> Result<()> {
+    fn push(&mut self, sink: &mut dyn RecordSink, record: ChangeRecord, origin: &Origin) -> Result<()> {
         let n = self.next;
         self.next += 1;
         let at = |n: u64| SourcePosition { line: n, offset: 0 };
@@ -619,7 +516,7 @@ impl KinesisSource {
 
     /// One shard without transaction details: records in shard order, as
     /// from a file (the sink groups them by transaction id).
-    fn push_direct(&mut self, sink: &mut Sink, record: ChangeRecord, origin: Origin) -> Result<u64> {
+    fn push_direct(&mut self, sink: &mut dyn RecordSink, record: ChangeRecord, origin: Origin) -> Result<u64> {
         let group = match &record {
             ChangeRecord::Row(r) => Some((r.txid.clone(), r.snapshot.is_some())),
             _ => None,
@@ -633,7 +530,7 @@ impl KinesisSource {
     }
 
     /// Hands every transaction that is ready to the sink.
-    fn release(&mut self, sink: &mut Sink, at_rest: bool) -> Result<u64> {
+    fn release(&mut self, sink: &mut dyn RecordSink, at_rest: bool) -> Result<u64> {
         let mut pushed = 0;
         loop {
             let tail_before = self.order.tail().cloned();
@@ -667,7 +564,7 @@ impl KinesisSource {
         }
     }
 
-    fn handle(&mut self, sink: &mut Sink, event: Event) -> Result<u64> {
+    fn handle(&mut self, sink: &mut dyn RecordSink, event: Event) -> Result<u64> {
         match event {
             Event::Records { ix, records, millis_behind, at_tip, _room } => {
                 if std::mem::take(&mut self.shards[ix].retrying) {
@@ -722,7 +619,7 @@ impl ChangeSource for KinesisSource {
         &self.name
     }
 
-    fn poll(&mut self, sink: &mut Sink) -> Result<Polled> {
+    fn poll(&mut self, sink: &mut dyn RecordSink) -> Result<Polled> {
         let mut polled = Polled::default();
         // Wait up to a poll interval for the first event, then take what is there.
         let wait = self.options.poll;
@@ -874,485 +771,6 @@ fn with_key(record: ChangeRecord, partition_key: &str) -> ChangeRecord {
         row.key = Some(columns);
     }
     ChangeRecord::Row(row)
-}
-
-/// Where a shard reader begins.
-#[derive(Clone, Debug)]
-enum ShardStart {
-    At(SequenceNumber),
-    After(SequenceNumber),
-    TrimHorizon,
-    Latest,
-}
-
-/// Reads one shard into the event channel until it is closed and read to
-/// its end (then `Closed`), a request fails for good (`Failed`), or the
-/// source stops. Transient failures are retried (see the module docs).
-struct ShardReader {
-    client: Client,
-    stream: String,
-    id: String,
-    ix: ShardIx,
-    tx: mpsc::Sender<Event>,
-    poll: Duration,
-    decoding: Decoding,
-    stop: Arc<AtomicBool>,
-    /// Room for records read ahead, in bytes (shared by the readers).
-    room: Arc<tokio::sync::Semaphore>,
-    /// The room's size: no read waits for more.
-    room_size: usize,
-    /// How long failing reads are retried before the shard fails (`None`:
-    /// while the source runs).
-    retry_for: Option<Duration>,
-}
-
-/// A failed request: its message, and whether a retry may succeed.
-struct Failure {
-    message: String,
-    transient: bool,
-}
-
-/// Whether a failed Kinesis call may succeed if retried: throttling,
-/// server errors, timeouts and connection failures (not a missing stream,
-/// denied access or a rejected request).
-fn transient<E: aws_sdk_kinesis::error::ProvideErrorMetadata>(
-    e: &aws_sdk_kinesis::error::SdkError<E, aws_sdk_kinesis::config::http::HttpResponse>,
-) -> bool {
-    use aws_sdk_kinesis::error::SdkError;
-    match e {
-        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => true,
-        SdkError::ServiceError(s) => {
-            s.raw().status().is_server_error()
-                || s.raw().status().as_u16() == 429
-                || matches!(
-                    s.err().code(),
-                    Some(
-                        "ProvisionedThroughputExceededException"
-                            | "KMSThrottlingException"
-                            | "LimitExceededException"
-                            | "ThrottlingException"
-                            | "InternalFailure"
-                            | "ServiceUnavailable"
-                    )
-                )
-        }
-        _ => false,
-    }
-}
-
-fn failure<E>(
-    call: &str,
-    e: aws_sdk_kinesis::error::SdkError<E, aws_sdk_kinesis::config::http::HttpResponse>,
-) -> Failure
-where
-    E: aws_sdk_kinesis::error::ProvideErrorMetadata + std::error::Error + 'static,
-{
-    Failure { transient: transient(&e), message: format!("{call}: {}", DisplayErrorContext(&e)) }
-}
-
-/// Pauses between retries of failing reads: 100 ms doubling to 30 s, with
-/// jitter (shards throttled together do not retry in step).
-fn retry_pauses() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder as _;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(30))
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
-impl ShardReader {
-    async fn run(self, start: ShardStart) {
-        if let Err(message) = self.read(start).await {
-            let _ = self.tx.send(Event::Failed { ix: self.ix, message }).await;
-        }
-    }
-
-    async fn iterator(&self, start: &ShardStart) -> std::result::Result<Option<String>, Failure> {
-        let (kind, seq) = match start {
-            ShardStart::At(s) => (ShardIteratorType::AtSequenceNumber, Some(s.0.clone())),
-            ShardStart::After(s) => (ShardIteratorType::AfterSequenceNumber, Some(s.0.clone())),
-            ShardStart::TrimHorizon => (ShardIteratorType::TrimHorizon, None),
-            ShardStart::Latest => (ShardIteratorType::Latest, None),
-        };
-        let out = self
-            .client
-            .get_shard_iterator()
-            .stream_name(&self.stream)
-            .shard_id(&self.id)
-            .shard_iterator_type(kind)
-            .set_starting_sequence_number(seq)
-            .send()
-            .await
-            .map_err(|e| failure("GetShardIterator", e))?;
-        Ok(out.shard_iterator().map(str::to_owned))
-    }
-
-    async fn read(&self, start: ShardStart) -> std::result::Result<(), String> {
-        let mut iterator: Option<Option<String>> = None;
-        let mut last: Option<SequenceNumber> = None;
-        // Failing since, the pauses before the next retries, and how many
-        // were made.
-        let mut failing: Option<(std::time::Instant, Box<dyn Iterator<Item = Duration> + Send>, u32)> = None;
-        // Acquire: pairs with the Release store of `KinesisSource::drop`.
-        while !self.stop.load(Ordering::Acquire) {
-            // Where to read: the iterator of the last read, or a new one
-            // where the last read record leaves off.
-            let it = match iterator.take() {
-                Some(Some(it)) => Ok(it),
-                Some(None) => {
-                    let _ = self.tx.send(Event::Closed { ix: self.ix }).await;
-                    return Ok(());
-                }
-                None => {
-                    let at = last.clone().map_or(start.clone(), ShardStart::After);
-                    match self.iterator(&at).await {
-                        Ok(Some(it)) => Ok(it),
-                        Ok(None) => {
-                            let _ = self.tx.send(Event::Closed { ix: self.ix }).await;
-                            return Ok(());
-                        }
-                        Err(f) => Err(f),
-                    }
-                }
-            };
-            let read = match it {
-                Ok(it) => {
-                    let sent = self.client.get_records().shard_iterator(it.clone()).limit(GET_LIMIT).send().await;
-                    sent.map_err(|e| {
-                        if e.as_service_error().is_some_and(|s| s.is_expired_iterator_exception()) {
-                            // Iterators expire after five minutes: ask again
-                            // where we are, at once.
-                            None
-                        } else {
-                            // A failed read leaves its iterator valid: the
-                            // retry reads from the same place (also when
-                            // the shard started at LATEST and nothing was
-                            // read yet).
-                            iterator = Some(Some(it));
-                            Some(failure("GetRecords", e))
-                        }
-                    })
-                }
-                Err(f) => Err(Some(f)),
-            };
-            let out = match read {
-                Ok(out) => out,
-                Err(None) => continue,
-                Err(Some(f)) if !f.transient => return Err(f.message),
-                Err(Some(f)) => {
-                    let (since, pauses, attempts) =
-                        failing.get_or_insert_with(|| (std::time::Instant::now(), Box::new(retry_pauses()), 0));
-                    *attempts += 1;
-                    if self.retry_for.is_some_and(|limit| since.elapsed() >= limit) {
-                        return Err(format!(
-                            "{} (failing for {:.0} s, {attempts} attempts)",
-                            f.message,
-                            since.elapsed().as_secs_f64()
-                        ));
-                    }
-                    let pause = pauses.next().unwrap_or(Duration::from_secs(30));
-                    let event = Event::Retrying { ix: self.ix, attempt: *attempts, message: f.message };
-                    if self.tx.send(event).await.is_err() {
-                        return Ok(());
-                    }
-                    tokio::time::sleep(pause).await;
-                    continue;
-                }
-            };
-            failing = None;
-            let records: Vec<KinesisRecord> = out
-                .records()
-                .iter()
-                .map(|r| KinesisRecord {
-                    seq: SequenceNumber(r.sequence_number().to_owned()),
-                    bytes: r.data().as_ref().len(),
-                    decoded: self.decoding.decode(r.data().as_ref(), r.partition_key().unwrap_or_default()),
-                })
-                .collect();
-            let bytes: usize = records.iter().map(|r| r.bytes).sum();
-            if let Some(r) = records.last() {
-                last = Some(r.seq.clone());
-            }
-            let millis_behind = out.millis_behind_latest().unwrap_or(0).max(0) as u64;
-            let empty = records.is_empty();
-            iterator = Some(out.next_shard_iterator().map(str::to_owned));
-            let at_tip = empty && millis_behind == 0 && matches!(iterator, Some(Some(_)));
-            // Room for what was read (a read larger than the cap waits for
-            // all of it); closed only when the source is gone.
-            let want = bytes.clamp(1, self.room_size).min(u32::MAX as usize) as u32;
-            let Ok(room) = Arc::clone(&self.room).acquire_many_owned(want).await else { return Ok(()) };
-            let event = Event::Records { ix: self.ix, records, millis_behind, at_tip, _room: room };
-            if self.tx.send(event).await.is_err() {
-                return Ok(());
-            }
-            if empty && matches!(iterator, Some(Some(_))) {
-                tokio::time::sleep(self.poll).await;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A shard as listed.
-struct ListedShard {
-    id: String,
-    parents: Vec<String>,
-    closed: bool,
-}
-
-async fn client() -> Result<Client> {
-    // Loaded on the IO runtime (a blocking wait): not from a task of it.
-    let config = tokio::task::spawn_blocking(crate::config::sdk_config).await.map_err(|e| Error::Backend {
-        backend: "Kinesis",
-        operation: "configure".into(),
-        key: String::new(),
-        message: e.to_string(),
-    })??;
-    Ok(Client::new(&config))
-}
-
-async fn list_shards(client: Client, stream: String) -> std::result::Result<Vec<ListedShard>, Failure> {
-    let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let request = match &token {
-            Some(t) => client.list_shards().next_token(t),
-            None => client.list_shards().stream_name(&stream),
-        };
-        let page = request.send().await.map_err(|e| failure(&format!("ListShards of stream {stream}"), e))?;
-        for s in page.shards() {
-            out.push(ListedShard {
-                id: s.shard_id().to_owned(),
-                parents: s
-                    .parent_shard_id()
-                    .into_iter()
-                    .chain(s.adjacent_parent_shard_id())
-                    .map(str::to_owned)
-                    .collect(),
-                closed: s.sequence_number_range().is_some_and(|r| r.ending_sequence_number().is_some()),
-            });
-        }
-        token = page.next_token().map(str::to_owned);
-        if token.is_none() {
-            return Ok(out);
-        }
-    }
-}
-
-/// What Debezium Server puts to Kinesis for one Kafka-style line
-/// (`{"topic","key","value"}`): the value, with the record key as partition
-/// key — without its schema envelope (a partition key is at most 256
-/// characters) — and BEGIN/END records keyed by transaction id. `None` for a
-/// tombstone, which it does not send.
-pub fn debezium_server_record(line: &str) -> Result<Option<(String, Vec<u8>)>> {
-    let malformed =
-        |e: serde_json::Error| Error::Corrupt { what: "a Kafka-style Debezium record".into(), reason: e.to_string() };
-    let v: Json = serde_json::from_str(line).map_err(malformed)?;
-    let value = &v["value"];
-    if value.is_null() {
-        return Ok(None);
-    }
-    let payload = if value.get("schema").is_some() { &value["payload"] } else { value };
-    let key = match payload.get("status") {
-        Some(_) => payload["id"].as_str().unwrap_or("").split(':').next().unwrap_or("").to_owned(),
-        None => {
-            let key = &v["key"];
-            if key.get("schema").is_some() { key["payload"].to_string() } else { key.to_string() }
-        }
-    };
-    Ok(Some((key, value.to_string().into_bytes())))
-}
-
-/// Writing to and resharding streams: for tests, benchmarks and tools that
-/// feed a change stream into Kinesis.
-pub struct KinesisProducer {
-    runtime: tokio::runtime::Runtime,
-    client: Client,
-}
-
-impl KinesisProducer {
-    /// A client from the environment's AWS configuration, talking to
-    /// `endpoint` when given (a local stand-in).
-    pub fn connect(endpoint: Option<&str>) -> Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let client = match endpoint {
-            None => runtime.block_on(client())?,
-            Some(url) => {
-                let config = runtime.block_on(
-                    aws_config::defaults(aws_config::BehaviorVersion::latest())
-                        .endpoint_url(url)
-                        .region(aws_config::Region::new("us-east-1"))
-                        .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
-                            "test", "test", None, None, "local",
-                        ))
-                        .load(),
-                );
-                Client::new(&config)
-            }
-        };
-        Ok(KinesisProducer { runtime, client })
-    }
-
-    fn failed(what: &str, e: impl std::fmt::Display) -> Error {
-        Error::Backend { backend: "kinesis", operation: what.to_owned(), key: String::new(), message: e.to_string() }
-    }
-
-    /// Creates `stream` with `shards` shards and waits until it is active.
-    pub fn create_stream(&self, stream: &str, shards: i32) -> Result<()> {
-        self.runtime
-            .block_on(self.client.create_stream().stream_name(stream).shard_count(shards).send())
-            .map_err(|e| Self::failed("CreateStream", DisplayErrorContext(&e)))?;
-        self.wait_active(stream)
-    }
-
-    fn wait_active(&self, stream: &str) -> Result<()> {
-        for _ in 0..600 {
-            let out = self
-                .runtime
-                .block_on(self.client.describe_stream_summary().stream_name(stream).send())
-                .map_err(|e| Self::failed("DescribeStreamSummary", DisplayErrorContext(&e)))?;
-            if out.stream_description_summary().is_some_and(|s| *s.stream_status() == StreamStatus::Active) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(Self::failed("DescribeStreamSummary", format!("stream {stream} did not become active")))
-    }
-
-    /// Puts `records` (partition key, data) with PutRecords in batches of
-    /// 500, re-sending failed entries; returns their sequence numbers.
-    pub fn put(&self, stream: &str, records: &[(String, Vec<u8>)]) -> Result<Vec<String>> {
-        let mut sequence = Vec::with_capacity(records.len());
-        for batch in records.chunks(500) {
-            let mut pending: Vec<usize> = (0..batch.len()).collect();
-            let mut got = vec![String::new(); batch.len()];
-            for attempt in 0.. {
-                if pending.is_empty() {
-                    break;
-                }
-                if attempt == 20 {
-                    return Err(Self::failed("PutRecords", format!("{} entries kept failing", pending.len())));
-                }
-                let entries = pending
-                    .iter()
-                    .map(|&i| {
-                        PutRecordsRequestEntry::builder()
-                            .partition_key(&batch[i].0)
-                            .data(Blob::new(batch[i].1.clone()))
-                            .build()
-                            .map_err(|e| Self::failed("PutRecords", e))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let out = self
-                    .runtime
-                    .block_on(self.client.put_records().stream_name(stream).set_records(Some(entries)).send())
-                    .map_err(|e| Self::failed("PutRecords", DisplayErrorContext(&e)))?;
-                let mut again = Vec::new();
-                for (&i, entry) in pending.iter().zip(out.records()) {
-                    match (entry.error_code(), entry.sequence_number()) {
-                        (None, Some(seq)) => got[i] = seq.to_owned(),
-                        _ => again.push(i),
-                    }
-                }
-                if !again.is_empty() {
-                    std::thread::sleep(Duration::from_millis(20 << attempt.min(5)));
-                }
-                pending = again;
-            }
-            sequence.extend(got);
-        }
-        Ok(sequence)
-    }
-
-    /// Reads every shard of `stream` from its oldest record to its tip,
-    /// one after the other, and returns the records read: how fast the
-    /// service alone serves GetRecords.
-    pub fn read_all(&self, stream: &str) -> Result<u64> {
-        let shards = self
-            .runtime
-            .block_on(list_shards(self.client.clone(), stream.to_owned()))
-            .map_err(|f| Self::failed("ListShards", f.message))?;
-        let mut n = 0u64;
-        for shard in shards {
-            let out = self
-                .runtime
-                .block_on(
-                    self.client
-                        .get_shard_iterator()
-                        .stream_name(stream)
-                        .shard_id(&shard.id)
-                        .shard_iterator_type(ShardIteratorType::TrimHorizon)
-                        .send(),
-                )
-                .map_err(|e| Self::failed("GetShardIterator", DisplayErrorContext(&e)))?;
-            let mut iterator = out.shard_iterator().map(str::to_owned);
-            while let Some(it) = iterator.take() {
-                let page = self
-                    .runtime
-                    .block_on(self.client.get_records().shard_iterator(it).limit(GET_LIMIT).send())
-                    .map_err(|e| Self::failed("GetRecords", DisplayErrorContext(&e)))?;
-                n += page.records().len() as u64;
-                if page.records().is_empty() {
-                    break;
-                }
-                iterator = page.next_shard_iterator().map(str::to_owned);
-            }
-        }
-        Ok(n)
-    }
-
-    /// The open shards of `stream`, with their hash key ranges.
-    pub fn open_shards(&self, stream: &str) -> Result<Vec<(String, u128, u128)>> {
-        let mut out = Vec::new();
-        let page = self
-            .runtime
-            .block_on(self.client.list_shards().stream_name(stream).send())
-            .map_err(|e| Self::failed("ListShards", DisplayErrorContext(&e)))?;
-        for s in page.shards() {
-            let open = s.sequence_number_range().is_none_or(|r| r.ending_sequence_number().is_none());
-            if let (true, Some(range)) = (open, s.hash_key_range()) {
-                let start = range.starting_hash_key().parse().map_err(|e| Self::failed("ListShards", e))?;
-                let end = range.ending_hash_key().parse().map_err(|e| Self::failed("ListShards", e))?;
-                out.push((s.shard_id().to_owned(), start, end));
-            }
-        }
-        out.sort_by_key(|s| s.1);
-        Ok(out)
-    }
-
-    /// Splits shard `id` of `stream` in the middle of its hash key range.
-    pub fn split(&self, stream: &str, id: &str) -> Result<()> {
-        let (_, start, end) = self
-            .open_shards(stream)?
-            .into_iter()
-            .find(|s| s.0 == id)
-            .ok_or_else(|| Self::failed("SplitShard", format!("no open shard {id}")))?;
-        let middle = start + (end - start) / 2 + 1;
-        self.runtime
-            .block_on(
-                self.client
-                    .split_shard()
-                    .stream_name(stream)
-                    .shard_to_split(id)
-                    .new_starting_hash_key(middle.to_string())
-                    .send(),
-            )
-            .map_err(|e| Self::failed("SplitShard", DisplayErrorContext(&e)))?;
-        self.wait_active(stream)
-    }
-
-    /// Merges two adjacent open shards of `stream`.
-    pub fn merge(&self, stream: &str, a: &str, b: &str) -> Result<()> {
-        self.runtime
-            .block_on(
-                self.client.merge_shards().stream_name(stream).shard_to_merge(a).adjacent_shard_to_merge(b).send(),
-            )
-            .map_err(|e| Self::failed("MergeShards", DisplayErrorContext(&e)))?;
-        self.wait_active(stream)
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `fovea bench scan --scan lambda://FUNCTION`: one full-table aggregation
+//! `fovea-bench scan --scan lambda://FUNCTION`: one full-table aggregation
 //! over a table of `--rows` rows (1% of them updated, so visibility has
 //! work) in an S3 lake, in process and through N = 1, 4, 16 concurrent
 //! invocations of the scan function, in one run.
@@ -19,20 +19,20 @@ use std::time::Instant;
 
 use arrow::datatypes::{DataType, Field, Schema};
 use fovea_aws::lambda::{LambdaScan, LambdaTarget};
-use fovea_aws::lambda_local::LocalLambda;
-use fovea_aws::moto::Moto;
 use fovea_core::replay::Op;
 use fovea_core::scan_worker::SplitWorker;
 use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{EngineConfig, SnapshotTables, Value};
+use fovea_testkit::lambda_local::LocalLambda;
+use fovea_testkit::moto::Moto;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde_json::json;
 
-use crate::bench_scan::{median, round3};
-use crate::lakes::LakeArgs;
-use crate::replay::CliResult;
+use crate::scan::{median, round3};
+use fovea_replayer::lakes::LakeArgs;
+use fovea_replayer::replay::CliResult;
 
-/// `fovea bench scan --scan lambda://…`'s settings.
+/// `fovea-bench scan --scan lambda://…`'s settings.
 pub struct LambdaScanBench {
     /// `lambda://FUNCTION` (its `concurrency` is replaced by 1, 4, 16).
     pub target: String,
@@ -58,7 +58,7 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
     let (lake, local) = match &b.lake {
         Some((lake, state)) => (LakeArgs { lake: lake.clone(), state: Some(state.clone()), no_create: false }, None),
         None => {
-            let moto = Moto::start(&fovea_aws::moto::script())?;
+            let moto = Moto::start(&fovea_testkit::moto::script())?;
             moto.create_bucket("bench")?;
             for (k, v) in moto.env() {
                 // SAFETY: set before this process starts any thread that

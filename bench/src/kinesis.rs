@@ -1,4 +1,4 @@
-//! `fovea bench kinesis`: the HyBench stream through a local multi-shard
+//! `fovea-bench kinesis`: the HyBench stream through a local multi-shard
 //! Kinesis against the same stream from a file, in one run.
 //!
 //! 1. the stream is generated to a file and replayed from it (`fovea
@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fovea_aws::kinesis::KinesisProducer;
+use fovea_testkit::kinesis::KinesisProducer;
 use serde_json::json;
 
-use crate::replay::CliResult;
+use fovea_replayer::replay::CliResult;
 
 /// Rewrites every `"ts_us":N` and `"ts_ms":N` of a record to now.
 fn stamp_now(data: &[u8]) -> Vec<u8> {
@@ -79,7 +79,7 @@ fn replay(exe: &std::path::Path, env: &[(&str, String)], lake: &std::path::Path,
     })
 }
 
-/// Sizes of `fovea bench kinesis`.
+/// Sizes of `fovea-bench kinesis`.
 pub struct KinesisBench {
     /// HyBench transactions.
     pub txns: u64,
@@ -93,28 +93,28 @@ pub struct KinesisBench {
     pub json: bool,
 }
 
-/// `fovea bench kinesis`.
+/// `fovea-bench kinesis`.
 pub fn run(b: &KinesisBench) -> CliResult<()> {
     let kinesalite = match std::env::var("AWS_ENDPOINT_URL_KINESIS") {
         Ok(_) => None,
-        Err(_) => Some(fovea_aws::moto::Kinesalite::start()?),
+        Err(_) => Some(fovea_testkit::moto::Kinesalite::start()?),
     };
     let mut env: Vec<(&str, String)> = kinesalite.as_ref().map(|k| k.env()).unwrap_or_default();
     env.push(("FOVEA_LOG", "warn".into()));
     let endpoint = kinesalite.as_ref().map(|k| k.endpoint.clone());
     let producer = KinesisProducer::connect(endpoint.as_deref())?;
-    let exe = std::env::current_exe()?;
+    let exe = crate::fovea_binary()?;
     let dir = std::env::temp_dir().join(format!("fovea-bench-kinesis-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("stream.jsonl");
     {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&file)?);
-        crate::workload::generate(crate::workload::Workload::Hybench, b.txns, 7, &mut w)?;
+        fovea_testkit::workload::generate(fovea_testkit::workload::Workload::Hybench, b.txns, 7, &mut w)?;
         w.flush()?;
     }
     let mut records = Vec::new();
     for line in BufReader::new(std::fs::File::open(&file)?).lines() {
-        if let Some(r) = fovea_aws::kinesis::debezium_server_record(&line?)? {
+        if let Some(r) = fovea_testkit::kinesis::debezium_server_record(&line?)? {
             records.push(r);
         }
     }
@@ -213,7 +213,7 @@ pub fn run(b: &KinesisBench) -> CliResult<()> {
     let _ = Command::new("kill").args(["-TERM", &serve.id().to_string()]).status();
     let _ = serve.wait();
     std::fs::remove_dir_all(&dir)?;
-    let latencies: crate::latency::Latencies = samples.iter().copied().collect();
+    let latencies: fovea_replayer::latency::Latencies = samples.iter().copied().collect();
     let (p50, p99) = (latencies.quantile_ms(0.5), latencies.quantile_ms(0.99));
     let per_row = |r: &ReplayRun| r.cpu_s * 1e6 / r.rows.max(1) as f64;
     let result = json!({
@@ -256,5 +256,5 @@ pub fn run(b: &KinesisBench) -> CliResult<()> {
 
 /// One unlabelled metric from the metrics endpoint.
 fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
-    crate::serve::bench::scrape(&addr.to_string()).and_then(|t| crate::serve::bench::metric(&t, name))
+    crate::serve::scrape(&addr.to_string()).and_then(|t| crate::serve::metric(&t, name))
 }

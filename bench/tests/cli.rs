@@ -1,0 +1,107 @@
+//! The `fovea-bench` command line, run as a user runs it: every
+//! benchmark's JSON carries its fields (small sizes; the numbers themselves
+//! are for release builds).
+
+use std::process::Command;
+
+fn fovea_bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fovea-bench"))
+}
+
+#[test]
+fn bench_components_prints_every_field_as_json() {
+    let out = fovea_bench().args(["components", "--quick", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "visibility_deletes_per_s",
+        "bitmap_tiles_per_s",
+        "index_updates_per_s",
+        "txn_begin_commit_per_s",
+        "write_buffer_rows_per_s",
+        "visibility_bits_per_tuple",
+        "vfor_overhead_ratio",
+    ] {
+        let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {v}"));
+        assert!(x > 0.0, "{field} = {x}");
+    }
+    assert!(v["visibility_bits_per_tuple"].as_f64().unwrap() <= 1.05);
+}
+
+#[test]
+fn bench_query_prints_every_ratio_as_json() {
+    let out = fovea_bench().args(["query", "--rows", "20000", "--rounds", "1", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "live_over_static_ratio",
+        "replay_rows_per_s_without_queries",
+        "replay_rows_per_s_with_1qps",
+        "replay_rows_per_s_with_10qps",
+        "replay_rows_per_s_with_queries",
+        "replay_with_1qps_over_without",
+        "replay_with_10qps_over_without",
+        "replay_with_queries_over_without",
+    ] {
+        let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} missing in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{field} = {x}");
+    }
+    assert_eq!(v["replay_rounds"], 1);
+}
+
+#[test]
+fn bench_replay_reports_the_median_of_its_runs() {
+    let out = fovea_bench().args(["replay", "--txns", "200", "--runs", "3", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs: Vec<f64> = v["rows_per_s_runs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(runs.len(), 3, "{v}");
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(v["rows_per_s"].as_f64(), Some(sorted[1]), "{v}");
+    assert!(v["rows"].as_u64().unwrap() > 0 && v["typed_decode_us_per_record"].as_f64().unwrap() > 0.0, "{v}");
+    if let Some(cpu) = v["cpu_us_per_row"].as_f64() {
+        assert_eq!(v["cpu_us_per_row_runs"].as_array().unwrap().len(), 3, "{v}");
+        assert!(cpu > 0.0, "{v}");
+    }
+}
+
+#[test]
+fn gen_writes_the_same_stream_for_the_same_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |seed: &str, name: &str| {
+        let path = dir.path().join(name);
+        let out = fovea_bench()
+            .args(["gen", "hybench", "--txns", "50", "--seed", seed, "--output"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::read_to_string(path).unwrap()
+    };
+    // Clock readings (`fresh_ts`, `ts_us`, `ts_ms`) are the wall clock at
+    // generation; everything else is the seed's.
+    fn without_clock(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.retain(|k, _| !matches!(k.as_str(), "fresh_ts" | "ts_us" | "ts_ms"));
+                m.values_mut().for_each(without_clock);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(without_clock),
+            _ => {}
+        }
+    }
+    let strip_fresh = |s: String| -> Vec<String> {
+        s.lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                without_clock(&mut v);
+                v.to_string()
+            })
+            .collect()
+    };
+    let (a, b, c) = (run("4", "a"), run("4", "b"), run("5", "c"));
+    assert!(a.lines().count() > 50, "{a}");
+    assert_eq!(strip_fresh(a.clone()), strip_fresh(b));
+    assert_ne!(strip_fresh(a), strip_fresh(c));
+}
