@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The property tests at soak size: the model test (the engine against its
+# MVCC oracle through the shard pool, the sink, checkpoints and restores)
+# and the ordering property, MODEL_CASES cases each (default 2,000), built
+# in the `modeltest` profile (everything at opt-level 1, debug assertions
+# and overflow checks kept: ~3× faster per case than the dev build) and
+# run as two processes of half the cases each, with independent random
+# seeds, one per core. A failure prints proptest's minimal case and its
+# seed (PROPTEST_RNG_SEED=… reproduces it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cases=${MODEL_CASES:-2000}
+procs=${MODEL_PROCS:-2}
+cargo test -q --profile modeltest -p fovea-core --test it --no-run 2>&1 | tail -n 3
+bin=$(cargo test -q --profile modeltest -p fovea-core --test it --no-run --message-format json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$bin" ] || { echo "no model test binary"; exit 1; }
+per=$(( (cases + procs - 1) / procs ))
+echo "== $procs × $per cases of engine_matches_mvcc_oracle and the ordering property ($bin)"
+started=$(date +%s)
+pids=()
+for i in $(seq 1 "$procs"); do
+  PROPTEST_CASES=$per "$bin" --test-threads 1 -q engine_matches_mvcc_oracle ordering:: >"${TMPDIR:-/tmp}/fovea-model-$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    status=1
+    echo "== process $((i + 1)) failed:"
+    cat "${TMPDIR:-/tmp}/fovea-model-$((i + 1)).log"
+  else
+    echo "process $((i + 1)): $(grep 'test result' "${TMPDIR:-/tmp}/fovea-model-$((i + 1)).log")"
+  fi
+done
+echo "model test: $(( per * procs )) cases in $(( $(date +%s) - started )) s"
+exit $status
