@@ -37,9 +37,13 @@ fi
 module="$WASM_TARGET_DIR/$TARGET/release/fovea_scan_wasm.wasm"
 
 BINDGEN="$TOOLS/wasm-bindgen-target/release/fovea-wasm-bindgen"
-if [ ! -x "$BINDGEN" ] || [ scripts/wasm-bindgen-cli/Cargo.lock -nt "$BINDGEN" ]; then
+# Rebuilt when its pinned versions change (by content: a fresh clone's
+# files are all newer than the binary).
+pins=$(cat scripts/wasm-bindgen-cli/Cargo.toml scripts/wasm-bindgen-cli/Cargo.lock scripts/wasm-bindgen-cli/src/*.rs | sha256sum | cut -d' ' -f1)
+if [ ! -x "$BINDGEN" ] || [ "$(cat "$BINDGEN.pins" 2>/dev/null)" != "$pins" ]; then
   echo "== building the wasm-bindgen CLI (scripts/wasm-bindgen-cli)"
   (cd scripts/wasm-bindgen-cli && CARGO_TARGET_DIR="$TOOLS/wasm-bindgen-target" cargo build --release --locked -q)
+  echo "$pins" > "$BINDGEN.pins"
 fi
 rm -rf scan-wasm/js/dist
 "$BINDGEN" "$module" scan-wasm/js/dist nodejs
