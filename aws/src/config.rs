@@ -23,6 +23,8 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_smithy_http_client::tls;
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
 use object_store::CredentialProvider;
 use object_store::aws::AwsCredential;
 
@@ -79,8 +81,18 @@ impl Deadlines {
     }
 }
 
+/// The SDK's HTTPS client: hyper with rustls on ring, the crypto provider
+/// every TLS connection of fovea uses (PostgreSQL, Flight SQL), with the
+/// platform's root certificates.
+pub fn https_client() -> SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https()
+}
+
 /// The process's AWS configuration (loaded once): the standard chain,
-/// retries with backoff and jitter, and [`Deadlines::from_env`].
+/// retries with backoff and jitter, [`Deadlines::from_env`], and
+/// [`https_client`].
 pub fn sdk_config() -> Result<SdkConfig> {
     static CONFIG: OnceLock<SdkConfig> = OnceLock::new();
     if let Some(c) = CONFIG.get() {
@@ -89,6 +101,7 @@ pub fn sdk_config() -> Result<SdkConfig> {
     let deadlines = Deadlines::from_env()?;
     let loaded = block_on_io(async move {
         aws_config::defaults(BehaviorVersion::latest())
+            .http_client(https_client())
             .retry_config(RetryConfig::standard().with_max_attempts(crate::RETRY_ATTEMPTS))
             .timeout_config(deadlines.timeouts())
             .load()

@@ -8,6 +8,7 @@ use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::DisplayErrorContext;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
+use aws_smithy_http_client::tls;
 use fovea_core::{Error, Result};
 use serde_json::Value as Json;
 
@@ -47,21 +48,20 @@ impl KinesisProducer {
     /// `endpoint` when given (a local stand-in).
     pub fn connect(endpoint: Option<&str>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let client = match endpoint {
-            None => Client::new(&runtime.block_on(aws_config::load_defaults(aws_config::BehaviorVersion::latest()))),
-            Some(url) => {
-                let config = runtime.block_on(
-                    aws_config::defaults(aws_config::BehaviorVersion::latest())
-                        .endpoint_url(url)
-                        .region(aws_config::Region::new("us-east-1"))
-                        .credentials_provider(aws_sdk_kinesis::config::Credentials::new(
-                            "test", "test", None, None, "local",
-                        ))
-                        .load(),
-                );
-                Client::new(&config)
-            }
+        // rustls on ring, as every client of fovea (no default HTTPS client
+        // is compiled in).
+        let https = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        let loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https);
+        let loader = match endpoint {
+            None => loader,
+            Some(url) => loader
+                .endpoint_url(url)
+                .region(aws_config::Region::new("us-east-1"))
+                .credentials_provider(aws_sdk_kinesis::config::Credentials::new("test", "test", None, None, "local")),
         };
+        let client = Client::new(&runtime.block_on(loader.load()));
         Ok(KinesisProducer { runtime, client })
     }
 
