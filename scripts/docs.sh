@@ -25,4 +25,7 @@ echo "== links (offline: files and fragments)"
 "$VENV/bin/lychee" --offline --include-fragments --no-progress README.md docs/src/*.md infra/README.md
 echo "== command lines in the examples"
 bins=${FOVEA_BIN_DIR:-${CARGO_TARGET_DIR:-target}/debug}
+for b in fovea fovea-bench; do
+  [ -x "$bins/$b" ] || { echo "docs.sh: $bins/$b is missing: build it first (cargo build --workspace) or set FOVEA_BIN_DIR" >&2; exit 1; }
+done
 python3 scripts/docs_commands.py "$bins" README.md docs/src/*.md infra/README.md
