@@ -5,19 +5,24 @@
 //! no AWS and no SQL engine inside.
 #![warn(missing_docs)]
 
-// The layers below, under the paths the engine and its users have always
-// used: the change model (`fovea-model`) and the version storage
-// (`fovea-versions`).
-pub use fovea_model::{cdc, error, ids, schema, sync};
-pub use fovea_versions::{index, mvcc, visibility};
+pub mod error;
+#[cfg(feature = "faults")]
+pub mod faults;
+pub mod ids;
+pub mod index;
+pub mod mvcc;
+pub mod schema;
+pub mod visibility;
+pub mod workers;
 
+pub use error::{Error, Result};
+pub use ids::{FileId, RowId, ShardId, TableId, Ts};
 pub mod buffer;
 pub mod catalog;
+pub mod cdc;
 pub mod checkpoint;
 pub mod compact;
 pub mod engine;
-#[cfg(feature = "faults")]
-pub mod faults;
 pub mod frozen;
 pub mod identity;
 pub mod lake;
@@ -33,10 +38,6 @@ pub mod scan_worker;
 pub mod sink;
 pub mod split;
 pub mod storage_gc;
-pub mod workers;
-
-pub use error::{Error, Result};
-pub use ids::{FileId, RowId, ShardId, TableId, Ts};
 
 pub use engine::{Engine, EngineConfig};
 pub use mvcc::{Clock, Snapshot, Stall};

@@ -38,7 +38,8 @@ use crate::ids::{RowId, Ts};
 use arena::*;
 use image::*;
 pub use image::{ImageRun, ImageWriter, KeyUpgrade, merge_images, merge_images_into, write_image};
-pub use key::{KeyBytes, RoutingKey, encode_key, encode_key_values, encode_row_key, routing_key, upgrade_key};
+pub(crate) use key::encode_key_values;
+pub use key::{KeyBytes, RoutingKey, encode_key, encode_row_key, routing_key, upgrade_key};
 pub use main_index::{MainIndex, RangeEntry, RowLocation};
 
 /// Where a key is in a [`PrimaryIndex`] ([`PrimaryIndex::latest_slot`]),

@@ -248,7 +248,7 @@ impl TxnStore for MemoryTxnStore {
 
 /// Opens (creating the folder) a SQLite file for metadata that must
 /// survive a crash: WAL journal, synchronous=FULL.
-pub fn open_durable_sqlite(path: &Path) -> Result<Connection> {
+pub(crate) fn open_durable_sqlite(path: &Path) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -203,8 +203,7 @@ impl Error {
         matches!(self, Error::ObjectStore(_) | Error::Io(_))
     }
 
-    /// A broken internal invariant: a bug in fovea, never bad input.
-    pub fn invariant(msg: impl Into<String>) -> Self {
+    pub(crate) fn invariant(msg: impl Into<String>) -> Self {
         Error::Invariant(msg.into())
     }
 }
@@ -220,7 +219,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// readers ignore; the error stops the work that panicked (replay stops at
 /// that transaction, a flush leaves its block in memory) and nothing the
 /// panic left half-done is committed.
-pub fn catch_panic<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn catch_panic<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
         let message = payload
             .downcast_ref::<&str>()

@@ -21,12 +21,12 @@
 
 mod store;
 
-pub use store::open_durable_sqlite;
+pub(crate) use store::open_durable_sqlite;
 pub use store::{Lease, MemoryTxnStore, PersistedClock, ReaderLease, SqliteTxnStore, TxnStore, conformance, may_grant};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::ids::Ts;
@@ -34,7 +34,13 @@ use crate::ids::Ts;
 /// How many timestamps are reserved in the [`TxnStore`] at a time.
 pub const DEFAULT_TS_RESERVATION: u64 = 1 << 20;
 
-pub use fovea_model::sync::lock;
+/// Locks a mutex, treating poisoning as the bug it is: a panic while holding
+/// one of the engine's short critical sections leaves no torn state behind
+/// (every section either completes or changes nothing), so the guard is
+/// still usable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The timestamp allocator, the watermarks and the registry of live queries.
 pub struct Clock {

@@ -344,7 +344,7 @@ impl BufferPool {
 
     /// An empty buffer with room for `capacity` bytes, reused when one is free.
     pub fn take(&self, capacity: usize) -> String {
-        let reused = crate::sync::lock(&self.free).pop();
+        let reused = crate::mvcc::lock(&self.free).pop();
         let mut text = reused.unwrap_or_default();
         text.reserve(capacity);
         text
@@ -357,7 +357,7 @@ impl BufferPool {
 
     fn put(&self, mut text: String) {
         text.clear();
-        let mut free = crate::sync::lock(&self.free);
+        let mut free = crate::mvcc::lock(&self.free);
         if free.len() < self.keep {
             free.push(text);
         }
@@ -442,6 +442,6 @@ mod tests {
         // Beyond `keep`, a returned buffer is freed, not kept.
         drop(pool.buffer(String::from("x")));
         drop(pool.buffer(String::from("y")));
-        assert_eq!(crate::sync::lock(&pool.free).len(), 1);
+        assert_eq!(crate::mvcc::lock(&pool.free).len(), 1);
     }
 }

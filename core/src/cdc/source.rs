@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use super::SourcePosition;
 use crate::error::{Error, Result};
 
-/// Where a [`ChangeSource`] pushes its records: the engine's sink
-/// (`fovea_core::sink::Sink`), or anything else that keeps this contract (a
+/// Where a [`ChangeSource`] pushes its records: the engine's
+/// [`crate::sink::Sink`], or anything else that keeps this contract (a
 /// recorder in the sources' conformance suite).
 ///
 /// Contract:

@@ -38,7 +38,7 @@ pub fn encode_row_key(table: &TableDef, row: &[Value]) -> KeyBytes {
 }
 
 /// [`encode_key`] of the values `key` yields.
-pub fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
+pub(crate) fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
     let mut out = KeyBytes::new();
     encode_values_into(&mut out, table, key, push_int);
     out

@@ -19,7 +19,7 @@
 //! A Kafka record names its table (in `source`) after its images, so the
 //! images would be read twice: skipped in the record's pass, then read
 //! against the table. A decoder remembers the table each Kafka topic's
-//! last record changed (`TypedTables::learn`); the next record of the
+//! last record changed ([`TypedTables::learn`]); the next record of the
 //! topic reads its after image straight into that table's row in its one
 //! pass, and `source` confirms the guess. Where it does not (the topic
 //! carries several tables) or the image does not read as a typed row,
@@ -58,7 +58,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The current definitions of a replica's tables, as the writer sees them.
 ///
-/// Implemented by the engine (`fovea_core::Engine`). `generation` changes (grows) whenever
+/// Implemented by [`crate::Engine`]. `generation` changes (grows) whenever
 /// a table is created or its definition changes; a decoder keeps the
 /// definitions it looked up until it does.
 pub trait CurrentTables: Send + Sync {
@@ -93,9 +93,8 @@ pub struct TypedRow {
 
 /// A table's definition with its columns indexed by name: what typed
 /// decoding and the sink look columns up in.
-pub struct TableShape {
-    /// The definition the columns are indexed from.
-    pub def: Arc<TableDef>,
+pub(crate) struct TableShape {
+    pub(crate) def: Arc<TableDef>,
     index_of: FastMap<String, usize>,
     /// Per column: its position in the primary key, if it is a key column.
     key_position: Vec<Option<usize>>,
@@ -105,8 +104,7 @@ pub struct TableShape {
 }
 
 impl TableShape {
-    /// Indexes `def`'s columns by name and its key columns by position.
-    pub fn new(def: Arc<TableDef>) -> TableShape {
+    pub(crate) fn new(def: Arc<TableDef>) -> TableShape {
         let fields = def.schema.fields();
         let index_of = fields.iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
         let mut key_position = vec![None; fields.len()];
@@ -118,14 +116,14 @@ impl TableShape {
     }
 
     /// Index of column `name`.
-    pub fn index_of(&self, name: &str) -> Option<usize> {
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
         self.index_of.get(name).copied()
     }
 
     /// Index of column `name`, the `hint`-th of its image: images usually
     /// list columns in table order, which needs no hashing.
     #[inline]
-    pub fn column(&self, hint: usize, name: &str) -> Option<usize> {
+    pub(crate) fn column(&self, hint: usize, name: &str) -> Option<usize> {
         if self.def.schema.fields().get(hint).is_some_and(|f| f.name() == name) {
             return Some(hint);
         }
@@ -136,7 +134,7 @@ impl TableShape {
     /// record's one pass found them), or `None` where the general path must
     /// decide (see the module's contract). The images are read straight
     /// into the row: no column list is built.
-    pub fn decode(
+    pub(crate) fn decode(
         &self,
         op: RowOp,
         key: Option<&RawValue>,
@@ -152,7 +150,7 @@ impl TableShape {
 
     /// [`Self::decode`] of a record whose after image is read already
     /// (`row`: `None` where there is none, or it was `null`).
-    pub fn decode_read(
+    pub(crate) fn decode_read(
         &self,
         op: RowOp,
         key: Option<&RawValue>,

@@ -334,7 +334,7 @@ impl Drop for TileVisibility {
 /// Moves the bits of rows `[first, first + rows)` of `words` to the
 /// start (row `first + r` to bit `r`) and keeps the words they fill. Bits
 /// past the last row are zero.
-pub fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
+pub(crate) fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
     let (w0, s) = (first / 64, first % 64);
     let n = kernel::mask_words(rows);
     if first != 0 {
@@ -360,7 +360,7 @@ pub fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
 
 /// Bits `[start, start + rows)` of `src` into `out` (bit `start + r` to
 /// bit `r`; bits `src` lacks are zero, as are bits past `rows`).
-pub fn copy_bits(src: &[u64], start: usize, rows: usize, out: &mut Vec<u64>) {
+pub(crate) fn copy_bits(src: &[u64], start: usize, rows: usize, out: &mut Vec<u64>) {
     out.clear();
     let w0 = start / 64;
     out.extend_from_slice(&src[w0.min(src.len())..(w0 + rows.div_ceil(64) + 1).min(src.len())]);
