@@ -7,7 +7,6 @@
 //! cargo-lambda in `/var/tmp/fovea-tools/lambda-venv`; `FOVEA_CARGO_LAMBDA`
 //! names another.
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -110,16 +109,10 @@ impl LocalLambda {
             env: env.to_vec(),
             logs,
         };
-        let began = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if began.elapsed() > Duration::from_secs(120) || local.watch.try_wait()?.is_some() {
-                return Err(std::io::Error::other(format!(
-                    "cargo lambda watch did not start:\n{}",
-                    local.log("watch")
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = local.logs.join("watch.log");
+        crate::wait_listening(&mut local.watch, port, Duration::from_secs(120), || {
+            format!("cargo lambda watch did not start:\n{}", std::fs::read_to_string(&log).unwrap_or_default())
+        })?;
         for _ in 0..instances {
             local.add_instance()?;
         }

@@ -12,3 +12,25 @@ pub mod kinesis;
 pub mod lambda_local;
 pub mod moto;
 pub mod workload;
+
+use std::net::TcpStream;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// Waits until `child` accepts connections on loopback `port`; when it
+/// exits first or `limit` passes, the error says what `failed` returns.
+pub(crate) fn wait_listening(
+    child: &mut Child,
+    port: u16,
+    limit: Duration,
+    failed: impl FnOnce() -> String,
+) -> std::io::Result<()> {
+    let began = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if began.elapsed() > limit || child.try_wait()?.is_some() {
+            return Err(std::io::Error::other(failed()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A running moto server; stopped on drop.
 pub struct Moto {
@@ -48,16 +48,12 @@ impl Moto {
                 )
             })?;
         let mut moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
-        let began = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if began.elapsed() > Duration::from_secs(60) || moto.child.try_wait()?.is_some() {
-                return Err(std::io::Error::other(format!(
-                    "moto did not start (run scripts/test-deps.sh):\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait_listening(&mut moto.child, port, Duration::from_secs(60), || {
+            format!(
+                "moto did not start (run scripts/test-deps.sh):\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        })?;
         Ok(moto)
     }
 
@@ -194,16 +190,12 @@ impl Kinesalite {
             .spawn()
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start node for kinesalite: {e}")))?;
         let mut k = Kinesalite { child, endpoint: format!("http://127.0.0.1:{port}") };
-        let began = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if began.elapsed() > Duration::from_secs(60) || k.child.try_wait()?.is_some() {
-                return Err(std::io::Error::other(format!(
-                    "kinesalite did not start (run scripts/test-deps.sh; modules from {modules}):\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait_listening(&mut k.child, port, Duration::from_secs(60), || {
+            format!(
+                "kinesalite did not start (run scripts/test-deps.sh; modules from {modules}):\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        })?;
         Ok(k)
     }
 
