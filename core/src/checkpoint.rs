@@ -1057,7 +1057,17 @@ impl Engine {
         Ok(litter.len())
     }
 
-    /// Deletes checkpoint objects that `current` does not name.
+    /// Deletes checkpoint objects that `current` (this writer's newest
+    /// committed checkpoint) does not name and that this writer or a
+    /// predecessor wrote: their names carry a writer epoch no later than
+    /// this writer's. An object of a later epoch is a successor's (this
+    /// writer was fenced after its commit, perhaps paused before this
+    /// clean-up): it stays, and so does everything else — a fenced writer
+    /// deletes nothing. Objects fovea does not name so are left alone;
+    /// without a lease (epoch 0) every other unnamed object is deleted.
+    /// The successor restored from `current` or a later checkpoint, so what
+    /// an earlier epoch wrote and `current` leaves out is named by none of
+    /// its checkpoints.
     pub fn drop_old_checkpoints(&self, current: &Manifest) -> Result<usize> {
         // A reader on another host still restoring an older checkpoint
         // keeps it (and every one after it) until it is done.
@@ -1070,19 +1080,22 @@ impl Engine {
             named.extend(s.index_deltas.iter().cloned());
             named.extend(s.slots.iter().filter_map(|x| x.deleted.clone()));
         }
-        self.delete_unnamed(CHECKPOINTS_PREFIX, &named)
-    }
-
-    /// Deletes the objects under `prefix` whose paths are not in `named`.
-    fn delete_unnamed(&self, prefix: &str, named: &HashSet<String>) -> Result<usize> {
-        let prefix = Path::from(prefix);
-        let mut deleted = 0;
-        for meta in self.lake.list(&prefix)? {
-            if !named.contains(meta.location.as_ref()) {
-                self.lake.delete(&meta.location)?;
-                deleted += 1;
+        let epoch = self.clock.epoch();
+        let mut doomed = Vec::new();
+        for meta in self.lake.list(&Path::from(CHECKPOINTS_PREFIX))? {
+            if named.contains(meta.location.as_ref()) {
+                continue;
+            }
+            match crate::lake::writer_epoch(&meta.location) {
+                // (Epoch 0: no lease, an engine of its own; nothing to tell apart.)
+                Some(e) if epoch > 0 && e > epoch => return Err(Error::Fenced { epoch, current: e }),
+                Some(_) => doomed.push(meta.location),
+                None => tracing::warn!("{} is not an object fovea names: the clean-up leaves it alone", meta.location),
             }
         }
-        Ok(deleted)
+        for path in &doomed {
+            self.lake.delete(path)?;
+        }
+        Ok(doomed.len())
     }
 }

@@ -485,3 +485,43 @@ fn a_recovery_with_a_state_older_than_the_lake_deletes_nothing() {
     assert_eq!(count(&lake), 200);
     assert_eq!(objects(dir.path(), "tables").len(), 2);
 }
+
+/// A predecessor paused between committing a checkpoint and deleting the
+/// objects of older ones wakes after its successor checkpointed: its
+/// clean-up deletes none of the successor's checkpoint objects (it used to
+/// delete every object its own manifest did not name), and the lake
+/// reopens whole.
+#[test]
+fn a_fenced_writers_late_checkpoint_cleanup_keeps_its_successors_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
+    let (writer, manifest) = two_flushed_blocks(dir.path(), config);
+    drop(writer);
+    // The predecessor (epoch 1), restored from its last checkpoint, paused
+    // before its clean-up.
+    let backends = LakeBackends::local(dir.path()).unwrap();
+    let clock = fovea_core::Clock::open(Arc::clone(&backends.txn)).unwrap();
+    clock.set_epoch(1);
+    let zombie = fovea_core::Engine::restore(Arc::clone(&backends.store), clock, &manifest, false).unwrap();
+    zombie.fence_file_ids(1);
+    // The successor takes over, writes and checkpoints.
+    let successor = open_lake(dir.path(), config, OpenMode::Write).unwrap();
+    let t = successor.engine.table("s.t").unwrap();
+    successor
+        .engine
+        .apply((200..300).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k), Value::Int(k)] }).collect())
+        .unwrap();
+    let newest = checkpoint(&successor);
+    let kept = objects(dir.path(), "_fovea/checkpoints");
+    for named in named_by(&newest) {
+        assert!(kept.contains(&named), "{named} not in {kept:?}");
+    }
+    // The predecessor wakes and cleans up after its own checkpoint.
+    let refused = zombie.drop_old_checkpoints(&manifest).expect_err("a fenced clean-up");
+    assert!(matches!(refused, fovea_core::Error::Fenced { epoch: 1, current: 2 }), "{refused}");
+    assert_eq!(objects(dir.path(), "_fovea/checkpoints"), kept, "the predecessor deleted its successor's objects");
+    drop(successor);
+    drop(zombie);
+    let lake = open_lake(dir.path(), config, OpenMode::Read).unwrap();
+    assert_eq!(count(&lake), 300);
+}
