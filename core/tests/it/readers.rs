@@ -400,6 +400,23 @@ impl fovea_core::rewrite::RewriteWorker for FailingRewrites {
     }
 }
 
+/// The writer of [`two_flushed_blocks`] as its own successor will find
+/// it: an engine at lease epoch 1 restored from its last checkpoint (and
+/// that checkpoint's manifest), paused while another writer takes over.
+fn paused_predecessor(
+    dir: &std::path::Path,
+    config: EngineConfig,
+) -> (Arc<fovea_core::Engine>, fovea_core::checkpoint::Manifest) {
+    let (writer, manifest) = two_flushed_blocks(dir, config);
+    drop(writer);
+    let backends = LakeBackends::local(dir).unwrap();
+    let clock = fovea_core::Clock::open(Arc::clone(&backends.txn)).unwrap();
+    clock.set_epoch(1);
+    let zombie = fovea_core::Engine::restore(Arc::clone(&backends.store), clock, &manifest, false).unwrap();
+    zombie.fence_file_ids(1);
+    (zombie, manifest)
+}
+
 /// A predecessor that does not know yet it was fenced combines the same
 /// virtual file its successor combined: its failing round discards only
 /// its own output object, never the file the successor swapped in (both
@@ -408,13 +425,7 @@ impl fovea_core::rewrite::RewriteWorker for FailingRewrites {
 fn a_fenced_writers_failed_combine_leaves_its_successors_file() {
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
-    let (writer, manifest) = two_flushed_blocks(dir.path(), config);
-    drop(writer);
-    // The predecessor (epoch 1), restored from that checkpoint, paused.
-    let backends = LakeBackends::local(dir.path()).unwrap();
-    let clock = fovea_core::Clock::open(Arc::clone(&backends.txn)).unwrap();
-    let zombie = fovea_core::Engine::restore(Arc::clone(&backends.store), clock, &manifest, false).unwrap();
-    zombie.fence_file_ids(1);
+    let (zombie, _) = paused_predecessor(dir.path(), config);
     zombie.set_rewrite_worker(Arc::new(FailingRewrites));
     // The successor takes over and combines the file.
     let successor = open_lake(dir.path(), config, OpenMode::Write).unwrap();
@@ -495,15 +506,8 @@ fn a_recovery_with_a_state_older_than_the_lake_deletes_nothing() {
 fn a_fenced_writers_late_checkpoint_cleanup_keeps_its_successors_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig::default().with_shards(1).with_blocks(100, 2);
-    let (writer, manifest) = two_flushed_blocks(dir.path(), config);
-    drop(writer);
-    // The predecessor (epoch 1), restored from its last checkpoint, paused
-    // before its clean-up.
-    let backends = LakeBackends::local(dir.path()).unwrap();
-    let clock = fovea_core::Clock::open(Arc::clone(&backends.txn)).unwrap();
-    clock.set_epoch(1);
-    let zombie = fovea_core::Engine::restore(Arc::clone(&backends.store), clock, &manifest, false).unwrap();
-    zombie.fence_file_ids(1);
+    // Paused before its clean-up.
+    let (zombie, manifest) = paused_predecessor(dir.path(), config);
     // The successor takes over, writes and checkpoints.
     let successor = open_lake(dir.path(), config, OpenMode::Write).unwrap();
     let t = successor.engine.table("s.t").unwrap();
