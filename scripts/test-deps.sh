@@ -11,57 +11,96 @@
 # reads /metrics in a test); cargo-lambda (local Lambda endpoint); the JS
 # example's npm packages and the wasm32 kernel package (below).
 set -euo pipefail
-if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
-  echo "== installing PostgreSQL 15"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
-fi
-# cargo-nextest, the suite's runner (on the build machines already; else
-# built from crates.io at a pinned version into ~/.cargo/bin).
-if ! cargo nextest --version >/dev/null 2>&1; then
-  echo "== installing cargo-nextest"
-  cargo install --locked --quiet cargo-nextest --version 0.9.143
-fi
-VENV=/var/tmp/fovea-py
-if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser" 2>/dev/null; then
-  echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3 matplotlib and prometheus_client in $VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1'
-fi
-# cargo-lambda: `cargo lambda watch` is the local Lambda endpoint of the
-# scan-function tests (its own venv: it brings ziglang).
-LAMBDA_VENV=/var/tmp/fovea-tools/lambda-venv
-if [ -z "${FOVEA_CARGO_LAMBDA:-}" ] && [ ! -x "$LAMBDA_VENV/bin/cargo-lambda" ]; then
-  echo "== installing cargo-lambda in $LAMBDA_VENV"
-  mkdir -p /var/tmp/fovea-tools
-  python3 -m venv "$LAMBDA_VENV"
-  "$LAMBDA_VENV/bin/pip" install -q 'cargo-lambda==1.9.2'
-fi
-NPM=/var/tmp/fovea-npm
-if [ -z "${FOVEA_NODE_MODULES:-}" ] && [ ! -f "$NPM/node_modules/kinesalite/package.json" ]; then
-  echo "== installing kinesalite (local Kinesis) in $NPM"
-  mkdir -p "$NPM"
-  (cd "$NPM" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund kinesalite@3.3.3)
-fi
-# The JavaScript example (examples/js): its npm packages in /var/tmp/fovea-npm-js
-# (or FOVEA_NODE_MODULES_JS) at the versions its package.json pins, the
-# kernel package linked from this checkout, and the kernel built for wasm32
-# (scripts/wasm.sh build: Debian's rustc-web and a pinned wasm-bindgen).
-NPM_JS=/var/tmp/fovea-npm-js
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-if [ -z "${FOVEA_NODE_MODULES_JS:-}" ]; then
-  want=$(node -e 'const d = require(process.argv[1]).dependencies;
-    console.log(Object.entries(d).filter(([, v]) => !v.startsWith("file:")).map(([k, v]) => k + "@" + v).join(" "))' "$ROOT/examples/js/package.json")
-  have=$(cat "$NPM_JS/.installed" 2>/dev/null || true)
-  if [ "$want" != "$have" ]; then
-    echo "== installing the JS example's packages in $NPM_JS"
-    mkdir -p "$NPM_JS"
-    # shellcheck disable=SC2086 # one word per package
-    (cd "$NPM_JS" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund $want)
-    echo "$want" > "$NPM_JS/.installed"
+# The steps install into places of their own and mostly wait on downloads,
+# so they run side by side; Debian's packages (PostgreSQL, then the wasm
+# toolchain: one dpkg at a time) run in one chain. Each step's output goes
+# to a log that is printed if the step fails.
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+
+debian_and_wasm() {
+  if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
+    echo "== installing PostgreSQL 15"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
   fi
-  mkdir -p "$NPM_JS/node_modules/@fovea"
-  ln -sfn "$ROOT/scan-wasm/js" "$NPM_JS/node_modules/@fovea/scan-kernel"
-fi
-bash "$ROOT/scripts/wasm.sh" build
+  bash "$ROOT/scripts/wasm.sh" build
+}
+
+nextest() {
+  # cargo-nextest, the suite's runner (on the build machines already; else
+  # built from crates.io at a pinned version into ~/.cargo/bin).
+  if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "== installing cargo-nextest"
+    cargo install --locked --quiet cargo-nextest --version 0.9.143
+  fi
+}
+
+python_venv() {
+  VENV=/var/tmp/fovea-py
+  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser" 2>/dev/null; then
+    echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3 matplotlib and prometheus_client in $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1'
+  fi
+}
+
+cargo_lambda() {
+  # cargo-lambda: `cargo lambda watch` is the local Lambda endpoint of the
+  # scan-function tests (its own venv: it brings ziglang).
+  LAMBDA_VENV=/var/tmp/fovea-tools/lambda-venv
+  if [ -z "${FOVEA_CARGO_LAMBDA:-}" ] && [ ! -x "$LAMBDA_VENV/bin/cargo-lambda" ]; then
+    echo "== installing cargo-lambda in $LAMBDA_VENV"
+    mkdir -p /var/tmp/fovea-tools
+    python3 -m venv "$LAMBDA_VENV"
+    "$LAMBDA_VENV/bin/pip" install -q 'cargo-lambda==1.9.2'
+  fi
+}
+
+node_modules() {
+  NPM=/var/tmp/fovea-npm
+  if [ -z "${FOVEA_NODE_MODULES:-}" ] && [ ! -f "$NPM/node_modules/kinesalite/package.json" ]; then
+    echo "== installing kinesalite (local Kinesis) in $NPM"
+    mkdir -p "$NPM"
+    (cd "$NPM" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund kinesalite@3.3.3)
+  fi
+  # The JavaScript example (examples/js): its npm packages in /var/tmp/fovea-npm-js
+  # (or FOVEA_NODE_MODULES_JS) at the versions its package.json pins, the
+  # kernel package linked from this checkout, and the kernel built for wasm32
+  # (scripts/wasm.sh build: Debian's rustc-web and a pinned wasm-bindgen).
+  NPM_JS=/var/tmp/fovea-npm-js
+  if [ -z "${FOVEA_NODE_MODULES_JS:-}" ]; then
+    want=$(node -e 'const d = require(process.argv[1]).dependencies;
+      console.log(Object.entries(d).filter(([, v]) => !v.startsWith("file:")).map(([k, v]) => k + "@" + v).join(" "))' "$ROOT/examples/js/package.json")
+    have=$(cat "$NPM_JS/.installed" 2>/dev/null || true)
+    if [ "$want" != "$have" ]; then
+      echo "== installing the JS example's packages in $NPM_JS"
+      mkdir -p "$NPM_JS"
+      # shellcheck disable=SC2086 # one word per package
+      (cd "$NPM_JS" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund $want)
+      echo "$want" > "$NPM_JS/.installed"
+    fi
+    mkdir -p "$NPM_JS/node_modules/@fovea"
+    ln -sfn "$ROOT/scan-wasm/js" "$NPM_JS/node_modules/@fovea/scan-kernel"
+  fi
+}
+
+pids=()
+steps=(debian_and_wasm nextest python_venv cargo_lambda node_modules)
+for step in "${steps[@]}"; do
+  "$step" >"$LOGS/$step.log" 2>&1 &
+  pids+=($!)
+done
+failed=()
+for i in "${!steps[@]}"; do
+  if wait "${pids[$i]}"; then
+    grep -E '^(== |scan-wasm/js/dist)' "$LOGS/${steps[$i]}.log" || true
+  else
+    echo "== test-deps: ${steps[$i]} failed:"
+    cat "$LOGS/${steps[$i]}.log"
+    failed+=("${steps[$i]}")
+  fi
+done
+[ ${#failed[@]} -eq 0 ] || { echo "test-deps: ${failed[*]} failed"; exit 1; }
