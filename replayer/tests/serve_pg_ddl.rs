@@ -599,6 +599,12 @@ fn random_schema_changes_and_writes_with_kills_end_exact() {
         let writers: Vec<_> = (0..2)
             .map(|w| writer(&pg, Arc::clone(&names), seed * 7 + w, Arc::clone(&stop), Arc::clone(&done)))
             .collect();
+        // The schema changes start once the sessions write (on a loaded
+        // machine connecting takes longer than the 30 changes).
+        let began = Instant::now();
+        while done.load(Ordering::Relaxed) == 0 && began.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         // Kill points: a SIGKILL in half the sequences, restarted at once or
         // a few steps later.
         let kill_at = model.rng.random_bool(0.5).then(|| model.rng.random_range(0..steps));
