@@ -15,7 +15,10 @@ then, so only crates whose sources changed are rebuilt.
 
 `restore` does nothing when anything was built in one of the DIRs after the
 map was saved (a build from another checkout may have left artifacts of
-other sources there: the old times would make Cargo take them for these).
+other sources there: the old times would make Cargo take them for these),
+nor when the map was saved in a clone at another path: the tests find their
+data by the source directory their build saw (`env!("CARGO_MANIFEST_DIR")`),
+so binaries built in another clone would read that clone's files.
 """
 
 import json
@@ -65,7 +68,7 @@ def save(path):
             pass
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"saved_ns": time.time_ns(), "files": files}, f)
+        json.dump({"saved_ns": time.time_ns(), "root": os.path.realpath("."), "files": files}, f)
     os.replace(tmp, path)
     print(f"ci-mtimes: {len(files)} files' times saved for the next run")
 
@@ -79,6 +82,9 @@ def restore(path, dirs):
         return
     except (OSError, ValueError) as e:
         print(f"ci-mtimes: {path} unreadable ({e}): every file counts as changed")
+        return
+    if saved.get("root") != os.path.realpath("."):
+        print(f"ci-mtimes: the times were saved in a clone at {saved.get('root')}: every file counts as changed")
         return
     if newest_build(dirs) > saved["saved_ns"]:
         print("ci-mtimes: something was built in the target directories after the last CI run: every file counts as changed")
