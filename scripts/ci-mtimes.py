@@ -83,6 +83,9 @@ def restore(path, dirs):
     except (OSError, ValueError) as e:
         print(f"ci-mtimes: {path} unreadable ({e}): every file counts as changed")
         return
+    if not isinstance(saved, dict) or not isinstance(saved.get("saved_ns"), int) or not isinstance(saved.get("files"), dict):
+        print(f"ci-mtimes: {path} is not a map this script saved: every file counts as changed")
+        return
     if saved.get("root") != os.path.realpath("."):
         print(f"ci-mtimes: the times were saved in a clone at {saved.get('root')}: every file counts as changed")
         return

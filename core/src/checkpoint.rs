@@ -1090,7 +1090,8 @@ impl Engine {
                 // (Epoch 0: no lease, an engine of its own; nothing to tell apart.)
                 Some(e) if epoch > 0 && e > epoch => return Err(Error::Fenced { epoch, current: e }),
                 Some(_) => doomed.push(meta.location),
-                None => tracing::warn!("{} is not an object fovea names: the clean-up leaves it alone", meta.location),
+                // (Recovery's vacuum warns about it once; not every checkpoint.)
+                None => tracing::debug!("{} is not an object fovea names: the clean-up leaves it alone", meta.location),
             }
         }
         for path in &doomed {

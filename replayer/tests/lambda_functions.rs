@@ -242,15 +242,14 @@ fn a_zombie_replayer_deletes_and_overwrites_nothing_of_its_successor() {
     common::signal(&b, "-STOP");
     // B's requests sent before the pause still land: the lake as B left
     // it is a listing that no longer changes.
-    let mut before = moto.list_objects("lake", "zombie/").unwrap();
-    loop {
+    let mut last = moto.list_objects("lake", "zombie/").unwrap();
+    let before = eventually(Duration::from_secs(120), "B's lake to stop changing", || {
         std::thread::sleep(Duration::from_secs(1));
         let again = moto.list_objects("lake", "zombie/").unwrap();
-        if again == before {
-            break;
-        }
-        before = again;
-    }
+        let settled = again == last;
+        last = again;
+        settled.then(|| last.clone())
+    });
     // A resumes with B's objects in place: it is fenced and stops.
     common::signal(&a, "-CONT");
     let mut a = a;
