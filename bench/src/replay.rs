@@ -39,6 +39,7 @@ pub(crate) fn replay_into(
     let args = fovea_replayer::replay::ReplayArgs {
         lake,
         functions: Default::default(),
+        iceberg: Default::default(),
         backends: Some(backends),
         input: input.display().to_string(),
         format: fovea_core::cdc::InputFormat::Auto,

@@ -47,6 +47,28 @@ impl FunctionsArgs {
     }
 }
 
+/// `--iceberg`: publish every checkpoint as Iceberg tables.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct IcebergArgs {
+    /// Publish every checkpoint as one Iceberg snapshot per table, under
+    /// LAKE/iceberg/SCHEMA/TABLE (file metadata: any Iceberg reader opens a
+    /// table by that path): v2 (position deletes). Default: not published.
+    #[arg(long, value_name = "FORMAT", value_parser = fovea_iceberg::FormatVersion::parse)]
+    pub iceberg: Option<fovea_iceberg::FormatVersion>,
+}
+
+impl IcebergArgs {
+    /// The publisher `--iceberg` asks for, over `store` (the lake's).
+    pub fn publisher(
+        &self,
+        lake: &LakeArgs,
+        store: Arc<dyn ObjectStore>,
+    ) -> CliResult<Option<Arc<dyn fovea_core::sink::CheckpointPublisher>>> {
+        let Some(format) = self.iceberg else { return Ok(None) };
+        Ok(Some(Arc::new(fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format))))
+    }
+}
+
 /// `--lake`, `--state` and `--no-create`, as every lake command takes them.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LakeArgs {
@@ -72,6 +94,19 @@ impl LakeArgs {
     /// The lake's directory, when it is local.
     pub fn dir(&self) -> Option<PathBuf> {
         (!self.lake.starts_with("s3://")).then(|| PathBuf::from(&self.lake))
+    }
+
+    /// The lake's root as an absolute URI (`file:///DIR` or the s3:// URL),
+    /// as open table formats name its files.
+    pub fn root_uri(&self) -> CliResult<String> {
+        match self.dir() {
+            Some(dir) => {
+                std::fs::create_dir_all(&dir)?;
+                let abs = std::fs::canonicalize(&dir).map_err(|e| format!("--lake {}: {e}", self.lake))?;
+                Ok(format!("file://{}", abs.display()))
+            }
+            None => Ok(self.lake.trim_end_matches('/').to_owned()),
+        }
     }
 
     /// The lake's backends.

@@ -47,6 +47,8 @@ enum Command {
         lake: lakes::LakeArgs,
         #[command(flatten)]
         functions: lakes::FunctionsArgs,
+        #[command(flatten)]
+        iceberg: lakes::IcebergArgs,
         /// Input: a JSON-lines file (plain or .gz), - for standard input, or
         /// kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
         /// (read until every shard is at its tip).
@@ -155,6 +157,16 @@ enum Command {
         #[arg(long)]
         limit: Option<usize>,
     },
+    /// Publish the lake's newest checkpoint as Iceberg tables now (what
+    /// `--iceberg` on replay and serve does after every checkpoint), beside
+    /// a running replayer or without one.
+    Iceberg {
+        #[command(flatten)]
+        lake: lakes::LakeArgs,
+        /// Iceberg format: v2 (position deletes).
+        #[arg(long, value_name = "FORMAT", default_value = "v2", value_parser = fovea_iceberg::FormatVersion::parse)]
+        format: fovea_iceberg::FormatVersion,
+    },
     /// Replayed source transactions and catalog operations, newest first.
     History {
         #[command(flatten)]
@@ -192,6 +204,7 @@ fn main() -> ExitCode {
         Command::Replay {
             lake,
             functions,
+            iceberg,
             input,
             format,
             schema_file,
@@ -206,6 +219,7 @@ fn main() -> ExitCode {
                 let args = replay::ReplayArgs {
                     lake,
                     functions,
+                    iceberg,
                     backends: None,
                     input,
                     format,
@@ -273,6 +287,7 @@ fn main() -> ExitCode {
             let mut out = std::io::BufWriter::new(stdout.lock());
             query::history(&lake, table.as_deref(), limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
+        Command::Iceberg { lake, format } => query::publish_iceberg(&lake, format),
         Command::Bench { args } => return bench(&args),
     };
     match result {

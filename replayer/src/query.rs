@@ -320,3 +320,29 @@ pub fn plan(
     writeln!(out)?;
     Ok(())
 }
+
+/// `fovea iceberg`: publishes the lake's newest checkpoint as Iceberg
+/// tables, registered as a reader meanwhile (the writer keeps the files
+/// it names), and says what it published.
+pub fn publish_iceberg(lake: &LakeArgs, format: fovea_iceberg::FormatVersion) -> CliResult<()> {
+    let open = lake.open_read()?;
+    let Some(checkpoint) = &open.checkpoint else {
+        return Err(format!("the lake {} has no checkpoint yet: nothing to publish", lake.lake).into());
+    };
+    let store = std::sync::Arc::clone(open.reader.lake().store());
+    let publisher = fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format);
+    let p = publisher.publish(checkpoint)?;
+    println!(
+        "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} old objects deleted",
+        checkpoint.manifest.checkpoint_ts, p.tables, p.current, p.delete_files_written, p.objects_deleted
+    );
+    for t in checkpoint.manifest.tables.iter().filter(|t| !t.dropped) {
+        println!("  {}  {}", t.name, publisher.table_location(&t.name));
+    }
+    if p.refused.is_empty() {
+        Ok(())
+    } else {
+        let reasons: Vec<String> = p.refused.iter().map(ToString::to_string).collect();
+        Err(format!("{} tables not published: {}", p.refused.len(), reasons.join("; ")).into())
+    }
+}

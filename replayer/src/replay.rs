@@ -74,6 +74,8 @@ pub struct ReplayArgs {
     pub lake: crate::lakes::LakeArgs,
     /// Who runs combine's and storage GC's rewrites.
     pub functions: crate::lakes::FunctionsArgs,
+    /// Whether checkpoints are published as Iceberg tables.
+    pub iceberg: crate::lakes::IcebergArgs,
     /// Backends already made for `lake` (benchmarks count their traffic).
     pub backends: Option<fovea_core::location::LakeBackends>,
     /// Input: a file (plain or gzip), `-` for standard input, or
@@ -138,6 +140,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         // The maintenance thread below does it, beside the replay.
         maintain_on_checkpoint: false,
         history_retention: args.history.0,
+        publisher: args.iceberg.publisher(&args.lake, std::sync::Arc::clone(lake.engine.lake().store()))?,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;

@@ -35,6 +35,8 @@ pub(super) struct CheckpointJob {
     pub(super) source_state: Option<String>,
     /// Prune the catalog once the checkpoint is committed.
     pub(super) prune: Option<crate::catalog::Retention>,
+    /// Publishes the checkpoint once it is committed.
+    pub(super) publisher: Option<Arc<dyn super::CheckpointPublisher>>,
 }
 
 /// What became of a [`CheckpointJob`].
@@ -45,6 +47,8 @@ pub(super) struct CheckpointOutcome {
     pub(super) written: Duration,
     pub(super) committed: Duration,
     pub(super) cleanup_failures: u64,
+    /// Publishing the checkpoint failed (the next one publishes again).
+    pub(super) publish_failures: u64,
     /// Publishing the watermarks failed after the commit (a fenced
     /// replayer's store refuses it): the sink stops with it.
     pub(super) late: Option<Error>,
@@ -61,6 +65,7 @@ impl CheckpointJob {
                 written: Duration::ZERO,
                 committed: Duration::ZERO,
                 cleanup_failures: 0,
+                publish_failures: 0,
                 late: None,
             }
         };
@@ -83,8 +88,8 @@ impl CheckpointJob {
         if let Err(e) = self.catalog.version().and_then(|v| self.catalog.commit(epoch, v, &self.commit)) {
             return failed(e, self.commit);
         }
-        let Some(CheckpointRecord { manifest, .. }) = self.commit.checkpoint else { unreachable!("set above") };
-        engine.checkpoint_committed(&manifest);
+        let Some(record) = self.commit.checkpoint else { unreachable!("set above") };
+        engine.checkpoint_committed(&record.manifest);
         // Committed: the keys it wrote are not owed to the next one.
         drop(self.pending);
         let committed = began.elapsed() - written;
@@ -94,7 +99,7 @@ impl CheckpointJob {
         // a later checkpoint or GC round (and a restore deletes whatever the
         // manifest does not name), so it does not stop the replay.
         let mut cleanup_failures = 0;
-        if let Err(e) = engine.drop_old_checkpoints(&manifest) {
+        if let Err(e) = engine.drop_old_checkpoints(&record.manifest) {
             cleanup_failures += 1;
             tracing::warn!("objects of older checkpoints stay until the next checkpoint: {e}");
         }
@@ -110,12 +115,26 @@ impl CheckpointJob {
                 }
             }
         }
+        // Published elsewhere: a failure leaves the checkpoint committed and
+        // the publication behind until the next checkpoint's.
+        let mut publish_failures = 0;
+        if let Some(publisher) = &self.publisher {
+            // A publisher's panic is one more failure of it, not the
+            // replay's: the checkpoint stands.
+            let published = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| publisher.publish(&record)))
+                .unwrap_or_else(|_| Err("the publisher panicked".into()));
+            if let Err(e) = published {
+                publish_failures += 1;
+                tracing::warn!(checkpoint_ts = record.manifest.checkpoint_ts, "checkpoint not published: {e}");
+            }
+        }
         CheckpointOutcome {
-            result: Ok(manifest),
+            result: Ok(record.manifest),
             commit: CatalogCommit::default(),
             written,
             committed,
             cleanup_failures,
+            publish_failures,
             late,
         }
     }
@@ -242,6 +261,7 @@ impl Sink {
             resume,
             source_state: self.source_state.clone(),
             prune: self.take_prune(),
+            publisher: self.config.publisher.clone(),
         };
         let thread = std::thread::Builder::new().name("fovea-checkpoint".into()).spawn(move || job.run())?;
         self.writing = Some(CheckpointInFlight { thread, resume, began, captured });
@@ -286,6 +306,7 @@ impl Sink {
         };
         self.checkpointed_at = Some(resume);
         self.stats.cleanup_failures += outcome.cleanup_failures;
+        self.stats.publish_failures += outcome.publish_failures;
         if let Some(e) = outcome.late {
             return Err(e);
         }

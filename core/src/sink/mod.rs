@@ -190,6 +190,23 @@ pub struct SinkConfig {
     /// checkpoint (never the dedup window's newest transactions; see
     /// [`Catalog::prune`]); `None` keeps everything.
     pub history_retention: Option<Duration>,
+    /// Told of every committed checkpoint, after its commit, on the
+    /// checkpoint's writer thread (an open table format's publisher).
+    pub publisher: Option<Arc<dyn CheckpointPublisher>>,
+}
+
+/// Publishes committed checkpoints elsewhere (as Iceberg tables, say).
+///
+/// Contract: [`Self::publish`] is called once per committed checkpoint, in
+/// commit order, on the checkpoint's writer thread, after the commit and
+/// the clean-up of older checkpoints; never for a checkpoint that failed.
+/// The checkpoint is durable whatever it does: an error is logged and
+/// counted, the replay goes on, and the next checkpoint is published in
+/// full again (so a publisher keeps no state that a failure could leave
+/// half-made).
+pub trait CheckpointPublisher: Send + Sync + std::fmt::Debug {
+    /// Publishes `checkpoint`.
+    fn publish(&self, checkpoint: &crate::catalog::CheckpointRecord) -> std::result::Result<(), String>;
 }
 
 /// How long catalog history is kept by default: a week.
@@ -211,6 +228,7 @@ impl Default for SinkConfig {
             maintain_on_checkpoint: true,
             dedup_window: 1 << 20,
             history_retention: Some(DEFAULT_HISTORY_RETENTION),
+            publisher: None,
         }
     }
 }
@@ -229,6 +247,9 @@ pub struct SinkStats {
     /// Clean-ups after a committed checkpoint that failed (old checkpoint
     /// objects, retired blocks): retried later, replay goes on.
     pub cleanup_failures: u64,
+    /// Committed checkpoints the publisher failed to publish (the next
+    /// one publishes again).
+    pub publish_failures: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,6 +36,8 @@ pub struct ServeArgs {
     pub lake: crate::lakes::LakeArgs,
     #[command(flatten)]
     pub functions: crate::lakes::FunctionsArgs,
+    #[command(flatten)]
+    pub iceberg: crate::lakes::IcebergArgs,
     /// file:PATH, postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true],
     /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
     #[arg(long)]
@@ -161,6 +163,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         ddl: crate::replay::read_schema_file(args.schema_file.as_deref())?,
         history_retention: args.history_days.0,
         dedup_window: args.dedup_window,
+        publisher: args.iceberg.publisher(&args.lake, Arc::clone(engine.lake().store()))?,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;

@@ -1,0 +1,756 @@
+//! Publishing a checkpoint: for every table, one Iceberg snapshot whose
+//! rows are exactly the table at the checkpoint's timestamp `c`.
+//!
+//! ```text
+//!  checkpoint manifest (files, blocks, deleted-row objects at c)
+//!    per table ─▶ data files: its regular files and flushed blocks, as they are
+//!              ─▶ deletes: per data file, rows deleted at ≤ c and rows created after c
+//!                          (one position delete file each, named by its content)
+//!              ─▶ manifests (data, deletes) ─▶ manifest list
+//!              ─▶ metadata/v{N+1}.metadata.json (created only if absent)
+//!              ─▶ metadata/version-hint.text = N+1
+//! ```
+//!
+//! Incremental: a data file or delete file of the snapshot before keeps its
+//! manifest entry (`EXISTING`, its snapshot and sequence numbers); new ones
+//! are `ADDED`; gone ones (blocks combined into a regular file, files storage
+//! GC rewrote, delete files replaced) are `DELETED`. A delete file's name is
+//! a hash of its data file and positions, so an unchanged set of deletes is
+//! the same file.
+//!
+//! Readers only ever follow metadata files: everything a snapshot names is
+//! written before its metadata file, which is created only if no other
+//! publisher created that version. A checkpoint not newer than the table's
+//! current snapshot is not published again. Objects under a table's
+//! directory that its current snapshot does not name are deleted once they
+//! are older than the retention (a reader that loaded an earlier metadata
+//! file has that long to read it).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fovea_core::catalog::CheckpointRecord;
+use fovea_core::checkpoint::{FileManifest, Manifest, SlotManifest, TableManifest};
+use fovea_core::ids::TableId;
+use fovea_core::lake::{Lake, block_on_io};
+use fovea_core::schema::CREATE_TS_COLUMN;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::deletes::position_delete_file;
+use crate::manifest::{
+    Content, DataFile, Entry, ManifestFile, ManifestHeader, Status, read_manifest, read_manifest_list, write_manifest,
+    write_manifest_list,
+};
+use crate::spec::{
+    MetadataLogEntry, NAME_MAPPING_PROPERTY, PartitionSpec, Snapshot, SnapshotLogEntry, SnapshotRef, SortOrder,
+    TableMetadata, schema_of,
+};
+use crate::{PublishError, Result};
+
+/// Where a lake's Iceberg tables live, under its root.
+pub const ICEBERG_PREFIX: &str = "iceberg";
+
+/// Snapshot summary property: the checkpoint's mirror timestamp.
+pub const CHECKPOINT_TS_PROPERTY: &str = "fovea.checkpoint-ts";
+
+/// Earlier metadata files the metadata log lists.
+const METADATA_LOG_KEPT: usize = 10;
+
+/// Which Iceberg format tables are published in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatVersion {
+    /// Format 2: position delete files (Athena, and every other reader).
+    V2,
+}
+
+impl FormatVersion {
+    /// Parses `v2` (or `2`).
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "v2" | "2" => Ok(Self::V2),
+            "v3" | "3" => Err(format!(
+                "--iceberg {s}: format 3 (deletion vectors) is not published yet; v2 (position deletes) is read by \
+                 every engine that reads v3"
+            )),
+            other => Err(format!("--iceberg {other}: expected v2")),
+        }
+    }
+
+    fn number(self) -> u8 {
+        match self {
+            Self::V2 => 2,
+        }
+    }
+}
+
+/// What one publication did.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Tables given a new snapshot.
+    pub tables: usize,
+    /// Tables whose current snapshot was already at or past the checkpoint.
+    pub current: usize,
+    /// Tables that could not be published, with why (each keeps its
+    /// snapshot before).
+    pub refused: Vec<PublishError>,
+    /// Position delete files written.
+    pub delete_files_written: usize,
+    /// Objects no snapshot names any more, deleted.
+    pub objects_deleted: usize,
+}
+
+/// Publishes a lake's checkpoints as Iceberg tables.
+pub struct Publisher {
+    lake: Lake,
+    /// The lake's root as an absolute URI, no trailing slash.
+    root: String,
+    format: FormatVersion,
+    retention: Duration,
+    /// Deleted rows by deleted-rows object, from earlier publications
+    /// (objects are immutable; only those the last one used are kept).
+    deleted: Mutex<HashMap<String, Arc<Vec<u32>>>>,
+}
+
+impl Publisher {
+    /// A publisher of the lake in `store` whose root is at `root_uri`
+    /// (`file:///abs/dir` or `s3://bucket/prefix`; data files are named by
+    /// it in manifests).
+    pub fn new(store: Arc<dyn ObjectStore>, root_uri: &str, format: FormatVersion) -> Self {
+        Publisher {
+            lake: Lake::new(store),
+            root: root_uri.trim_end_matches('/').to_owned(),
+            format,
+            retention: Duration::from_secs(600),
+            deleted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Keeps objects no current snapshot names for `retention` (default
+    /// 10 minutes) before deleting them.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The absolute location of the table named `table` (`schema.name`).
+    pub fn table_location(&self, table: &str) -> String {
+        format!("{}/{}", self.root, table_dir(table))
+    }
+
+    /// Publishes `checkpoint`: every table it has gets a snapshot of its
+    /// rows at the checkpoint's timestamp. A table that cannot be published
+    /// keeps its snapshot before and is named in [`Published::refused`];
+    /// an error of the lake's store stops the publication (the next one
+    /// starts again from the tables' current metadata).
+    pub fn publish(&self, checkpoint: &CheckpointRecord) -> Result<Published> {
+        let manifest = &checkpoint.manifest;
+        let mut published = Published::default();
+        let mut used = HashSet::new();
+        for (i, t) in manifest.tables.iter().enumerate() {
+            if t.dropped {
+                continue;
+            }
+            match self.publish_table(checkpoint, TableId(i as u32), t, &mut used) {
+                Ok(TableOutcome::Published { delete_files_written, objects_deleted }) => {
+                    published.tables += 1;
+                    published.delete_files_written += delete_files_written;
+                    published.objects_deleted += objects_deleted;
+                }
+                Ok(TableOutcome::Current) => published.current += 1,
+                Err(e @ (PublishError::Schema { .. } | PublishError::Corrupt { .. })) => {
+                    tracing::warn!("not published as Iceberg: {e}");
+                    published.refused.push(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.deleted.lock().expect("not poisoned").retain(|k, _| used.contains(k));
+        Ok(published)
+    }
+
+    fn publish_table(
+        &self,
+        checkpoint: &CheckpointRecord,
+        id: TableId,
+        table: &TableManifest,
+        used: &mut HashSet<String>,
+    ) -> Result<TableOutcome> {
+        let manifest = &checkpoint.manifest;
+        let c = manifest.checkpoint_ts;
+        let dir = table_dir(&table.name);
+        let meta_dir = format!("{dir}/metadata");
+        let previous = self.current_metadata(&meta_dir)?;
+        let prev_snapshot = previous.as_ref().and_then(|(_, m)| m.current_snapshot().cloned());
+        if let Some(s) = &prev_snapshot {
+            let published_ts: Option<u64> = s.summary.get(CHECKPOINT_TS_PROPERTY).and_then(|v| v.parse().ok());
+            if published_ts.is_some_and(|p| p >= c) {
+                return Ok(TableOutcome::Current);
+            }
+        }
+        let def =
+            table.def(id).map_err(|e| PublishError::Corrupt { what: table.name.clone(), reason: e.to_string() })?;
+        let published = schema_of(&def, previous.as_ref().map(|(_, m)| m))?;
+        let (schema, new_schema, last_column_id) = (published.schema, published.is_new, published.last_column_id);
+
+        // The snapshot before: its live entries by path.
+        let mut prev_data: HashMap<String, Entry> = HashMap::new();
+        let mut prev_deletes: HashMap<String, Entry> = HashMap::new();
+        if let Some(s) = &prev_snapshot {
+            let list = self.get_uri(&s.manifest_list)?;
+            for m in read_manifest_list(&s.manifest_list, &list)? {
+                let bytes = self.get_uri(&m.path)?;
+                for e in read_manifest(&m, &bytes)? {
+                    if e.status == Status::Deleted {
+                        continue;
+                    }
+                    match e.file.content {
+                        Content::Data => prev_data.insert(e.file.path.clone(), e),
+                        Content::PositionDeletes => prev_deletes.insert(e.file.path.clone(), e),
+                    };
+                }
+            }
+        }
+
+        let sequence_number = previous.as_ref().map_or(0, |(_, m)| m.last_sequence_number) + 1;
+        let snapshot_id = c as i64;
+        let added = |file: DataFile| Entry {
+            status: Status::Added,
+            snapshot_id,
+            sequence_number,
+            file_sequence_number: sequence_number,
+            file,
+        };
+
+        let mut data_entries = Vec::new();
+        let mut delete_entries = Vec::new();
+        let mut delete_files_written = 0;
+        let mut live_deletes = HashSet::new();
+        let mut live_data = HashSet::new();
+        for file in self.data_files(manifest, id)? {
+            let uri = self.uri(&file.path);
+            let entry = match prev_data.get(&uri) {
+                Some(e) => Entry { status: Status::Existing, ..e.clone() },
+                None => {
+                    let size = match file.size {
+                        Some(s) => s,
+                        None => self.head(&file.path)?,
+                    };
+                    added(DataFile {
+                        content: Content::Data,
+                        path: uri.clone(),
+                        format: "PARQUET",
+                        record_count: file.rows as i64,
+                        size: size as i64,
+                        referenced_data_file: None,
+                        content_offset: None,
+                        content_size: None,
+                        first_row_id: None,
+                    })
+                }
+            };
+            data_entries.push(entry);
+            live_data.insert(uri.clone());
+            let positions = self.positions(&file, c, used)?;
+            if positions.is_empty() {
+                continue;
+            }
+            let name = format!("{dir}/deletes/{}-{:016x}.parquet", file.fovea_file, content_hash(&uri, &positions));
+            let delete_uri = self.uri(&Path::from(name.as_str()));
+            live_deletes.insert(delete_uri.clone());
+            match prev_deletes.get(&delete_uri) {
+                Some(e) => delete_entries.push(Entry { status: Status::Existing, ..e.clone() }),
+                None => {
+                    let bytes = position_delete_file(&uri, &positions)?;
+                    let size = bytes.len() as i64;
+                    self.lake.put(&Path::from(name.as_str()), Bytes::from(bytes))?;
+                    delete_files_written += 1;
+                    delete_entries.push(added(DataFile {
+                        content: Content::PositionDeletes,
+                        path: delete_uri,
+                        format: "PARQUET",
+                        record_count: positions.len() as i64,
+                        size,
+                        referenced_data_file: Some(uri),
+                        content_offset: None,
+                        content_size: None,
+                        first_row_id: None,
+                    }));
+                }
+            }
+        }
+        // Files of the snapshot before that this one no longer has.
+        let gone = |prev: HashMap<String, Entry>, live: &HashSet<String>| -> Vec<Entry> {
+            let mut gone: Vec<Entry> = prev
+                .into_values()
+                .filter(|e| !live.contains(&e.file.path))
+                .map(|e| Entry { status: Status::Deleted, snapshot_id, ..e })
+                .collect();
+            gone.sort_by(|a, b| a.file.path.cmp(&b.file.path));
+            gone
+        };
+        let removed_data = gone(prev_data, &live_data);
+        let removed_deletes = gone(prev_deletes, &live_deletes);
+        let operation = if removed_data.is_empty() && removed_deletes.is_empty() && delete_files_written == 0 {
+            "append"
+        } else {
+            "overwrite"
+        };
+        let mut summary = BTreeMap::from([
+            ("operation".to_owned(), operation.to_owned()),
+            (CHECKPOINT_TS_PROPERTY.to_owned(), c.to_string()),
+            ("fovea.input".to_owned(), checkpoint.input.clone()),
+            ("fovea.source-position".to_owned(), checkpoint.position.to_string()),
+        ]);
+        let count = |entries: &[Entry], status: Status| entries.iter().filter(|e| e.status == status).count();
+        let rows = |entries: &[Entry], status: Option<Status>| -> i64 {
+            entries.iter().filter(|e| status.is_none_or(|s| e.status == s)).map(|e| e.file.record_count).sum()
+        };
+        let live_delete_entries: Vec<Entry> = delete_entries.clone();
+        summary.insert("added-data-files".into(), count(&data_entries, Status::Added).to_string());
+        summary.insert("added-records".into(), rows(&data_entries, Some(Status::Added)).to_string());
+        summary.insert("deleted-data-files".into(), removed_data.len().to_string());
+        summary.insert("added-delete-files".into(), count(&delete_entries, Status::Added).to_string());
+        summary.insert("added-position-deletes".into(), rows(&delete_entries, Some(Status::Added)).to_string());
+        summary.insert("removed-delete-files".into(), removed_deletes.len().to_string());
+        summary.insert("total-data-files".into(), data_entries.len().to_string());
+        summary.insert("total-delete-files".into(), live_delete_entries.len().to_string());
+        summary.insert("total-records".into(), rows(&data_entries, None).to_string());
+        summary.insert("total-position-deletes".into(), rows(&live_delete_entries, None).to_string());
+        summary.insert("total-equality-deletes".into(), "0".into());
+        summary.insert("total-files-size".into(), {
+            let bytes: i64 = data_entries.iter().chain(&live_delete_entries).map(|e| e.file.size).sum();
+            bytes.to_string()
+        });
+        data_entries.extend(removed_data);
+        delete_entries.extend(removed_deletes);
+
+        // Manifests, the manifest list, the metadata file.
+        let version = previous.as_ref().map_or(0, |(v, _)| *v) + 1;
+        let schema_json = schema.to_json();
+        let format = self.format.number();
+        let mut manifests = Vec::new();
+        for (content, entries, suffix) in
+            [(Content::Data, &data_entries, "data"), (Content::PositionDeletes, &delete_entries, "deletes")]
+        {
+            if entries.is_empty() {
+                continue;
+            }
+            let header = ManifestHeader {
+                schema_json: &schema_json,
+                schema_id: schema.schema_id,
+                format_version: format,
+                content,
+            };
+            let bytes = write_manifest(&header, entries)?;
+            let path = format!("{meta_dir}/{snapshot_id}-v{version}-{suffix}.avro");
+            let length = bytes.len() as i64;
+            self.lake.put(&Path::from(path.as_str()), Bytes::from(bytes))?;
+            let live = |s: Status| entries.iter().filter(move |e| e.status == s);
+            manifests.push(ManifestFile {
+                path: self.uri(&Path::from(path.as_str())),
+                length,
+                content,
+                sequence_number,
+                min_sequence_number: entries
+                    .iter()
+                    .filter(|e| e.status != Status::Deleted)
+                    .map(|e| e.sequence_number)
+                    .min()
+                    .unwrap_or(sequence_number),
+                added_snapshot_id: snapshot_id,
+                added_files: live(Status::Added).count() as i32,
+                existing_files: live(Status::Existing).count() as i32,
+                deleted_files: live(Status::Deleted).count() as i32,
+                added_rows: live(Status::Added).map(|e| e.file.record_count).sum(),
+                existing_rows: live(Status::Existing).map(|e| e.file.record_count).sum(),
+                deleted_rows: live(Status::Deleted).map(|e| e.file.record_count).sum(),
+                first_row_id: None,
+            });
+        }
+        let parent = prev_snapshot.as_ref().map(|s| s.snapshot_id);
+        let list = write_manifest_list(format, snapshot_id, parent, sequence_number, &manifests)?;
+        let list_path = format!("{meta_dir}/snap-{snapshot_id}-v{version}.avro");
+        self.lake.put(&Path::from(list_path.as_str()), Bytes::from(list))?;
+
+        let now = now_ms();
+        let snapshot = Snapshot {
+            snapshot_id,
+            parent_snapshot_id: parent,
+            sequence_number,
+            timestamp_ms: now,
+            manifest_list: self.uri(&Path::from(list_path.as_str())),
+            summary,
+            schema_id: schema.schema_id,
+        };
+        let metadata = match previous {
+            Some((prev_version, prev)) => {
+                let mut m = prev;
+                let mut log = std::mem::take(&mut m.metadata_log);
+                log.push(MetadataLogEntry {
+                    timestamp_ms: m.last_updated_ms,
+                    metadata_file: self.uri(&metadata_path(&meta_dir, prev_version)),
+                });
+                let skip = log.len().saturating_sub(METADATA_LOG_KEPT);
+                m.metadata_log = log.split_off(skip);
+                if new_schema {
+                    m.schemas.push(schema.clone());
+                }
+                m.current_schema_id = schema.schema_id;
+                m.last_column_id = last_column_id;
+                m.last_sequence_number = sequence_number;
+                m.last_updated_ms = now;
+                m.properties.insert(NAME_MAPPING_PROPERTY.into(), published.name_mapping.clone());
+                m.current_snapshot_id = Some(snapshot_id);
+                m.snapshot_log = vec![SnapshotLogEntry { timestamp_ms: now, snapshot_id }];
+                m.snapshots = vec![snapshot];
+                m.refs = main_ref(snapshot_id);
+                m
+            }
+            None => TableMetadata {
+                format_version: format,
+                table_uuid: uuid::Uuid::new_v4().to_string(),
+                location: self.uri(&Path::from(dir.as_str())),
+                last_sequence_number: sequence_number,
+                last_updated_ms: now,
+                last_column_id,
+                current_schema_id: schema.schema_id,
+                schemas: vec![schema.clone()],
+                partition_specs: vec![PartitionSpec { spec_id: 0, fields: vec![] }],
+                default_spec_id: 0,
+                last_partition_id: 999,
+                properties: BTreeMap::from([
+                    (NAME_MAPPING_PROPERTY.to_owned(), published.name_mapping.clone()),
+                    ("format-version".to_owned(), format.to_string()),
+                    ("fovea.table".to_owned(), table.name.clone()),
+                    ("write.parquet.compression-codec".to_owned(), "zstd".to_owned()),
+                ]),
+                current_snapshot_id: Some(snapshot_id),
+                snapshots: vec![snapshot],
+                snapshot_log: vec![SnapshotLogEntry { timestamp_ms: now, snapshot_id }],
+                metadata_log: vec![],
+                sort_orders: vec![SortOrder { order_id: 0, fields: vec![] }],
+                default_sort_order_id: 0,
+                refs: main_ref(snapshot_id),
+                next_row_id: None,
+            },
+        };
+        let json = serde_json::to_vec_pretty(&metadata).expect("metadata serialises");
+        let path = metadata_path(&meta_dir, version);
+        let created = block_on_io({
+            let store = Arc::clone(self.lake.store());
+            let path = path.clone();
+            async move { store.put_opts(&path, PutPayload::from(json), PutOptions::from(PutMode::Create)).await }
+        })?;
+        match created {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(PublishError::Raced { table: table.name.clone(), version });
+            }
+            Err(e) => return Err(PublishError::Store(fovea_core::Error::from(e))),
+        }
+        self.lake.put(&Path::from(format!("{meta_dir}/version-hint.text")), Bytes::from(version.to_string()))?;
+
+        // Objects no snapshot names any more.
+        let mut named: HashSet<String> = HashSet::new();
+        named.insert(metadata_path(&meta_dir, version).to_string());
+        named.insert(list_path);
+        named.extend(manifests.iter().filter_map(|m| self.object_of(&m.path)));
+        named.extend(live_deletes.iter().filter_map(|d| self.object_of(d)));
+        let objects_deleted = self.delete_unnamed(&dir, &meta_dir, version, &named)?;
+        Ok(TableOutcome::Published { delete_files_written, objects_deleted })
+    }
+
+    /// The newest metadata file of the table at `meta_dir` and its version:
+    /// the version hint's, or a later one a publisher created without
+    /// getting to update the hint.
+    fn current_metadata(&self, meta_dir: &str) -> Result<Option<(u64, TableMetadata)>> {
+        let hint_path = Path::from(format!("{meta_dir}/version-hint.text"));
+        let mut version = match self.get_opt(&hint_path)? {
+            Some(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                text.trim().parse::<u64>().map_err(|_| PublishError::Corrupt {
+                    what: hint_path.to_string(),
+                    reason: format!("{:?} is not a version number", text.trim()),
+                })?
+            }
+            None => 0,
+        };
+        while self.exists(&metadata_path(meta_dir, version + 1))? {
+            version += 1;
+        }
+        if version == 0 {
+            return Ok(None);
+        }
+        let path = metadata_path(meta_dir, version);
+        let bytes = self.lake.get(&path)?;
+        let metadata: TableMetadata = serde_json::from_slice(&bytes)
+            .map_err(|e| PublishError::Corrupt { what: path.to_string(), reason: e.to_string() })?;
+        Ok(Some((version, metadata)))
+    }
+
+    /// The data files of table `id` at the checkpoint: each regular file,
+    /// each flushed block of a virtual file.
+    fn data_files<'m>(&self, manifest: &'m Manifest, id: TableId) -> Result<Vec<CurrentFile<'m>>> {
+        let mut out = Vec::new();
+        for shard in &manifest.shards {
+            let slots: HashMap<u64, &SlotManifest> = shard.slots.iter().map(|s| (s.file, s)).collect();
+            for part in shard.parts.iter().filter(|p| p.table == id.0) {
+                for f in &part.files {
+                    let slot = slots.get(&f.id).copied();
+                    out.extend(files_of(f, slot));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Positions of `file`'s rows not in the snapshot at `c`: deleted at or
+    /// before it, or created after it. Ascending.
+    fn positions(&self, file: &CurrentFile<'_>, c: u64, used: &mut HashSet<String>) -> Result<Vec<u64>> {
+        let mut positions = Vec::new();
+        if let Some(object) = file.slot.and_then(|s| s.deleted.as_ref()) {
+            used.insert(object.clone());
+            let cached = self.deleted.lock().expect("not poisoned").get(object).cloned();
+            let rows = match cached {
+                Some(rows) => rows,
+                None => {
+                    let bytes = self.lake.get(&Path::from(object.as_str()))?;
+                    let mut rows = Vec::with_capacity(bytes.len() / 4);
+                    if !bytes.len().is_multiple_of(4) {
+                        return Err(PublishError::Corrupt {
+                            what: format!("deleted rows ({object})"),
+                            reason: format!("{} bytes are not a whole number of 4-byte row numbers", bytes.len()),
+                        });
+                    }
+                    rows.extend(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                    rows.sort_unstable();
+                    let rows = Arc::new(rows);
+                    self.deleted.lock().expect("not poisoned").insert(object.clone(), Arc::clone(&rows));
+                    rows
+                }
+            };
+            let (start, end) = (file.offset as u32, (file.offset + file.rows) as u32);
+            let from = rows.partition_point(|&r| r < start);
+            let to = rows.partition_point(|&r| r < end);
+            positions.extend(rows[from..to].iter().map(|&r| u64::from(r - start)));
+        }
+        if file.max_ts > c {
+            // Rows of later transactions in a file the checkpoint names
+            // (create_ts ascends within a file: a suffix).
+            let first_after = self.first_row_after(file, c)?;
+            let keep = positions.partition_point(|&p| p < first_after as u64);
+            positions.truncate(keep);
+            positions.extend(first_after as u64..file.rows as u64);
+        }
+        Ok(positions)
+    }
+
+    /// Position of the first row of `file` created after `c`.
+    fn first_row_after(&self, file: &CurrentFile<'_>, c: u64) -> Result<usize> {
+        let batch = self.lake.read_block_columns(&file.path, Some(&[CREATE_TS_COLUMN]))?;
+        let ts = fovea_core::lake::create_ts_column(&batch)?;
+        Ok(ts.values().partition_point(|&t| t as u64 <= c))
+    }
+
+    fn delete_unnamed(&self, dir: &str, meta_dir: &str, version: u64, named: &HashSet<String>) -> Result<usize> {
+        let cutoff = chrono_cutoff(self.retention);
+        let objects = self.lake.list(&Path::from(dir))?;
+        // Only the publisher of the newest version cleans up: one that lost a
+        // race to a newer publication leaves that one's objects alone.
+        if self.exists(&metadata_path(meta_dir, version + 1))? {
+            return Ok(0);
+        }
+        let hint = format!("{meta_dir}/version-hint.text");
+        let mut deleted = 0;
+        for o in objects {
+            let p = o.location.to_string();
+            if named.contains(&p) || p == hint || o.last_modified.timestamp_millis() > cutoff {
+                continue;
+            }
+            self.lake.delete(&o.location)?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    fn uri(&self, path: &Path) -> String {
+        format!("{}/{}", self.root, path)
+    }
+
+    /// The object path of a URI under the lake's root.
+    fn object_of(&self, uri: &str) -> Option<String> {
+        uri.strip_prefix(&self.root).and_then(|p| p.strip_prefix('/')).map(str::to_owned)
+    }
+
+    fn get_uri(&self, uri: &str) -> Result<Bytes> {
+        let path = self.object_of(uri).ok_or_else(|| PublishError::Corrupt {
+            what: uri.to_owned(),
+            reason: format!("not under the lake's root {}", self.root),
+        })?;
+        Ok(self.lake.get(&Path::from(path.as_str()))?)
+    }
+
+    fn get_opt(&self, path: &Path) -> Result<Option<Bytes>> {
+        let store = Arc::clone(self.lake.store());
+        let p = path.clone();
+        match block_on_io(async move {
+            match store.get(&p).await {
+                Ok(r) => r.bytes().await,
+                Err(e) => Err(e),
+            }
+        })? {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(PublishError::Store(fovea_core::Error::from(e))),
+        }
+    }
+
+    fn head_opt(&self, path: &Path) -> Result<Option<u64>> {
+        let store = Arc::clone(self.lake.store());
+        let p = path.clone();
+        match block_on_io(async move { store.head(&p).await })? {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(PublishError::Store(fovea_core::Error::from(e))),
+        }
+    }
+
+    fn head(&self, path: &Path) -> Result<u64> {
+        self.head_opt(path)?.ok_or_else(|| PublishError::Corrupt {
+            what: path.to_string(),
+            reason: "the checkpoint names it and it is not in the lake".into(),
+        })
+    }
+
+    fn exists(&self, path: &Path) -> Result<bool> {
+        Ok(self.head_opt(path)?.is_some())
+    }
+}
+
+enum TableOutcome {
+    Published { delete_files_written: usize, objects_deleted: usize },
+    Current,
+}
+
+/// One data file of a table at a checkpoint.
+struct CurrentFile<'m> {
+    /// The fovea file it is (or is a block of).
+    fovea_file: u64,
+    path: Path,
+    rows: usize,
+    /// Bytes, when the checkpoint knows them.
+    size: Option<u64>,
+    /// The fovea file's deleted rows.
+    slot: Option<&'m SlotManifest>,
+    /// Offset of its first row in the fovea file.
+    offset: usize,
+    /// Its newest row's create_ts.
+    max_ts: u64,
+}
+
+fn files_of<'m>(f: &'m FileManifest, slot: Option<&'m SlotManifest>) -> Vec<CurrentFile<'m>> {
+    match &f.regular {
+        Some(r) => vec![CurrentFile {
+            fovea_file: f.id,
+            path: Path::from(r.path.as_str()),
+            rows: r.row_groups.iter().map(|g| g[1] as usize).sum(),
+            size: r.footer.map(|[_, end]| end),
+            slot,
+            offset: 0,
+            max_ts: r.row_groups.iter().map(|g| g[3]).max().unwrap_or(0),
+        }],
+        None => {
+            let mut offset = 0;
+            f.blocks
+                .iter()
+                .map(|b| {
+                    let file = CurrentFile {
+                        fovea_file: f.id,
+                        path: Path::from(b.path.as_str()),
+                        rows: b.rows,
+                        size: None,
+                        slot,
+                        offset,
+                        max_ts: b.max_ts,
+                    };
+                    offset += b.rows;
+                    file
+                })
+                .collect()
+        }
+    }
+}
+
+/// The directory of table `name` (`schema.table`) under the lake's root:
+/// `iceberg/SCHEMA/TABLE`, each part kept to letters, digits, `_`, `-`
+/// (other characters become `_`, and a hash of the name keeps two names
+/// apart).
+pub fn table_dir(name: &str) -> String {
+    let (namespace, table) = name.split_once('.').unwrap_or(("default", name));
+    let clean = |s: &str| -> String {
+        let c: String =
+            s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+        if c == s && !c.is_empty() {
+            c
+        } else {
+            let mut h = twox_hash::XxHash64::with_seed(0);
+            h.write(s.as_bytes());
+            format!("{c}-{:08x}", h.finish() as u32)
+        }
+    };
+    format!("{ICEBERG_PREFIX}/{}/{}", clean(namespace), clean(table))
+}
+
+fn metadata_path(meta_dir: &str, version: u64) -> Path {
+    Path::from(format!("{meta_dir}/v{version}.metadata.json"))
+}
+
+fn main_ref(snapshot_id: i64) -> BTreeMap<String, SnapshotRef> {
+    BTreeMap::from([("main".to_owned(), SnapshotRef { snapshot_id, kind: "branch".into() })])
+}
+
+fn content_hash(data_uri: &str, positions: &[u64]) -> u64 {
+    let mut h = twox_hash::XxHash64::with_seed(0);
+    h.write(data_uri.as_bytes());
+    for p in positions {
+        h.write(&p.to_le_bytes());
+    }
+    h.finish()
+}
+
+fn now_ms() -> i64 {
+    fovea_core::catalog::now_us() / 1000
+}
+
+/// Milliseconds since the epoch `retention` ago.
+fn chrono_cutoff(retention: Duration) -> i64 {
+    now_ms() - retention.as_millis() as i64
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher").field("root", &self.root).field("format", &self.format).finish_non_exhaustive()
+    }
+}
+
+impl fovea_core::sink::CheckpointPublisher for Publisher {
+    fn publish(&self, checkpoint: &CheckpointRecord) -> std::result::Result<(), String> {
+        let p = Publisher::publish(self, checkpoint).map_err(|e| e.to_string())?;
+        tracing::debug!(
+            checkpoint_ts = checkpoint.manifest.checkpoint_ts,
+            tables = p.tables,
+            delete_files = p.delete_files_written,
+            deleted = p.objects_deleted,
+            "published as Iceberg"
+        );
+        if p.refused.is_empty() {
+            Ok(())
+        } else {
+            Err(p.refused.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+        }
+    }
+}
