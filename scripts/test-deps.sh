@@ -8,7 +8,8 @@
 # kinesalite, the local Kinesis (npm, in /var/tmp/fovea-npm unless
 # FOVEA_NODE_MODULES names other node_modules); boto3 and matplotlib for the
 # Python client and its example; prometheus_client (its OpenMetrics parser
-# reads /metrics in a test); cargo-lambda (local Lambda endpoint); the JS
+# reads /metrics in a test); pyiceberg and DuckDB with its iceberg extension
+# (the Iceberg tests read published tables as users do); cargo-lambda (local Lambda endpoint); the JS
 # example's npm packages and the wasm32 kernel package (below).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,10 +41,13 @@ nextest() {
 
 python_venv() {
   VENV=/var/tmp/fovea-py
-  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser" 2>/dev/null; then
-    echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3 matplotlib and prometheus_client in $VENV"
+  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser, pyiceberg.table, duckdb, duckdb_extension_iceberg, duckdb_extension_avro" 2>/dev/null; then
+    echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3, matplotlib, prometheus_client and the Iceberg readers (pyiceberg, DuckDB with its iceberg extension) in $VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1'
+    # DuckDB's extensions from PyPI are built for one DuckDB version: the
+    # three pins move together.
+    "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1' \
+      'pyiceberg==0.12.0' 'duckdb==1.5.5' 'duckdb-extension-iceberg==1.5.5' 'duckdb-extension-avro==1.5.5'
   fi
 }
 

@@ -1,0 +1,210 @@
+//! Checkpoints published as Iceberg tables (`--iceberg v2`) read exactly —
+//! the same rows as fovea's own reader at the checkpoint — in DuckDB's
+//! iceberg extension and in pyiceberg, through every path a replay takes:
+//! many checkpoints (incremental manifests, delete files replaced), combine
+//! and storage GC (files replaced), tables without a key.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use common::*;
+use fovea_core::location::{LakeBackends, open_reader};
+use fovea_core::{ScanOptions, SnapshotTables};
+
+/// Each table's rows as fovea's reader has them at the lake's newest
+/// checkpoint (schema, rows as text), and that checkpoint's timestamp.
+fn fovea_tables(lake: &Path) -> (u64, BTreeMap<String, (SchemaRef, Vec<String>)>) {
+    let open = open_reader(LakeBackends::local(lake).unwrap(), fovea_core::lease::DEFAULT_LEASE_TTL).unwrap();
+    let ts = open.checkpoint.as_ref().expect("a checkpoint").manifest.checkpoint_ts;
+    let mut tables = BTreeMap::new();
+    for def in open.reader.tables() {
+        let batches = open.reader.scan(&def.name, ScanOptions::default()).unwrap().collect_batches().unwrap();
+        let schema = Arc::clone(&def.schema);
+        let mut rows: Vec<String> = batches.iter().flat_map(|b| rows_as_text(b, &schema)).collect();
+        rows.sort();
+        tables.insert(def.name.clone(), (schema, rows));
+    }
+    (ts, tables)
+}
+
+/// The rows of `batch` as text, the columns of `schema` that are not
+/// fovea's hidden ones, each cast to its type in `schema` (engines read
+/// Iceberg's `int` of a 16-bit column as 32 bits, for one).
+fn rows_as_text(batch: &RecordBatch, schema: &SchemaRef) -> Vec<String> {
+    let options = FormatOptions::default().with_null("␀NULL");
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .filter(|f| !f.name().starts_with("_fovea_"))
+        .map(|f| {
+            let c = batch
+                .column_by_name(f.name())
+                .unwrap_or_else(|| panic!("column {} missing from {:?}", f.name(), batch.schema()));
+            arrow::compute::cast(c, f.data_type()).unwrap()
+        })
+        .collect();
+    let formatters: Vec<ArrayFormatter> =
+        columns.iter().map(|c| ArrayFormatter::try_new(c, &options).unwrap()).collect();
+    (0..batch.num_rows())
+        .map(|r| formatters.iter().map(|f| f.value(r).to_string()).collect::<Vec<_>>().join("\u{1f}"))
+        .collect()
+}
+
+fn read_parquet(path: &Path) -> Vec<RecordBatch> {
+    let file = std::fs::File::open(path).unwrap();
+    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+}
+
+/// Reads every table of `lake` as Iceberg with DuckDB and pyiceberg and
+/// checks each answer equals fovea's, and each table's snapshot is the
+/// lake's newest checkpoint. Returns the summaries pyiceberg read.
+fn assert_iceberg_reads_as_fovea(lake: &Path) -> Vec<serde_json::Value> {
+    let (ts, tables) = fovea_tables(lake);
+    assert!(!tables.is_empty());
+    let out = tempfile::tempdir().unwrap();
+    let locations: Vec<String> =
+        tables.keys().map(|t| lake.join(fovea_iceberg::table_dir(t)).display().to_string()).collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_tables.py");
+    let python = fovea_testkit::moto::python();
+    let output =
+        std::process::Command::new(&python).arg(&script).arg(out.path()).args(&locations).output().unwrap_or_else(
+            |e| panic!("cannot run {python} (scripts/test-deps.sh installs DuckDB and pyiceberg): {e}"),
+        );
+    let printed = ok(output);
+    let summaries: Vec<serde_json::Value> = printed.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(summaries.len(), tables.len());
+    for (i, (name, (schema, expected))) in tables.iter().enumerate() {
+        assert_eq!(
+            summaries[i]["summary"]["fovea.checkpoint-ts"].as_str(),
+            Some(ts.to_string().as_str()),
+            "{name}: the snapshot is not the newest checkpoint's"
+        );
+        for engine in ["duckdb", "pyiceberg"] {
+            let batches = read_parquet(&out.path().join(engine).join(format!("{i}.parquet")));
+            let names: Vec<String> = batches
+                .first()
+                .map(|b| b.schema().fields().iter().map(|f| f.name().clone()).collect())
+                .unwrap_or_default();
+            if let Some(b) = batches.first() {
+                let user: Vec<&String> =
+                    schema.fields().iter().map(|f| f.name()).filter(|n| !n.starts_with("_fovea_")).collect();
+                assert_eq!(names.iter().collect::<Vec<_>>(), user, "{engine} read other columns of {name}");
+                assert_eq!(b.num_columns(), user.len());
+            }
+            let mut got: Vec<String> = batches.iter().flat_map(|b| rows_as_text(b, schema)).collect();
+            got.sort();
+            if got != *expected {
+                let missing: Vec<&String> = expected.iter().filter(|r| !got.contains(r)).take(5).collect();
+                let extra: Vec<&String> = got.iter().filter(|r| !expected.contains(r)).take(5).collect();
+                panic!(
+                    "{engine} reads {name} as {} rows, fovea has {}; missing (first 5): {missing:?}; extra: {extra:?}",
+                    got.len(),
+                    expected.len()
+                );
+            }
+        }
+    }
+    summaries
+}
+
+#[test]
+fn pg_tiny_published_at_every_checkpoint_reads_exactly_in_duckdb_and_pyiceberg() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let data = pg_tiny();
+    ok(fovea()
+        .args(["replay", "--lake"])
+        .arg(&lake)
+        .arg("--input")
+        .arg(data.join("debezium_events.jsonl.gz"))
+        .arg("--schema-file")
+        .arg(data.join("schema.sql"))
+        .args(["--iceberg", "v2", "--checkpoint-txns", "7"])
+        .output()
+        .unwrap());
+    assert_iceberg_reads_as_fovea(&lake);
+    // PostgreSQL's own counts, as the engines read them.
+    let counts = std::fs::read_to_string(data.join("final_tables/row_counts.txt")).unwrap();
+    let (_, tables) = fovea_tables(&lake);
+    for line in counts.lines() {
+        let (table, n) = line.split_once(' ').unwrap();
+        assert_eq!(tables[table].1.len(), n.trim().parse::<usize>().unwrap(), "{table}");
+    }
+    // Publishing the same checkpoint again changes nothing.
+    let again = ok(fovea().args(["iceberg", "--lake"]).arg(&lake).output().unwrap());
+    assert!(again.contains(" 0 tables published, 13 already current"), "{again}");
+}
+
+#[test]
+fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = dir.path().join("hybench.jsonl");
+    hybench(&input, 3000, 11);
+    // Small blocks and files: blocks are combined into regular files and
+    // files with many stale rows rewritten while checkpoints publish.
+    ok(fovea()
+        .args(["replay", "--lake"])
+        .arg(&lake)
+        .arg("--input")
+        .arg(&input)
+        .args(["--iceberg", "v2", "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
+        .output()
+        .unwrap());
+    let summaries = assert_iceberg_reads_as_fovea(&lake);
+    // The lake's files were replaced along the way: some table's newest
+    // snapshot carries files over and has removed some.
+    assert!(
+        summaries.iter().any(|s| s["operation"] == "overwrite"),
+        "no snapshot replaced or deleted anything: {summaries:?}"
+    );
+    // Rows appended later: a replay of more input publishes a newer
+    // snapshot, incrementally, still exact.
+    let more = dir.path().join("more.jsonl");
+    hybench(&more, 4000, 11);
+    ok(fovea()
+        .args(["replay", "--lake"])
+        .arg(&lake)
+        .arg("--input")
+        .arg(&more)
+        .args(["--iceberg", "v2", "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
+        .output()
+        .unwrap());
+    assert_iceberg_reads_as_fovea(&lake);
+}
+
+#[test]
+fn a_bad_iceberg_format_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fovea()
+        .args(["replay", "--lake"])
+        .arg(dir.path().join("lake"))
+        .args(["--input", "-", "--iceberg", "v4"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--iceberg v4: expected v2"), "{err}");
+}
+
+#[test]
+fn publishing_a_lake_without_a_checkpoint_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("lake")).unwrap();
+    let out = fovea().args(["iceberg", "--lake"]).arg(dir.path().join("lake")).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no checkpoint yet") || err.contains("not a lake") || err.contains("fovea lake"), "{err}");
+}
