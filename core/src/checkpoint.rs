@@ -326,8 +326,8 @@ fn in_objects<'p>(objects: impl IntoIterator<Item = &'p String> + Clone + 'p) ->
 
 /// The rows the deleted-rows object `object` lists: 4-byte little-endian
 /// row numbers, as a checkpoint writes them (any other length is corrupt).
-/// Recovery and checkpoint readers both read them through this.
-pub(crate) fn deleted_rows_of<'b>(object: &str, bytes: &'b [u8]) -> Result<impl Iterator<Item = u32> + 'b> {
+/// Recovery, checkpoint readers and publishers all read them through this.
+pub fn deleted_rows_of<'b>(object: &str, bytes: &'b [u8]) -> Result<impl Iterator<Item = u32> + 'b> {
     if !bytes.len().is_multiple_of(4) {
         return Err(Error::Corrupt {
             what: format!("deleted rows ({object})"),

@@ -170,13 +170,15 @@ pub(crate) struct Retired {
     /// The first checkpoint written without them: its ts and its
     /// `next_file_id` (see [`Engine::committed_checkpoint`]).
     pub(crate) left_out_at: Option<(u64, u64)>,
+    /// When that checkpoint was captured.
+    pub(crate) left_out_when: Option<std::time::Instant>,
 }
 
 impl Retired {
     /// Objects replaced at registration sequence `seq`, while
     /// `begun_before` checkpoints had begun.
     pub(crate) fn new(seq: u64, paths: Vec<Path>, begun_before: u64) -> Self {
-        Retired { seq, paths, begun_before, left_out_at: None }
+        Retired { seq, paths, begun_before, left_out_at: None, left_out_when: None }
     }
 }
 
@@ -187,6 +189,9 @@ pub(crate) struct RetiredObjects {
     /// Checkpoints begun so far.
     pub(crate) checkpoints_begun: u64,
     pub(crate) entries: Vec<Retired>,
+    /// How long objects stay after the first checkpoint without them
+    /// (see [`Engine::set_retire_grace`]).
+    pub(crate) grace: std::time::Duration,
 }
 
 impl RetiredObjects {
@@ -201,8 +206,12 @@ impl RetiredObjects {
     /// may still be named by it (it read the part before the swap) and
     /// waits for the next.
     pub(crate) fn left_out_of(&mut self, number: u64, c: u64, next_file_id: u64) {
+        let now = std::time::Instant::now();
         for entry in self.entries.iter_mut().filter(|e| e.begun_before < number) {
-            entry.left_out_at.get_or_insert((c, next_file_id));
+            if entry.left_out_at.is_none() {
+                entry.left_out_at = Some((c, next_file_id));
+                entry.left_out_when = Some(now);
+            }
         }
     }
 }
@@ -931,6 +940,15 @@ impl Engine {
         self.read_tables().by_id.iter().flat_map(|t| t.parts.iter().cloned()).collect()
     }
 
+    /// Keeps objects that combine and storage GC replaced for `grace`
+    /// after the first committed checkpoint without them (default: none),
+    /// for readers this engine does not know of: an Iceberg reader that
+    /// loaded the metadata of the checkpoint before has that long to read
+    /// the files it names.
+    pub fn set_retire_grace(&self, grace: std::time::Duration) {
+        lock(&self.retired).grace = grace;
+    }
+
     /// Has `worker` run combine's and storage GC's rewrites from now on
     /// (rewrites under way finish on the one they began on).
     pub fn set_rewrite_worker(&self, worker: Arc<dyn RewriteWorker>) {
@@ -1089,7 +1107,11 @@ impl Engine {
             let committed = self.committed_checkpoint.load(std::sync::atomic::Ordering::Acquire);
             // Left out of a committed checkpoint, and no registered reader
             // reads an older one.
-            let covered = |r: &Retired| r.left_out_at.is_some_and(|(c, id)| id <= committed && c <= floor);
+            let grace = retired.grace;
+            let covered = |r: &Retired| {
+                r.left_out_at.is_some_and(|(c, id)| id <= committed && c <= floor)
+                    && r.left_out_when.is_none_or(|t| t.elapsed() >= grace)
+            };
             let (ready, keep): (Vec<_>, Vec<_>) =
                 retired.entries.drain(..).partition(|r| r.seq <= oldest && (covered(r) || !checkpointing));
             retired.entries = keep;
@@ -1104,6 +1126,7 @@ impl Engine {
                     paths: ready[i..].to_vec(),
                     begun_before: 0,
                     left_out_at: Some((0, 0)),
+                    left_out_when: None,
                 });
                 return Err(e);
             }

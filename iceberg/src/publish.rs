@@ -57,6 +57,12 @@ pub const ICEBERG_PREFIX: &str = "iceberg";
 /// Snapshot summary property: the checkpoint's mirror timestamp.
 pub const CHECKPOINT_TS_PROPERTY: &str = "fovea.checkpoint-ts";
 
+/// How long objects no current snapshot names stay (and, in a replayer
+/// that publishes, lake files combine and storage GC replaced: see
+/// `Engine::set_retire_grace`): a reader that loaded the metadata before
+/// has this long to read what it names.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(600);
+
 /// Earlier metadata files the metadata log lists.
 const METADATA_LOG_KEPT: usize = 10;
 
@@ -124,7 +130,7 @@ impl Publisher {
             lake: Lake::new(store),
             root: root_uri.trim_end_matches('/').to_owned(),
             format,
-            retention: Duration::from_secs(600),
+            retention: DEFAULT_RETENTION,
             deleted: Mutex::new(HashMap::new()),
         }
     }
@@ -519,14 +525,7 @@ impl Publisher {
                 Some(rows) => rows,
                 None => {
                     let bytes = self.lake.get(&Path::from(object.as_str()))?;
-                    let mut rows = Vec::with_capacity(bytes.len() / 4);
-                    if !bytes.len().is_multiple_of(4) {
-                        return Err(PublishError::Corrupt {
-                            what: format!("deleted rows ({object})"),
-                            reason: format!("{} bytes are not a whole number of 4-byte row numbers", bytes.len()),
-                        });
-                    }
-                    rows.extend(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                    let mut rows: Vec<u32> = fovea_core::checkpoint::deleted_rows_of(object, &bytes)?.collect();
                     rows.sort_unstable();
                     let rows = Arc::new(rows);
                     self.deleted.lock().expect("not poisoned").insert(object.clone(), Arc::clone(&rows));

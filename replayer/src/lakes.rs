@@ -58,13 +58,18 @@ pub struct IcebergArgs {
 }
 
 impl IcebergArgs {
-    /// The publisher `--iceberg` asks for, over `store` (the lake's).
+    /// The publisher `--iceberg` asks for, over the lake of `engine`; the
+    /// engine then keeps the files combine and storage GC replace for as
+    /// long as published metadata may name them
+    /// ([`fovea_iceberg::DEFAULT_RETENTION`]).
     pub fn publisher(
         &self,
         lake: &LakeArgs,
-        store: Arc<dyn ObjectStore>,
+        engine: &fovea_core::Engine,
     ) -> CliResult<Option<Arc<dyn fovea_core::sink::CheckpointPublisher>>> {
         let Some(format) = self.iceberg else { return Ok(None) };
+        engine.set_retire_grace(fovea_iceberg::DEFAULT_RETENTION);
+        let store = Arc::clone(engine.lake().store());
         Ok(Some(Arc::new(fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format))))
     }
 }

@@ -140,7 +140,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         // The maintenance thread below does it, beside the replay.
         maintain_on_checkpoint: false,
         history_retention: args.history.0,
-        publisher: args.iceberg.publisher(&args.lake, std::sync::Arc::clone(lake.engine.lake().store()))?,
+        publisher: args.iceberg.publisher(&args.lake, &lake.engine)?,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;

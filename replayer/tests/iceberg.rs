@@ -147,22 +147,27 @@ fn pg_tiny_published_at_every_checkpoint_reads_exactly_in_duckdb_and_pyiceberg()
     assert!(again.contains(" 0 tables published, 13 already current"), "{again}");
 }
 
+/// Replays `input` into `lake` publishing Iceberg, with small blocks and
+/// files: blocks are combined into regular files and files with many stale
+/// rows rewritten while checkpoints publish.
+fn replay_small_files(lake: &Path, input: &Path) {
+    ok(fovea()
+        .args(["replay", "--lake"])
+        .arg(lake)
+        .arg("--input")
+        .arg(input)
+        .args(["--iceberg", "v2", "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
+        .output()
+        .unwrap());
+}
+
 #[test]
 fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
     let input = dir.path().join("hybench.jsonl");
     hybench(&input, 3000, 11);
-    // Small blocks and files: blocks are combined into regular files and
-    // files with many stale rows rewritten while checkpoints publish.
-    ok(fovea()
-        .args(["replay", "--lake"])
-        .arg(&lake)
-        .arg("--input")
-        .arg(&input)
-        .args(["--iceberg", "v2", "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
-        .output()
-        .unwrap());
+    replay_small_files(&lake, &input);
     let summaries = assert_iceberg_reads_as_fovea(&lake);
     // The lake's files were replaced along the way: some table's newest
     // snapshot carries files over and has removed some.
@@ -174,14 +179,7 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
     // snapshot, incrementally, still exact.
     let more = dir.path().join("more.jsonl");
     hybench(&more, 4000, 11);
-    ok(fovea()
-        .args(["replay", "--lake"])
-        .arg(&lake)
-        .arg("--input")
-        .arg(&more)
-        .args(["--iceberg", "v2", "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
-        .output()
-        .unwrap());
+    replay_small_files(&lake, &more);
     assert_iceberg_reads_as_fovea(&lake);
 }
 
@@ -207,4 +205,55 @@ fn publishing_a_lake_without_a_checkpoint_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no checkpoint yet") || err.contains("not a lake") || err.contains("fovea lake"), "{err}");
+}
+
+#[test]
+fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let stream = dir.path().join("hybench.jsonl");
+    hybench(&stream, 3000, 5);
+    let lines: Vec<String> = std::fs::read_to_string(&stream).unwrap().lines().map(str::to_owned).collect();
+    // The initial load and a few transactions first; the rest while readers read.
+    let input = dir.path().join("input.jsonl");
+    let (first, rest) = lines.split_at(lines.len() / 4);
+    append(&input, first);
+    let server = Server::start(
+        &lake,
+        &format!("file:{}", input.display()),
+        &["--iceberg", "v2", "--checkpoint-secs", "0.3", "--block-rows", "64", "--blocks-per-file", "4"],
+    );
+    let location = lake.join(fovea_iceberg::table_dir("hybench.account"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_while_publishing.py");
+    let reader = std::process::Command::new(fovea_testkit::moto::python())
+        .arg(&script)
+        .arg(&location)
+        .arg("25")
+        .arg("SELECT count(*), sum(balance) FROM {table}")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for chunk in rest.chunks(rest.len() / 20 + 1) {
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        append(&input, chunk);
+    }
+    let read = reader.wait_with_output().unwrap();
+    let answers = ok(read);
+    // Every transfer moves money between two accounts in one transaction:
+    // an answer that saw part of one has another total.
+    let mut checkpoints = std::collections::BTreeSet::new();
+    let mut reads = 0;
+    for line in answers.lines() {
+        let a: serde_json::Value = serde_json::from_str(line).unwrap();
+        let count: i64 = a["row"][0].as_str().unwrap().parse().unwrap();
+        let sum: i64 = a["row"][1].as_str().unwrap().parse().unwrap();
+        assert_eq!(sum, count * 1_000_000, "a snapshot with part of a transfer: {line}");
+        checkpoints.insert(a["ts"].as_u64().unwrap());
+        reads += 1;
+    }
+    assert!(checkpoints.len() >= 3, "{reads} reads saw only checkpoints {checkpoints:?}\n{}", server.log());
+    let log = server.stop();
+    assert!(!log.contains("checkpoint not published"), "{log}");
+    assert_iceberg_reads_as_fovea(&lake);
 }

@@ -163,7 +163,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         ddl: crate::replay::read_schema_file(args.schema_file.as_deref())?,
         history_retention: args.history_days.0,
         dedup_window: args.dedup_window,
-        publisher: args.iceberg.publisher(&args.lake, Arc::clone(engine.lake().store()))?,
+        publisher: args.iceberg.publisher(&args.lake, &engine)?,
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
