@@ -166,6 +166,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         lake: fovea_replayer::lakes::LakeArgs::local(&lake),
         functions: Default::default(),
         iceberg: Default::default(),
+        iceberg_rest: None,
         schema_file: None,
         block_rows: fovea_core::buffer::DEFAULT_BLOCK_ROWS,
         blocks_per_file: fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE,

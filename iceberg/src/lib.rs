@@ -20,7 +20,7 @@ pub mod manifest;
 pub mod publish;
 pub mod spec;
 
-pub use publish::{DEFAULT_RETENTION, FormatVersion, Published, Publisher, table_dir};
+pub use publish::{CatalogView, DEFAULT_RETENTION, FormatVersion, Published, Publisher, ViewTable, table_dir};
 
 /// Why a table was not published.
 #[derive(Debug, thiserror::Error)]

@@ -109,6 +109,32 @@ pub struct Published {
     pub objects_deleted: usize,
 }
 
+/// Every table of one publication, all at one checkpoint: what an Iceberg
+/// catalog serves (`fovea serve --iceberg-rest`), so an engine that loads
+/// several tables sees one consistent state of all of them.
+#[derive(Debug)]
+pub struct CatalogView {
+    /// The checkpoint every table is at.
+    pub checkpoint_ts: u64,
+    /// Tables by fovea name (`schema.table`).
+    pub tables: BTreeMap<String, ViewTable>,
+}
+
+/// A table of a [`CatalogView`].
+#[derive(Debug)]
+pub enum ViewTable {
+    /// Its metadata at the view's checkpoint.
+    Published {
+        /// Absolute location of the metadata file.
+        metadata_location: String,
+        /// The metadata file's JSON.
+        metadata: Arc<str>,
+    },
+    /// Not published at the view's checkpoint, and why (its last snapshot
+    /// is at an older one: a catalog must not hand it out as this one).
+    Refused(String),
+}
+
 /// Publishes a lake's checkpoints as Iceberg tables.
 pub struct Publisher {
     lake: Lake,
@@ -119,6 +145,8 @@ pub struct Publisher {
     /// Deleted rows by deleted-rows object, from earlier publications
     /// (objects are immutable; only those the last one used are kept).
     deleted: Mutex<HashMap<String, Arc<Vec<u32>>>>,
+    /// The newest complete publication.
+    view: Mutex<Option<Arc<CatalogView>>>,
 }
 
 impl Publisher {
@@ -132,7 +160,14 @@ impl Publisher {
             format,
             retention: DEFAULT_RETENTION,
             deleted: Mutex::new(HashMap::new()),
+            view: Mutex::new(None),
         }
+    }
+
+    /// The newest publication that reached every table: each at its
+    /// checkpoint (`None` before the first).
+    pub fn view(&self) -> Option<Arc<CatalogView>> {
+        self.view.lock().expect("not poisoned").clone()
     }
 
     /// Keeps objects no current snapshot names for `retention` (default
@@ -156,25 +191,34 @@ impl Publisher {
         let manifest = &checkpoint.manifest;
         let mut published = Published::default();
         let mut used = HashSet::new();
+        let mut view = CatalogView { checkpoint_ts: manifest.checkpoint_ts, tables: BTreeMap::new() };
         for (i, t) in manifest.tables.iter().enumerate() {
             if t.dropped {
                 continue;
             }
-            match self.publish_table(checkpoint, TableId(i as u32), t, &mut used) {
-                Ok(TableOutcome::Published { delete_files_written, objects_deleted }) => {
+            let entry = match self.publish_table(checkpoint, TableId(i as u32), t, &mut used) {
+                Ok(TableOutcome::Published { delete_files_written, objects_deleted, current }) => {
                     published.tables += 1;
                     published.delete_files_written += delete_files_written;
                     published.objects_deleted += objects_deleted;
+                    current
                 }
-                Ok(TableOutcome::Current) => published.current += 1,
+                Ok(TableOutcome::Current(current)) => {
+                    published.current += 1;
+                    current
+                }
                 Err(e @ (PublishError::Schema { .. } | PublishError::Corrupt { .. })) => {
                     tracing::warn!("not published as Iceberg: {e}");
+                    let entry = ViewTable::Refused(e.to_string());
                     published.refused.push(e);
+                    entry
                 }
                 Err(e) => return Err(e),
-            }
+            };
+            view.tables.insert(t.name.clone(), entry);
         }
         self.deleted.lock().expect("not poisoned").retain(|k, _| used.contains(k));
+        *self.view.lock().expect("not poisoned") = Some(Arc::new(view));
         Ok(published)
     }
 
@@ -193,8 +237,21 @@ impl Publisher {
         let prev_snapshot = previous.as_ref().and_then(|(_, m)| m.current_snapshot().cloned());
         if let Some(s) = &prev_snapshot {
             let published_ts: Option<u64> = s.summary.get(CHECKPOINT_TS_PROPERTY).and_then(|v| v.parse().ok());
-            if published_ts.is_some_and(|p| p >= c) {
-                return Ok(TableOutcome::Current);
+            if let Some(p) = published_ts.filter(|&p| p > c) {
+                return Err(PublishError::Corrupt {
+                    what: format!("table {}", table.name),
+                    reason: format!(
+                        "its Iceberg snapshot is at checkpoint {p}, past this replayer's {c}: a newer replayer \
+                         publishes it"
+                    ),
+                });
+            }
+            if published_ts == Some(c) {
+                let (version, metadata) = previous.as_ref().expect("a snapshot has its metadata");
+                return Ok(TableOutcome::Current(ViewTable::Published {
+                    metadata_location: self.uri(&metadata_path(&meta_dir, *version)),
+                    metadata: serde_json::to_string(metadata).expect("metadata serialises").into(),
+                }));
             }
         }
         let def =
@@ -445,6 +502,7 @@ impl Publisher {
             },
         };
         let json = serde_json::to_vec_pretty(&metadata).expect("metadata serialises");
+        let json_text = json.clone();
         let path = metadata_path(&meta_dir, version);
         let created = block_on_io({
             let store = Arc::clone(self.lake.store());
@@ -467,7 +525,11 @@ impl Publisher {
         named.extend(manifests.iter().filter_map(|m| self.object_of(&m.path)));
         named.extend(live_deletes.iter().filter_map(|d| self.object_of(d)));
         let objects_deleted = self.delete_unnamed(&dir, &meta_dir, version, &named)?;
-        Ok(TableOutcome::Published { delete_files_written, objects_deleted })
+        let current = ViewTable::Published {
+            metadata_location: self.uri(&metadata_path(&meta_dir, version)),
+            metadata: String::from_utf8(json_text).expect("JSON is UTF-8").into(),
+        };
+        Ok(TableOutcome::Published { delete_files_written, objects_deleted, current })
     }
 
     /// The newest metadata file of the table at `meta_dir` and its version:
@@ -631,8 +693,13 @@ impl Publisher {
 }
 
 enum TableOutcome {
-    Published { delete_files_written: usize, objects_deleted: usize },
-    Current,
+    Published {
+        delete_files_written: usize,
+        objects_deleted: usize,
+        current: ViewTable,
+    },
+    /// Its snapshot was at or past the checkpoint already.
+    Current(ViewTable),
 }
 
 /// One data file of a table at a checkpoint.

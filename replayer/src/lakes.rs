@@ -66,7 +66,7 @@ impl IcebergArgs {
         &self,
         lake: &LakeArgs,
         engine: &fovea_core::Engine,
-    ) -> CliResult<Option<Arc<dyn fovea_core::sink::CheckpointPublisher>>> {
+    ) -> CliResult<Option<Arc<fovea_iceberg::Publisher>>> {
         let Some(format) = self.iceberg else { return Ok(None) };
         engine.set_retire_grace(fovea_iceberg::DEFAULT_RETENTION);
         let store = Arc::clone(engine.lake().store());

@@ -139,7 +139,7 @@ enum Command {
     /// file, or PostgreSQL logical replication), serve Flight SQL, the
     /// visibility RPC and Prometheus metrics, run GC and checkpoints, until
     /// SIGINT/SIGTERM (then a final checkpoint).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// The split tasks of one table scan at the lake's newest checkpoint,
     /// as JSON (for workers elsewhere: the Lambda scan function through
     /// clients/python): {"query", "lake", "qts", "schema" (Arrow IPC, base64),
@@ -276,7 +276,7 @@ fn main() -> ExitCode {
                 (None, None, _) => Err("give --lake DIR or --connect URL".into()),
             }
         }
-        Command::Serve(args) => serve::serve(args, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))),
+        Command::Serve(args) => serve::serve(*args, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))),
         Command::Plan { lake, table, columns, limit } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());

@@ -140,7 +140,10 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
         // The maintenance thread below does it, beside the replay.
         maintain_on_checkpoint: false,
         history_retention: args.history.0,
-        publisher: args.iceberg.publisher(&args.lake, &lake.engine)?,
+        publisher: args
+            .iceberg
+            .publisher(&args.lake, &lake.engine)?
+            .map(|p| p as std::sync::Arc<dyn fovea_core::sink::CheckpointPublisher>),
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;

@@ -257,3 +257,68 @@ fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
     assert!(!log.contains("checkpoint not published"), "{log}");
     assert_iceberg_reads_as_fovea(&lake);
 }
+
+#[test]
+fn the_rest_catalog_of_fovea_serve_answers_every_table_at_one_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let data = pg_tiny();
+    let input = dir.path().join("input.jsonl");
+    std::fs::write(&input, gunzip(&data.join("debezium_events.jsonl.gz"))).unwrap();
+    let [rest] = free_ports();
+    let rest_addr = format!("127.0.0.1:{rest}");
+    let schema_file = data.join("schema.sql").display().to_string();
+    let server = Server::start(
+        &lake,
+        &format!("file:{}", input.display()),
+        &[
+            "--iceberg",
+            "v2",
+            "--iceberg-rest",
+            &rest_addr,
+            "--token",
+            "s3cret",
+            "--schema-file",
+            &schema_file,
+            "--checkpoint-secs",
+            "0.5",
+        ],
+    );
+    let out = tempfile::tempdir().unwrap();
+    let counts: BTreeMap<String, usize> = std::fs::read_to_string(data.join("final_tables/row_counts.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (t, n) = l.split_once(' ').unwrap();
+            (t.to_owned(), n.trim().parse().unwrap())
+        })
+        .collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/rest_catalog.py");
+    let read = std::process::Command::new(fovea_testkit::moto::python())
+        .arg(&script)
+        .arg(format!("http://{rest_addr}"))
+        .arg("s3cret")
+        .arg(out.path())
+        .arg(serde_json::to_string(&counts).unwrap())
+        .arg("90")
+        .output()
+        .unwrap();
+    let printed = ok(read);
+    let answer: serde_json::Value = serde_json::from_str(printed.trim()).unwrap();
+    assert_eq!(answer["without_token"], 401, "{answer}");
+    let snapshots = answer["snapshots"].as_object().unwrap();
+    assert_eq!(snapshots.len(), counts.len(), "{answer}");
+    let at: std::collections::BTreeSet<u64> = snapshots.values().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(at.len(), 1, "tables at different checkpoints: {answer}");
+    server.stop();
+    // The catalog answered once every table had PostgreSQL's final row
+    // count: the whole stream, so the checkpoint fovea's reader opens now.
+    let (ts, expected) = fovea_tables(&lake);
+    assert_eq!(at.into_iter().next(), Some(ts));
+    for (name, (schema, rows)) in &expected {
+        let batches = read_parquet(&out.path().join(format!("{name}.parquet")));
+        let mut got: Vec<String> = batches.iter().flat_map(|b| rows_as_text(b, schema)).collect();
+        got.sort();
+        assert_eq!(got, *rows, "{name} through the REST catalog");
+    }
+}

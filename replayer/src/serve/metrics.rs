@@ -363,44 +363,17 @@ pub async fn serve_metrics(
     engine: Arc<Engine>,
     started: std::time::Instant,
 ) {
-    // At most this many scrapes at once; each has this long to send its
-    // request head, and a connection this long in all (a slow or idle
-    // client cannot hold one).
-    const CONNECTIONS: usize = 32;
-    const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-    const CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
-    loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of file descriptors and the like: wait instead of
-                // spinning on the error.
-                tracing::warn!("metrics endpoint: accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                continue;
-            }
-        };
-        let (metrics, engine) = (Arc::clone(&metrics), Arc::clone(&engine));
-        let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            let answer = answer(request.method(), request.uri().path(), &metrics, &engine, started);
-            std::future::ready(Ok::<_, std::convert::Infallible>(answer))
-        });
-        tokio::spawn(async move {
-            let _slot = slot;
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .keep_alive(false)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!("metrics endpoint: {e}"),
-                Err(_) => tracing::debug!("metrics endpoint: a connection took longer than {CONNECTION_TIMEOUT:?}"),
-            }
-        });
-    }
+    // At most this many scrapes at once, each with bounded time.
+    let limits = super::http::Limits {
+        connections: 32,
+        head_timeout: std::time::Duration::from_secs(5),
+        connection_timeout: std::time::Duration::from_secs(30),
+        keep_alive: false,
+    };
+    super::http::serve_http(listener, "metrics endpoint", limits, move |request| {
+        answer(request.method(), request.uri().path(), &metrics, &engine, started)
+    })
+    .await
 }
 
 /// The answer to one request of the metrics endpoint.

@@ -12,6 +12,8 @@
 //! confirmed before the process exits.
 
 pub mod flight;
+pub mod http;
+pub mod iceberg_rest;
 pub mod metrics;
 pub mod postgres;
 pub mod replication;
@@ -38,6 +40,11 @@ pub struct ServeArgs {
     pub functions: crate::lakes::FunctionsArgs,
     #[command(flatten)]
     pub iceberg: crate::lakes::IcebergArgs,
+    /// Serve an Iceberg REST catalog of the published tables here (needs
+    /// --iceberg): every table it answers is at the same checkpoint. Off
+    /// loopback it needs --token (requests carry `Authorization: Bearer`).
+    #[arg(long, value_name = "ADDR", requires = "iceberg")]
+    pub iceberg_rest: Option<SocketAddr>,
     /// file:PATH, postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true],
     /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
     #[arg(long)]
@@ -123,6 +130,13 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         )
         .into());
     }
+    if let Some(addr) = args.iceberg_rest.filter(|a| !a.ip().is_loopback() && args.token.is_none()) {
+        return Err(format!(
+            "--iceberg-rest {addr} is not a loopback address: set --token (or FOVEA_TOKEN) so every request must \
+             carry it"
+        )
+        .into());
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
         _ => None,
@@ -154,6 +168,15 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         Some(Arc::clone(&metrics)),
     )?;
     let input_name = source.name().to_owned();
+    let publisher = args.iceberg.publisher(&args.lake, &engine)?;
+    if let (Some(p), Some(checkpoint)) = (&publisher, &lake.checkpoint) {
+        // The checkpoint restored, published before anything is served (a
+        // no-op when it was): the catalog answers from the start.
+        let done = p.publish(checkpoint)?;
+        if !done.refused.is_empty() {
+            tracing::warn!(tables = done.refused.len(), "tables not published as Iceberg at the restored checkpoint");
+        }
+    }
     let sink_config = SinkConfig {
         // The input loop decides when to checkpoint (and confirms after).
         checkpoint_txns: u64::MAX,
@@ -163,7 +186,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         ddl: crate::replay::read_schema_file(args.schema_file.as_deref())?,
         history_retention: args.history_days.0,
         dedup_window: args.dedup_window,
-        publisher: args.iceberg.publisher(&args.lake, &engine)?,
+        publisher: publisher.clone().map(|p| p as Arc<dyn fovea_core::sink::CheckpointPublisher>),
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
@@ -202,6 +225,12 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     }
     tracing::info!(%flight_addr, input = %input_name, "serving");
     // Tests and scripts wait for this line.
+    if let Some(addr) = args.iceberg_rest {
+        let publisher = publisher.clone().expect("--iceberg-rest requires --iceberg");
+        let l = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
+        println!("fovea serve: Iceberg REST catalog on http://{}", l.local_addr()?);
+        runtime.spawn(iceberg_rest::serve_catalog(l, publisher, args.token.clone()));
+    }
     println!("fovea serve: Flight SQL on {scheme}://{flight_addr}");
 
     let maintenance = {

@@ -1,0 +1,62 @@
+"""Reads every table of an Iceberg REST catalog with pyiceberg, for
+replayer/tests/iceberg.rs.
+
+usage: rest_catalog.py URI TOKEN OUT COUNTS SECONDS
+
+Waits (at most SECONDS) until the catalog lists every table of COUNTS (a
+JSON object: table name -> row count) with that many rows, all at one
+checkpoint that stayed the newest for 2 s (the input is consumed), loading
+each table again every round, then writes each table's rows to
+OUT/NAMESPACE.TABLE.parquet and prints one JSON object: each table's
+snapshot checkpoint timestamp, and what a request without the token got.
+"""
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pyarrow.parquet as pq
+from pyiceberg.catalog.rest import RestCatalog
+
+
+def tables(catalog):
+    return [t for ns in catalog.list_namespaces() for t in catalog.list_tables(ns)]
+
+
+def main():
+    uri, token, out, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[5])
+    counts = json.loads(sys.argv[4])
+    catalog = RestCatalog("fovea", uri=uri, token=token)
+    end = time.monotonic() + seconds
+    stable_since, last = None, None
+    while True:
+        read, snapshots = {}, {}
+        for identifier in tables(catalog):
+            table = catalog.load_table(identifier)
+            name = ".".join(identifier)
+            read[name] = table.scan().to_arrow()
+            snapshots[name] = int(table.current_snapshot().summary["fovea.checkpoint-ts"])
+        at = set(snapshots.values())
+        if at != last:
+            stable_since, last = time.monotonic(), at
+        complete = {name: t.num_rows for name, t in read.items()} == counts
+        if complete and len(at) == 1 and time.monotonic() - stable_since >= 2:
+            break
+        if time.monotonic() > end:
+            sys.exit(f"after {seconds} s the catalog has {sorted((n, t.num_rows) for n, t in read.items())}")
+        time.sleep(0.2)
+    for name, t in read.items():
+        pq.write_table(t, os.path.join(out, f"{name}.parquet"))
+    try:
+        urllib.request.urlopen(f"{uri}/v1/namespaces")
+        without_token = 200
+    except urllib.error.HTTPError as e:
+        without_token = e.code
+    print(json.dumps({"snapshots": snapshots, "without_token": without_token}))
+
+
+if __name__ == "__main__":
+    main()
