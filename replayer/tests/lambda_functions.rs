@@ -199,7 +199,11 @@ fn lambda_throttling_and_lost_answers_leave_the_tables_exact() {
     let dir = tempfile::tempdir().unwrap();
     let input = stream(dir.path());
     let lambda = functions(&moto, &[]);
-    let faults = ["--throttle", "0.3", "--after", "0.15", "--delay-ms", "50", "--seed", "5"];
+    // Seeded: the proxy's rolls are a fixed sequence per request count. Seed
+    // 18 throttles the first request and loses the second's answer, so both
+    // faults are dealt however few rewrites a fast run asks for (seed 5 dealt
+    // no lost answer in a run of 20 requests).
+    let faults = ["--throttle", "0.3", "--after", "0.15", "--delay-ms", "50", "--seed", "18"];
     let proxy = fovea_testkit::moto::FaultProxy::start(&lambda.endpoint(), &faults).unwrap();
     let server = serve(&moto, &proxy.endpoint, "throttled", &input, "lambda://fovea?concurrency=3&timeout_s=60", &[]);
     eventually(Duration::from_secs(300), "replayed, combined and garbage-collected", || {
