@@ -5,14 +5,15 @@
 //! snapshot per table whose rows are exactly the table at the checkpoint's
 //! timestamp: the data files are the lake's own Parquet files, as they
 //! are; the rows a snapshot must not have (deleted at or before it, or
-//! appended after it into a file it names) are position deletes. Tables
+//! appended after it into a file it names) are position deletes: format 2
+//! position delete files or format 3 deletion vectors. Tables
 //! live at `iceberg/SCHEMA/TABLE` under the lake's root, with file metadata
 //! (`metadata/vN.metadata.json` and `metadata/version-hint.text`), so any
 //! reader opens one by its path.
 //!
 //! - [`spec`]: table metadata, schemas with stable field ids, name mapping.
 //! - [`manifest`]: manifests and manifest lists (Avro).
-//! - [`deletes`]: position delete files (Parquet).
+//! - [`deletes`]: position delete files (Parquet), deletion vectors (Puffin).
 //! - [`publish`]: the incremental publisher.
 
 pub mod deletes;

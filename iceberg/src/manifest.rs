@@ -336,8 +336,9 @@ pub fn read_manifest_list(path: &str, bytes: &[u8]) -> Result<Vec<ManifestFile>>
     Ok(out)
 }
 
-/// The entries of manifest `m` (its `bytes`), sequence numbers inherited
-/// from it where an entry has none.
+/// The entries of manifest `m` (its `bytes`), sequence numbers (and in
+/// format 3, data files' first row ids) inherited from it where an entry
+/// has none.
 pub fn read_manifest(m: &ManifestFile, bytes: &[u8]) -> Result<Vec<Entry>> {
     let corrupt = |reason: String| PublishError::Corrupt { what: m.path.clone(), reason };
     let reader = Reader::new(bytes).map_err(|e| corrupt(e.to_string()))?;
@@ -375,6 +376,15 @@ pub fn read_manifest(m: &ManifestFile, bytes: &[u8]) -> Result<Vec<Entry>> {
                 first_row_id: f.opt_long("first_row_id").map_err(&corrupt)?,
             },
         });
+    }
+    // Format 3: a data file written without a row id inherits one from the
+    // manifest, after the rows of those before it that did too.
+    if let (Content::Data, Some(first)) = (m.content, m.first_row_id) {
+        let mut next = first;
+        for e in out.iter_mut().filter(|e| e.file.first_row_id.is_none()) {
+            e.file.first_row_id = Some(next);
+            next += e.file.record_count;
+        }
     }
     Ok(out)
 }
@@ -503,10 +513,18 @@ mod tests {
                 deleted_rows: 0,
                 first_row_id: (version >= 3).then_some(0),
             };
-            assert_eq!(read_manifest(&m, &bytes).unwrap(), entries);
+            // Format 3: files without a row id inherit one from the manifest.
+            let mut inherited = entries.clone();
+            if version >= 3 {
+                inherited[0].file.first_row_id = Some(0);
+                inherited[1].file.first_row_id = Some(10);
+            }
+            assert_eq!(read_manifest(&m, &bytes).unwrap(), inherited);
             let deletes = vec![entry(Status::Added, "file:///l/d.parquet", Some("file:///l/a.parquet"))];
             let header = ManifestHeader { content: Content::PositionDeletes, ..header };
-            assert_eq!(read_manifest(&m, &write_manifest(&header, &deletes).unwrap()).unwrap(), deletes);
+            let delete_manifest = ManifestFile { content: Content::PositionDeletes, first_row_id: None, ..m.clone() };
+            let read = read_manifest(&delete_manifest, &write_manifest(&header, &deletes).unwrap()).unwrap();
+            assert_eq!(read, deletes);
             let list = write_manifest_list(version, 7, Some(6), 3, std::slice::from_ref(&m)).unwrap();
             assert_eq!(read_manifest_list("l.avro", &list).unwrap(), vec![m]);
         }

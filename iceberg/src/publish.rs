@@ -5,7 +5,8 @@
 //!  checkpoint manifest (files, blocks, deleted-row objects at c)
 //!    per table ─▶ data files: its regular files and flushed blocks, as they are
 //!              ─▶ deletes: per data file, rows deleted at ≤ c and rows created after c
-//!                          (one position delete file each, named by its content)
+//!                          (format 2: one position delete file each; format 3: one
+//!                          deletion vector each, in a Puffin file; named by content)
 //!              ─▶ manifests (data, deletes) ─▶ manifest list
 //!              ─▶ metadata/v{N+1}.metadata.json (created only if absent)
 //!              ─▶ metadata/version-hint.text = N+1
@@ -21,10 +22,15 @@
 //! Readers only ever follow metadata files: everything a snapshot names is
 //! written before its metadata file, which is created only if no other
 //! publisher created that version. A checkpoint not newer than the table's
-//! current snapshot is not published again. Objects under a table's
-//! directory that its current snapshot does not name are deleted once they
-//! are older than the retention (a reader that loaded an earlier metadata
-//! file has that long to read it).
+//! current snapshot is not published again. Earlier snapshots stay in the
+//! metadata (time travel by snapshot id = checkpoint ts) until the one
+//! after them is older than the retention — as long as a publishing
+//! replayer keeps the data files combine and storage GC replaced. Objects
+//! under a table's directory that no kept snapshot names are deleted once
+//! they are older than the retention.
+//!
+//! Format 3 adds row lineage: every data file gets a range of row ids
+//! (`first_row_id`), assigned once from the table's `next-row-id`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
@@ -40,7 +46,7 @@ use fovea_core::schema::CREATE_TS_COLUMN;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::deletes::position_delete_file;
+use crate::deletes::{deletion_vector_file, position_delete_file};
 use crate::manifest::{
     Content, DataFile, Entry, ManifestFile, ManifestHeader, Status, read_manifest, read_manifest_list, write_manifest,
     write_manifest_list,
@@ -67,28 +73,30 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(600);
 const METADATA_LOG_KEPT: usize = 10;
 
 /// Which Iceberg format tables are published in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     /// Format 2: position delete files (Athena, and every other reader).
     V2,
+    /// Format 3: deletion vectors in Puffin files, row lineage (Spark with
+    /// Iceberg 1.8+, Trino, DuckDB 1.4+, Snowflake; not Athena).
+    V3,
 }
 
 impl FormatVersion {
-    /// Parses `v2` (or `2`).
+    /// Parses `v2` or `v3` (or `2`, `3`).
     pub fn parse(s: &str) -> std::result::Result<Self, String> {
         match s {
             "v2" | "2" => Ok(Self::V2),
-            "v3" | "3" => Err(format!(
-                "--iceberg {s}: format 3 (deletion vectors) is not published yet; v2 (position deletes) is read by \
-                 every engine that reads v3"
-            )),
-            other => Err(format!("--iceberg {other}: expected v2")),
+            "v3" | "3" => Ok(Self::V3),
+            other => Err(format!("--iceberg {other}: expected v2 (position deletes) or v3 (deletion vectors)")),
         }
     }
 
-    fn number(self) -> u8 {
+    /// The format's number in table metadata.
+    pub fn number(self) -> u8 {
         match self {
             Self::V2 => 2,
+            Self::V3 => 3,
         }
     }
 }
@@ -107,6 +115,9 @@ pub struct Published {
     pub delete_files_written: usize,
     /// Objects no snapshot names any more, deleted.
     pub objects_deleted: usize,
+    /// Bytes of the objects written: deletes, manifests, manifest lists,
+    /// metadata (data files are the lake's: never written).
+    pub bytes_written: u64,
 }
 
 /// Every table of one publication, all at one checkpoint: what an Iceberg
@@ -145,6 +156,9 @@ pub struct Publisher {
     /// Deleted rows by deleted-rows object, from earlier publications
     /// (objects are immutable; only those the last one used are kept).
     deleted: Mutex<HashMap<String, Arc<Vec<u32>>>>,
+    /// The objects each kept snapshot names (its manifest list, manifests,
+    /// delete files), by manifest list URI.
+    snapshot_objects: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// The newest complete publication.
     view: Mutex<Option<Arc<CatalogView>>>,
 }
@@ -160,6 +174,7 @@ impl Publisher {
             format,
             retention: DEFAULT_RETENTION,
             deleted: Mutex::new(HashMap::new()),
+            snapshot_objects: Mutex::new(HashMap::new()),
             view: Mutex::new(None),
         }
     }
@@ -197,8 +212,9 @@ impl Publisher {
                 continue;
             }
             let entry = match self.publish_table(checkpoint, TableId(i as u32), t, &mut used) {
-                Ok(TableOutcome::Published { delete_files_written, objects_deleted, current }) => {
+                Ok(TableOutcome::Published { delete_files_written, bytes_written, objects_deleted, current }) => {
                     published.tables += 1;
+                    published.bytes_written += bytes_written;
                     published.delete_files_written += delete_files_written;
                     published.objects_deleted += objects_deleted;
                     current
@@ -218,6 +234,7 @@ impl Publisher {
             view.tables.insert(t.name.clone(), entry);
         }
         self.deleted.lock().expect("not poisoned").retain(|k, _| used.contains(k));
+        self.snapshot_objects.lock().expect("not poisoned").retain(|k, _| used.contains(k));
         *self.view.lock().expect("not poisoned") = Some(Arc::new(view));
         Ok(published)
     }
@@ -234,6 +251,20 @@ impl Publisher {
         let dir = table_dir(&table.name);
         let meta_dir = format!("{dir}/metadata");
         let previous = self.current_metadata(&meta_dir)?;
+        if let Some((_, m)) = &previous
+            && m.format_version > self.format.number()
+        {
+            return Err(PublishError::Corrupt {
+                what: format!("table {}", table.name),
+                reason: format!(
+                    "it is published in Iceberg format {}, and a table cannot go back to format {} (publish it \
+                     with --iceberg v{})",
+                    m.format_version,
+                    self.format.number(),
+                    m.format_version
+                ),
+            });
+        }
         let prev_snapshot = previous.as_ref().and_then(|(_, m)| m.current_snapshot().cloned());
         if let Some(s) = &prev_snapshot {
             let published_ts: Option<u64> = s.summary.get(CHECKPOINT_TS_PROPERTY).and_then(|v| v.parse().ok());
@@ -291,6 +322,7 @@ impl Publisher {
         let mut data_entries = Vec::new();
         let mut delete_entries = Vec::new();
         let mut delete_files_written = 0;
+        let mut delete_bytes_written = 0u64;
         let mut live_deletes = HashSet::new();
         let mut live_data = HashSet::new();
         for file in self.data_files(manifest, id)? {
@@ -321,25 +353,40 @@ impl Publisher {
             if positions.is_empty() {
                 continue;
             }
-            let name = format!("{dir}/deletes/{}-{:016x}.parquet", file.fovea_file, content_hash(&uri, &positions));
+            let extension = match self.format {
+                FormatVersion::V2 => "parquet",
+                FormatVersion::V3 => "puffin",
+            };
+            let name = format!("{dir}/deletes/{}-{:016x}.{extension}", file.fovea_file, content_hash(&uri, &positions));
             let delete_uri = self.uri(&Path::from(name.as_str()));
             live_deletes.insert(delete_uri.clone());
             match prev_deletes.get(&delete_uri) {
                 Some(e) => delete_entries.push(Entry { status: Status::Existing, ..e.clone() }),
                 None => {
-                    let bytes = position_delete_file(&uri, &positions)?;
+                    // Format 3 forbids new position delete files: a
+                    // deletion vector (which replaces any delete file of
+                    // the data file before, as a format 2 table's upgrade
+                    // requires).
+                    let (bytes, format, content_offset, content_size) = match self.format {
+                        FormatVersion::V2 => (position_delete_file(&uri, &positions)?, "PARQUET", None, None),
+                        FormatVersion::V3 => {
+                            let dv = deletion_vector_file(&uri, &positions)?;
+                            (dv.bytes, "PUFFIN", Some(dv.offset), Some(dv.length))
+                        }
+                    };
                     let size = bytes.len() as i64;
                     self.lake.put(&Path::from(name.as_str()), Bytes::from(bytes))?;
                     delete_files_written += 1;
+                    delete_bytes_written += size as u64;
                     delete_entries.push(added(DataFile {
                         content: Content::PositionDeletes,
                         path: delete_uri,
-                        format: "PARQUET",
+                        format,
                         record_count: positions.len() as i64,
                         size,
                         referenced_data_file: Some(uri),
-                        content_offset: None,
-                        content_size: None,
+                        content_offset,
+                        content_size,
                         first_row_id: None,
                     }));
                 }
@@ -355,8 +402,15 @@ impl Publisher {
             gone.sort_by(|a, b| a.file.path.cmp(&b.file.path));
             gone
         };
-        let removed_data = gone(prev_data, &live_data);
+        let mut removed_data = gone(prev_data, &live_data);
         let removed_deletes = gone(prev_deletes, &live_deletes);
+        let lineage = (self.format >= FormatVersion::V3).then(|| {
+            row_lineage(
+                previous.as_ref().and_then(|(_, m)| m.next_row_id).unwrap_or(0),
+                &mut data_entries,
+                &mut removed_data,
+            )
+        });
         let operation = if removed_data.is_empty() && removed_deletes.is_empty() && delete_files_written == 0 {
             "append"
         } else {
@@ -431,11 +485,13 @@ impl Publisher {
                 added_rows: live(Status::Added).map(|e| e.file.record_count).sum(),
                 existing_rows: live(Status::Existing).map(|e| e.file.record_count).sum(),
                 deleted_rows: live(Status::Deleted).map(|e| e.file.record_count).sum(),
-                first_row_id: None,
+                // Format 3: the data files it adds get their row ids from here.
+                first_row_id: lineage.filter(|_| content == Content::Data).map(|l| l.manifest_first_row_id),
             });
         }
         let parent = prev_snapshot.as_ref().map(|s| s.snapshot_id);
         let list = write_manifest_list(format, snapshot_id, parent, sequence_number, &manifests)?;
+        let list_bytes = list.len() as u64;
         let list_path = format!("{meta_dir}/snap-{snapshot_id}-v{version}.avro");
         self.lake.put(&Path::from(list_path.as_str()), Bytes::from(list))?;
 
@@ -448,6 +504,8 @@ impl Publisher {
             manifest_list: self.uri(&Path::from(list_path.as_str())),
             summary,
             schema_id: schema.schema_id,
+            first_row_id: lineage.map(|l| l.first_row_id),
+            added_rows: lineage.map(|l| l.next_row_id - l.first_row_id),
         };
         let metadata = match previous {
             Some((prev_version, prev)) => {
@@ -468,8 +526,12 @@ impl Publisher {
                 m.last_updated_ms = now;
                 m.properties.insert(NAME_MAPPING_PROPERTY.into(), published.name_mapping.clone());
                 m.current_snapshot_id = Some(snapshot_id);
-                m.snapshot_log = vec![SnapshotLogEntry { timestamp_ms: now, snapshot_id }];
-                m.snapshots = vec![snapshot];
+                m.format_version = format;
+                m.properties.insert("format-version".to_owned(), format.to_string());
+                m.next_row_id = lineage.map(|l| l.next_row_id);
+                m.snapshots.push(snapshot);
+                m.snapshot_log.push(SnapshotLogEntry { timestamp_ms: now, snapshot_id });
+                expire_snapshots(&mut m, cutoff_ms(self.retention));
                 m.refs = main_ref(snapshot_id);
                 m
             }
@@ -498,10 +560,11 @@ impl Publisher {
                 sort_orders: vec![SortOrder { order_id: 0, fields: vec![] }],
                 default_sort_order_id: 0,
                 refs: main_ref(snapshot_id),
-                next_row_id: None,
+                next_row_id: lineage.map(|l| l.next_row_id),
             },
         };
         let json = serde_json::to_vec_pretty(&metadata).expect("metadata serialises");
+        let metadata_bytes = json.len() as u64;
         let json_text = json.clone();
         let path = metadata_path(&meta_dir, version);
         let created = block_on_io({
@@ -518,18 +581,49 @@ impl Publisher {
         }
         self.lake.put(&Path::from(format!("{meta_dir}/version-hint.text")), Bytes::from(version.to_string()))?;
 
-        // Objects no snapshot names any more.
+        // Objects no kept snapshot names any more.
+        let list_uri = self.uri(&Path::from(list_path.as_str()));
+        let mut this_snapshot = vec![list_path];
+        this_snapshot.extend(manifests.iter().filter_map(|m| self.object_of(&m.path)));
+        this_snapshot.extend(live_deletes.iter().filter_map(|d| self.object_of(d)));
+        self.snapshot_objects.lock().expect("not poisoned").insert(list_uri.clone(), Arc::new(this_snapshot));
         let mut named: HashSet<String> = HashSet::new();
         named.insert(metadata_path(&meta_dir, version).to_string());
-        named.insert(list_path);
-        named.extend(manifests.iter().filter_map(|m| self.object_of(&m.path)));
-        named.extend(live_deletes.iter().filter_map(|d| self.object_of(d)));
+        for s in &metadata.snapshots {
+            named.extend(self.objects_of(s, used)?.iter().cloned());
+        }
         let objects_deleted = self.delete_unnamed(&dir, &meta_dir, version, &named)?;
         let current = ViewTable::Published {
             metadata_location: self.uri(&metadata_path(&meta_dir, version)),
             metadata: String::from_utf8(json_text).expect("JSON is UTF-8").into(),
         };
-        Ok(TableOutcome::Published { delete_files_written, objects_deleted, current })
+        let bytes_written =
+            delete_bytes_written + manifests.iter().map(|m| m.length as u64).sum::<u64>() + list_bytes + metadata_bytes;
+        Ok(TableOutcome::Published { delete_files_written, bytes_written, objects_deleted, current })
+    }
+
+    /// The objects under the lake's root snapshot `s` names besides data
+    /// files: its manifest list, its manifests and their delete files.
+    fn objects_of(&self, s: &Snapshot, used: &mut HashSet<String>) -> Result<Arc<Vec<String>>> {
+        used.insert(s.manifest_list.clone());
+        if let Some(known) = self.snapshot_objects.lock().expect("not poisoned").get(&s.manifest_list) {
+            return Ok(Arc::clone(known));
+        }
+        let mut objects: Vec<String> = self.object_of(&s.manifest_list).into_iter().collect();
+        let list = self.get_uri(&s.manifest_list)?;
+        for m in read_manifest_list(&s.manifest_list, &list)? {
+            objects.extend(self.object_of(&m.path));
+            if m.content == Content::PositionDeletes {
+                let bytes = self.get_uri(&m.path)?;
+                let entries = read_manifest(&m, &bytes)?;
+                objects.extend(
+                    entries.iter().filter(|e| e.status != Status::Deleted).filter_map(|e| self.object_of(&e.file.path)),
+                );
+            }
+        }
+        let objects = Arc::new(objects);
+        self.snapshot_objects.lock().expect("not poisoned").insert(s.manifest_list.clone(), Arc::clone(&objects));
+        Ok(objects)
     }
 
     /// The newest metadata file of the table at `meta_dir` and its version:
@@ -618,7 +712,7 @@ impl Publisher {
     }
 
     fn delete_unnamed(&self, dir: &str, meta_dir: &str, version: u64, named: &HashSet<String>) -> Result<usize> {
-        let cutoff = chrono_cutoff(self.retention);
+        let cutoff = cutoff_ms(self.retention);
         let objects = self.lake.list(&Path::from(dir))?;
         // Only the publisher of the newest version cleans up: one that lost a
         // race to a newer publication leaves that one's objects alone.
@@ -695,6 +789,7 @@ impl Publisher {
 enum TableOutcome {
     Published {
         delete_files_written: usize,
+        bytes_written: u64,
         objects_deleted: usize,
         current: ViewTable,
     },
@@ -793,8 +888,51 @@ fn now_ms() -> i64 {
 }
 
 /// Milliseconds since the epoch `retention` ago.
-fn chrono_cutoff(retention: Duration) -> i64 {
+fn cutoff_ms(retention: Duration) -> i64 {
     now_ms() - retention.as_millis() as i64
+}
+
+/// Drops the snapshots of `m` that stopped being current before `cutoff`
+/// (ms): a snapshot is kept while the one after it is younger than the
+/// retention — the time a publishing replayer keeps the data files it
+/// names that combine and storage GC replaced — so time travel to a kept
+/// snapshot reads exactly what it read when it was current.
+fn expire_snapshots(m: &mut TableMetadata, cutoff: i64) {
+    let mut first_kept = 0;
+    while first_kept + 1 < m.snapshots.len() && m.snapshots[first_kept + 1].timestamp_ms <= cutoff {
+        first_kept += 1;
+    }
+    m.snapshots.drain(..first_kept);
+    let kept: HashSet<i64> = m.snapshots.iter().map(|s| s.snapshot_id).collect();
+    m.snapshot_log.retain(|e| kept.contains(&e.snapshot_id));
+}
+
+/// Format 3 row ids of one snapshot.
+#[derive(Clone, Copy, Debug)]
+struct RowLineage {
+    /// The table's `next-row-id` before it: the snapshot's `first-row-id`.
+    first_row_id: i64,
+    /// The data manifest's `first_row_id`: its added files' ids start here.
+    manifest_first_row_id: i64,
+    /// The table's `next-row-id` after it.
+    next_row_id: i64,
+}
+
+/// Assigns row ids from `next_row_id`: data files carried without one (a
+/// format 2 table upgraded) get theirs written in the manifest; the files
+/// this snapshot adds (written without one) inherit theirs from the
+/// manifest's `first_row_id`, in manifest order.
+fn row_lineage(next_row_id: i64, carried: &mut [Entry], removed: &mut [Entry]) -> RowLineage {
+    let mut next = next_row_id;
+    for e in carried.iter_mut().chain(removed.iter_mut()) {
+        if e.status != Status::Added && e.file.first_row_id.is_none() {
+            e.file.first_row_id = Some(next);
+            next += e.file.record_count;
+        }
+    }
+    let manifest_first_row_id = next;
+    next += carried.iter().filter(|e| e.status == Status::Added).map(|e| e.file.record_count).sum::<i64>();
+    RowLineage { first_row_id: next_row_id, manifest_first_row_id, next_row_id: next }
 }
 
 impl std::fmt::Debug for Publisher {
@@ -818,5 +956,110 @@ impl fovea_core::sink::CheckpointPublisher for Publisher {
         } else {
             Err(p.refused.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{DataFile, ManifestHeader};
+
+    fn data(status: Status, path: &str, rows: i64, first_row_id: Option<i64>) -> Entry {
+        Entry {
+            status,
+            snapshot_id: 1,
+            sequence_number: 1,
+            file_sequence_number: 1,
+            file: DataFile {
+                content: Content::Data,
+                path: path.into(),
+                format: "PARQUET",
+                record_count: rows,
+                size: 100,
+                referenced_data_file: None,
+                content_offset: None,
+                content_size: None,
+                first_row_id,
+            },
+        }
+    }
+
+    #[test]
+    fn row_ids_are_assigned_once_and_read_back_by_inheritance() {
+        // An upgraded format 2 table: a carried file without an id gets one
+        // written; added files inherit from the manifest after it.
+        let mut carried = vec![
+            data(Status::Existing, "a", 10, None),
+            data(Status::Existing, "b", 5, Some(3)),
+            data(Status::Added, "c", 7, None),
+            data(Status::Added, "d", 2, None),
+        ];
+        let mut removed = vec![data(Status::Deleted, "e", 4, Some(0))];
+        let l = row_lineage(100, &mut carried, &mut removed);
+        assert_eq!((l.first_row_id, l.manifest_first_row_id, l.next_row_id), (100, 110, 119));
+        assert_eq!(carried[0].file.first_row_id, Some(100));
+        assert_eq!(carried[1].file.first_row_id, Some(3), "an assigned id is kept");
+        assert_eq!(removed[0].file.first_row_id, Some(0));
+
+        let mut entries = carried.clone();
+        entries.extend(removed);
+        let header = ManifestHeader { schema_json: "{}", schema_id: 0, format_version: 3, content: Content::Data };
+        let bytes = write_manifest(&header, &entries).unwrap();
+        let m = ManifestFile {
+            path: "m.avro".into(),
+            length: bytes.len() as i64,
+            content: Content::Data,
+            sequence_number: 1,
+            min_sequence_number: 1,
+            added_snapshot_id: 1,
+            added_files: 2,
+            existing_files: 2,
+            deleted_files: 1,
+            added_rows: 9,
+            existing_rows: 15,
+            deleted_rows: 4,
+            first_row_id: Some(l.manifest_first_row_id),
+        };
+        let ids: Vec<Option<i64>> = read_manifest(&m, &bytes).unwrap().iter().map(|e| e.file.first_row_id).collect();
+        assert_eq!(ids, vec![Some(100), Some(3), Some(110), Some(117), Some(0)]);
+    }
+
+    fn snapshot(id: i64, timestamp_ms: i64) -> Snapshot {
+        Snapshot {
+            snapshot_id: id,
+            parent_snapshot_id: None,
+            sequence_number: id,
+            timestamp_ms,
+            manifest_list: format!("snap-{id}.avro"),
+            summary: BTreeMap::new(),
+            schema_id: 0,
+            first_row_id: None,
+            added_rows: None,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_kept_while_the_one_after_it_is_younger_than_the_retention() {
+        let mut m: TableMetadata = serde_json::from_value(serde_json::json!({
+            "format-version": 2, "table-uuid": "u", "location": "l", "last-sequence-number": 4,
+            "last-updated-ms": 0, "last-column-id": 0, "schemas": [], "current-schema-id": 0,
+            "partition-specs": [], "default-spec-id": 0, "last-partition-id": 999, "properties": {},
+            "snapshots": [], "snapshot-log": [], "metadata-log": [], "sort-orders": [],
+            "default-sort-order-id": 0
+        }))
+        .unwrap();
+        for (id, ts) in [(1, 100), (2, 200), (3, 300), (4, 400)] {
+            m.snapshots.push(snapshot(id, ts));
+            m.snapshot_log.push(SnapshotLogEntry { timestamp_ms: ts, snapshot_id: id });
+        }
+        // Snapshot 1 stopped being current at 200, 2 at 300: with the
+        // cutoff at 250, 2 is still within the retention.
+        expire_snapshots(&mut m, 250);
+        let ids = |m: &TableMetadata| m.snapshots.iter().map(|s| s.snapshot_id).collect::<Vec<_>>();
+        assert_eq!(ids(&m), vec![2, 3, 4]);
+        assert_eq!(m.snapshot_log.iter().map(|e| e.snapshot_id).collect::<Vec<_>>(), vec![2, 3, 4]);
+        // The current snapshot is never expired.
+        expire_snapshots(&mut m, 10_000);
+        assert_eq!(ids(&m), vec![4]);
     }
 }

@@ -350,6 +350,12 @@ pub struct Snapshot {
     pub summary: BTreeMap<String, String>,
     /// Schema of its data.
     pub schema_id: i32,
+    /// Format 3: the first row id this snapshot assigned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_row_id: Option<i64>,
+    /// Format 3: how many row ids it assigned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_rows: Option<i64>,
 }
 
 /// An entry of the snapshot log.

@@ -52,7 +52,9 @@ impl FunctionsArgs {
 pub struct IcebergArgs {
     /// Publish every checkpoint as one Iceberg snapshot per table, under
     /// LAKE/iceberg/SCHEMA/TABLE (file metadata: any Iceberg reader opens a
-    /// table by that path): v2 (position deletes). Default: not published.
+    /// table by that path): v2 (position delete files: every reader,
+    /// Athena included) or v3 (deletion vectors: Spark with Iceberg 1.8+,
+    /// Trino, DuckDB, Snowflake). Default: not published.
     #[arg(long, value_name = "FORMAT", value_parser = fovea_iceberg::FormatVersion::parse)]
     pub iceberg: Option<fovea_iceberg::FormatVersion>,
 }

@@ -163,7 +163,8 @@ enum Command {
     Iceberg {
         #[command(flatten)]
         lake: lakes::LakeArgs,
-        /// Iceberg format: v2 (position deletes).
+        /// Iceberg format: v2 (position delete files) or v3 (deletion
+        /// vectors).
         #[arg(long, value_name = "FORMAT", default_value = "v2", value_parser = fovea_iceberg::FormatVersion::parse)]
         format: fovea_iceberg::FormatVersion,
     },

@@ -333,8 +333,13 @@ pub fn publish_iceberg(lake: &LakeArgs, format: fovea_iceberg::FormatVersion) ->
     let publisher = fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format);
     let p = publisher.publish(checkpoint)?;
     println!(
-        "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} old objects deleted",
-        checkpoint.manifest.checkpoint_ts, p.tables, p.current, p.delete_files_written, p.objects_deleted
+        "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} bytes written, {} old objects deleted",
+        checkpoint.manifest.checkpoint_ts,
+        p.tables,
+        p.current,
+        p.delete_files_written,
+        p.bytes_written,
+        p.objects_deleted
     );
     for t in checkpoint.manifest.tables.iter().filter(|t| !t.dropped) {
         println!("  {}  {}", t.name, publisher.table_location(&t.name));

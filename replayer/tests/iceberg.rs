@@ -1,8 +1,10 @@
-//! Checkpoints published as Iceberg tables (`--iceberg v2`) read exactly —
-//! the same rows as fovea's own reader at the checkpoint — in DuckDB's
-//! iceberg extension and in pyiceberg, through every path a replay takes:
-//! many checkpoints (incremental manifests, delete files replaced), combine
-//! and storage GC (files replaced), tables without a key.
+//! Checkpoints published as Iceberg tables (`--iceberg v2|v3`) read
+//! exactly — the same rows as fovea's own reader at the checkpoint — in
+//! DuckDB's iceberg extension and in pyiceberg, through every path a replay
+//! takes: many checkpoints (incremental manifests, delete files and
+//! deletion vectors replaced), combine and storage GC (files replaced),
+//! tables without a key, a format 2 table upgraded to 3, and time travel to
+//! an earlier checkpoint's snapshot.
 
 mod common;
 
@@ -71,17 +73,35 @@ fn read_parquet(path: &Path) -> Vec<RecordBatch> {
 /// checks each answer equals fovea's, and each table's snapshot is the
 /// lake's newest checkpoint. Returns the summaries pyiceberg read.
 fn assert_iceberg_reads_as_fovea(lake: &Path) -> Vec<serde_json::Value> {
-    let (ts, tables) = fovea_tables(lake);
+    assert_iceberg_reads(lake, &fovea_tables(lake), false)
+}
+
+/// Reads every table of `lake` as Iceberg with DuckDB and pyiceberg — at
+/// the snapshot of checkpoint `expected.0` when `time_travel`, else at the
+/// current one, which must be that checkpoint's — and checks each answer
+/// equals `expected`'s rows. Returns the summaries pyiceberg read.
+fn assert_iceberg_reads(
+    lake: &Path,
+    (ts, tables): &(u64, BTreeMap<String, (SchemaRef, Vec<String>)>),
+    time_travel: bool,
+) -> Vec<serde_json::Value> {
+    let ts = *ts;
     assert!(!tables.is_empty());
     let out = tempfile::tempdir().unwrap();
     let locations: Vec<String> =
         tables.keys().map(|t| lake.join(fovea_iceberg::table_dir(t)).display().to_string()).collect();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_tables.py");
     let python = fovea_testkit::moto::python();
-    let output =
-        std::process::Command::new(&python).arg(&script).arg(out.path()).args(&locations).output().unwrap_or_else(
-            |e| panic!("cannot run {python} (scripts/test-deps.sh installs DuckDB and pyiceberg): {e}"),
-        );
+    let mut command = std::process::Command::new(&python);
+    command.arg(&script).arg(out.path());
+    if time_travel {
+        // Snapshot ids are checkpoint timestamps.
+        command.arg("--snapshot").arg(ts.to_string());
+    }
+    let output = command
+        .args(&locations)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python} (scripts/test-deps.sh installs DuckDB and pyiceberg): {e}"));
     let printed = ok(output);
     let summaries: Vec<serde_json::Value> = printed.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(summaries.len(), tables.len());
@@ -109,7 +129,8 @@ fn assert_iceberg_reads_as_fovea(lake: &Path) -> Vec<serde_json::Value> {
                 let missing: Vec<&String> = expected.iter().filter(|r| !got.contains(r)).take(5).collect();
                 let extra: Vec<&String> = got.iter().filter(|r| !expected.contains(r)).take(5).collect();
                 panic!(
-                    "{engine} reads {name} as {} rows, fovea has {}; missing (first 5): {missing:?}; extra: {extra:?}",
+                    "{engine} reads {name} (time travel: {time_travel}) as {} rows, fovea has {}; missing (first \
+                     5): {missing:?}; extra: {extra:?}",
                     got.len(),
                     expected.len()
                 );
@@ -121,6 +142,30 @@ fn assert_iceberg_reads_as_fovea(lake: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn pg_tiny_published_at_every_checkpoint_reads_exactly_in_duckdb_and_pyiceberg() {
+    pg_tiny_published_reads_exactly("v2");
+}
+
+#[test]
+fn pg_tiny_published_with_deletion_vectors_reads_exactly_in_duckdb_and_pyiceberg() {
+    let dir = pg_tiny_published_reads_exactly("v3");
+    let lake = dir.path().join("lake");
+    // Deletes are deletion vectors in Puffin files, no position delete file.
+    let deletes = lake.join(fovea_iceberg::table_dir("tpcc.stock")).join("deletes");
+    let names: Vec<String> =
+        std::fs::read_dir(&deletes).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.is_empty() && names.iter().all(|n| n.ends_with(".puffin")), "{names:?}");
+    // A format 3 table cannot go back to format 2: refused, naming it.
+    let out = fovea().args(["iceberg", "--lake"]).arg(&lake).args(["--format", "v2"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("13 tables not published"), "{err}");
+    assert!(err.contains("table tpcc.stock: it is published in Iceberg format 3"), "{err}");
+}
+
+/// Replays pg-tiny publishing Iceberg `format` every 7 transactions, checks
+/// both engines read every table as fovea does (and as PostgreSQL counts
+/// it), and returns the directory of the lake (`lake` in it).
+fn pg_tiny_published_reads_exactly(format: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
     let data = pg_tiny();
@@ -131,10 +176,12 @@ fn pg_tiny_published_at_every_checkpoint_reads_exactly_in_duckdb_and_pyiceberg()
         .arg(data.join("debezium_events.jsonl.gz"))
         .arg("--schema-file")
         .arg(data.join("schema.sql"))
-        .args(["--iceberg", "v2", "--checkpoint-txns", "7"])
+        .args(["--iceberg", format, "--checkpoint-txns", "7"])
         .output()
         .unwrap());
-    assert_iceberg_reads_as_fovea(&lake);
+    let summaries = assert_iceberg_reads_as_fovea(&lake);
+    let format_number: u64 = format[1..].parse().unwrap();
+    assert!(summaries.iter().all(|s| s["format_version"] == format_number), "{summaries:?}");
     // PostgreSQL's own counts, as the engines read them.
     let counts = std::fs::read_to_string(data.join("final_tables/row_counts.txt")).unwrap();
     let (_, tables) = fovea_tables(&lake);
@@ -143,20 +190,21 @@ fn pg_tiny_published_at_every_checkpoint_reads_exactly_in_duckdb_and_pyiceberg()
         assert_eq!(tables[table].1.len(), n.trim().parse::<usize>().unwrap(), "{table}");
     }
     // Publishing the same checkpoint again changes nothing.
-    let again = ok(fovea().args(["iceberg", "--lake"]).arg(&lake).output().unwrap());
+    let again = ok(fovea().args(["iceberg", "--lake"]).arg(&lake).args(["--format", format]).output().unwrap());
     assert!(again.contains(" 0 tables published, 13 already current"), "{again}");
+    dir
 }
 
-/// Replays `input` into `lake` publishing Iceberg, with small blocks and
-/// files: blocks are combined into regular files and files with many stale
-/// rows rewritten while checkpoints publish.
-fn replay_small_files(lake: &Path, input: &Path) {
+/// Replays `input` into `lake` publishing Iceberg `format`, with small
+/// blocks and files: blocks are combined into regular files and files with
+/// many stale rows rewritten while checkpoints publish.
+fn replay_small_files(lake: &Path, input: &Path, format: &str) {
     ok(fovea()
         .args(["replay", "--lake"])
         .arg(lake)
         .arg("--input")
         .arg(input)
-        .args(["--iceberg", "v2", "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
+        .args(["--iceberg", format, "--checkpoint-txns", "100", "--block-rows", "64", "--blocks-per-file", "4"])
         .output()
         .unwrap());
 }
@@ -167,20 +215,32 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
     let lake = dir.path().join("lake");
     let input = dir.path().join("hybench.jsonl");
     hybench(&input, 3000, 11);
-    replay_small_files(&lake, &input);
-    let summaries = assert_iceberg_reads_as_fovea(&lake);
+    replay_small_files(&lake, &input, "v2");
+    let first = fovea_tables(&lake);
+    let summaries = assert_iceberg_reads(&lake, &first, false);
+    assert!(summaries.iter().all(|s| s["format_version"] == 2), "{summaries:?}");
     // The lake's files were replaced along the way: some table's newest
     // snapshot carries files over and has removed some.
     assert!(
         summaries.iter().any(|s| s["operation"] == "overwrite"),
         "no snapshot replaced or deleted anything: {summaries:?}"
     );
-    // Rows appended later: a replay of more input publishes a newer
-    // snapshot, incrementally, still exact.
+    // Rows appended later, published in format 3: the tables are upgraded
+    // (their position delete files replaced by deletion vectors) and newer
+    // snapshots published, incrementally, still exact.
     let more = dir.path().join("more.jsonl");
     hybench(&more, 4000, 11);
-    replay_small_files(&lake, &more);
-    assert_iceberg_reads_as_fovea(&lake);
+    replay_small_files(&lake, &more, "v3");
+    let summaries = assert_iceberg_reads_as_fovea(&lake);
+    assert!(summaries.iter().all(|s| s["format_version"] == 3), "{summaries:?}");
+    // Time travel: the snapshot of the first replay's last checkpoint reads
+    // what fovea read then, though files it names were combined and
+    // rewritten since.
+    let travelled = assert_iceberg_reads(&lake, &first, true);
+    for s in &travelled {
+        assert_eq!(s["summary"]["fovea.checkpoint-ts"].as_str(), Some(first.0.to_string().as_str()), "{s}");
+        assert!(s["snapshots"].as_array().unwrap().len() > 1, "no earlier snapshot kept: {s}");
+    }
 }
 
 #[test]
@@ -194,7 +254,7 @@ fn a_bad_iceberg_format_is_refused_by_name() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--iceberg v4: expected v2"), "{err}");
+    assert!(err.contains("--iceberg v4: expected v2 (position deletes) or v3 (deletion vectors)"), "{err}");
 }
 
 #[test]

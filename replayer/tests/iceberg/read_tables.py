@@ -1,14 +1,16 @@
 """Reads Iceberg tables the way users' engines do, for replayer/tests/iceberg.rs.
 
-usage: read_tables.py OUT TABLE_LOCATION...
+usage: read_tables.py OUT [--snapshot ID] [--engines duckdb,pyiceberg] TABLE_LOCATION...
 
 For each table location (a directory with metadata/version-hint.text), writes
 what DuckDB's iceberg extension and pyiceberg read as Parquet files
 OUT/duckdb/N.parquet and OUT/pyiceberg/N.parquet (N: the table's position in
-the arguments), and prints one JSON line per table with the current
-snapshot's summary as pyiceberg reads it.
+the arguments), and prints one JSON line per table with the summary of the
+snapshot read as pyiceberg reads it. With --snapshot, each table is read at
+that snapshot (time travel) instead of its current one.
 """
 
+import argparse
 import glob
 import json
 import os
@@ -40,19 +42,48 @@ def duckdb_connection():
 
 
 def main():
-    out, locations = sys.argv[1], sys.argv[2:]
-    for engine in ("duckdb", "pyiceberg"):
-        os.makedirs(os.path.join(out, engine), exist_ok=True)
+    args = argparse.ArgumentParser()
+    args.add_argument("out")
+    args.add_argument("--snapshot", type=int)
+    args.add_argument("--engines", default="duckdb,pyiceberg")
+    args.add_argument("locations", nargs="+")
+    args = args.parse_args()
+    engines = args.engines.split(",")
+    for engine in engines:
+        os.makedirs(os.path.join(args.out, engine), exist_ok=True)
     con = duckdb_connection()
-    for i, location in enumerate(locations):
-        table = con.execute("SELECT * FROM iceberg_scan(?)", [location]).fetch_arrow_table()
-        pq.write_table(table, os.path.join(out, "duckdb", f"{i}.parquet"))
+    for i, location in enumerate(args.locations):
+        if "duckdb" in engines:
+            if args.snapshot is None:
+                table = con.execute("SELECT * FROM iceberg_scan(?)", [location]).fetch_arrow_table()
+            else:
+                table = con.execute(
+                    "SELECT * FROM iceberg_scan(?, snapshot_from_id => ?)", [location, args.snapshot]
+                ).fetch_arrow_table()
+            pq.write_table(table, os.path.join(args.out, "duckdb", f"{i}.parquet"))
         with open(os.path.join(location, "metadata", "version-hint.text")) as f:
             version = f.read().strip()
         static = StaticTable.from_metadata(os.path.join(location, "metadata", f"v{version}.metadata.json"))
-        pq.write_table(static.scan().to_arrow(), os.path.join(out, "pyiceberg", f"{i}.parquet"))
-        snapshot = static.current_snapshot()
-        print(json.dumps({"location": location, "summary": dict(snapshot.summary.additional_properties), "operation": snapshot.summary.operation.value}))
+        if args.snapshot is None:
+            snapshot = static.current_snapshot()
+        else:
+            snapshot = static.snapshot_by_id(args.snapshot)
+            if snapshot is None:
+                sys.exit(f"{location}: no snapshot {args.snapshot} in its metadata")
+        if "pyiceberg" in engines:
+            rows = static.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
+            pq.write_table(rows, os.path.join(args.out, "pyiceberg", f"{i}.parquet"))
+        print(
+            json.dumps(
+                {
+                    "location": location,
+                    "summary": dict(snapshot.summary.additional_properties),
+                    "operation": snapshot.summary.operation.value,
+                    "format_version": static.metadata.format_version,
+                    "snapshots": [s.snapshot_id for s in static.metadata.snapshots],
+                }
+            )
+        )
 
 
 if __name__ == "__main__":
