@@ -41,13 +41,13 @@ nextest() {
 
 python_venv() {
   VENV=/var/tmp/fovea-py
-  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser, pyiceberg.table, duckdb, duckdb_extension_iceberg, duckdb_extension_avro" 2>/dev/null; then
+  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser, pyiceberg.table, duckdb, duckdb_extension_iceberg, duckdb_extension_avro, duckdb_extension_httpfs" 2>/dev/null; then
     echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3, matplotlib, prometheus_client and the Iceberg readers (pyiceberg, DuckDB with its iceberg extension) in $VENV"
     python3 -m venv "$VENV"
     # DuckDB's extensions from PyPI are built for one DuckDB version: the
-    # three pins move together.
+    # four pins move together (httpfs: reading Iceberg tables on S3).
     "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1' \
-      'pyiceberg==0.12.0' 'duckdb==1.5.5' 'duckdb-extension-iceberg==1.5.5' 'duckdb-extension-avro==1.5.5'
+      'pyiceberg==0.12.0' 'duckdb==1.5.5' 'duckdb-extension-iceberg==1.5.5' 'duckdb-extension-avro==1.5.5' 'duckdb-extension-httpfs==1.5.5'
   fi
 }
 

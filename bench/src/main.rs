@@ -7,6 +7,7 @@
 
 mod components;
 mod gc;
+mod iceberg;
 mod kinesis;
 mod lambda;
 mod replay;
@@ -46,6 +47,30 @@ enum Command {
         /// Output file (default: standard output).
         #[arg(long)]
         output: Option<PathBuf>,
+    },
+    /// Iceberg publication: time and bytes per checkpoint of a table with a
+    /// fraction of its rows changed per checkpoint (formats 2 and 3), the
+    /// replay's rate publishing vs not, and DuckDB reading the published
+    /// table beside fovea's SQL.
+    Iceberg {
+        /// Rows of the published table.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+        /// Fraction of them updated between two checkpoints.
+        #[arg(long, default_value_t = 0.01)]
+        changed: f64,
+        /// Checkpoints published after the first.
+        #[arg(long, default_value_t = 10)]
+        checkpoints: usize,
+        /// Transactions of the replayed HyBench stream.
+        #[arg(long, default_value_t = 50_000)]
+        txns: u64,
+        /// Replays with and without publication each (medians reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Storage GC: lake size and query latency on a table with half its
     /// stored rows stale, before and after one round; the round's rows/s;
@@ -277,6 +302,13 @@ fn main() -> ExitCode {
             serve::serve_bench(&serve::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
         Command::Gc { rows, seconds, json } => gc::run(&gc::GcBenchArgs { rows, seconds, json }),
+        Command::Iceberg { rows, changed, checkpoints, txns, runs, json } => {
+            if !(changed > 0.0 && changed <= 1.0) {
+                Err(format!("--changed {changed}: expected a fraction in (0, 1]").into())
+            } else {
+                iceberg::run(&iceberg::IcebergBenchArgs { rows, changed, checkpoints, txns, runs: runs.max(1), json })
+            }
+        }
         Command::Components { json, quick } => {
             components::components(
                 if quick { components::ComponentSizes::quick() } else { components::ComponentSizes::full() },

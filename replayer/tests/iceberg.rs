@@ -82,24 +82,36 @@ fn assert_iceberg_reads_as_fovea(lake: &Path) -> Vec<serde_json::Value> {
 /// equals `expected`'s rows. Returns the summaries pyiceberg read.
 fn assert_iceberg_reads(
     lake: &Path,
+    expected: &(u64, BTreeMap<String, (SchemaRef, Vec<String>)>),
+    time_travel: bool,
+) -> Vec<serde_json::Value> {
+    let locations: Vec<String> =
+        expected.1.keys().map(|t| lake.join(fovea_iceberg::table_dir(t)).display().to_string()).collect();
+    assert_iceberg_reads_at(&locations, &[], expected, time_travel)
+}
+
+/// [`assert_iceberg_reads`] of the tables at `locations` (in the order of
+/// `expected`'s tables; `s3://…` read with the AWS environment `env`).
+fn assert_iceberg_reads_at(
+    locations: &[String],
+    env: &[(&str, String)],
     (ts, tables): &(u64, BTreeMap<String, (SchemaRef, Vec<String>)>),
     time_travel: bool,
 ) -> Vec<serde_json::Value> {
     let ts = *ts;
     assert!(!tables.is_empty());
+    assert_eq!(locations.len(), tables.len());
     let out = tempfile::tempdir().unwrap();
-    let locations: Vec<String> =
-        tables.keys().map(|t| lake.join(fovea_iceberg::table_dir(t)).display().to_string()).collect();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_tables.py");
     let python = fovea_testkit::moto::python();
     let mut command = std::process::Command::new(&python);
-    command.arg(&script).arg(out.path());
+    command.arg(&script).arg(out.path()).envs(env.iter().map(|(k, v)| (k, v)));
     if time_travel {
         // Snapshot ids are checkpoint timestamps.
         command.arg("--snapshot").arg(ts.to_string());
     }
     let output = command
-        .args(&locations)
+        .args(locations)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {python} (scripts/test-deps.sh installs DuckDB and pyiceberg): {e}"));
     let printed = ok(output);
@@ -241,6 +253,38 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
         assert_eq!(s["summary"]["fovea.checkpoint-ts"].as_str(), Some(first.0.to_string().as_str()), "{s}");
         assert!(s["snapshots"].as_array().unwrap().len() > 1, "no earlier snapshot kept: {s}");
     }
+}
+
+#[test]
+fn tables_published_on_s3_read_exactly_through_s3() {
+    let moto = fovea_testkit::moto::Moto::start(&fovea_testkit::moto::script()).unwrap();
+    moto.create_bucket("lake").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let data = pg_tiny();
+    let replay = |lake: &[&str]| {
+        ok(fovea()
+            .envs(moto.env())
+            .arg("replay")
+            .args(lake)
+            .arg("--input")
+            .arg(data.join("debezium_events.jsonl.gz"))
+            .arg("--schema-file")
+            .arg(data.join("schema.sql"))
+            .args(["--iceberg", "v3", "--checkpoint-txns", "7"])
+            .output()
+            .unwrap())
+    };
+    replay(&["--lake", "s3://lake/pg-tiny", "--state", "dynamodb://fovea-iceberg"]);
+    // The same replay into a local lake: fovea's reader of it is the oracle.
+    replay(&["--lake", local.to_str().unwrap()]);
+    let expected = fovea_tables(&local);
+    let locations: Vec<String> =
+        expected.1.keys().map(|t| format!("s3://lake/pg-tiny/{}", fovea_iceberg::table_dir(t))).collect();
+    let summaries = assert_iceberg_reads_at(&locations, &moto.env(), &expected, false);
+    assert!(summaries.iter().all(|s| s["format_version"] == 3), "{summaries:?}");
+    let keys = moto.list_keys("lake", "pg-tiny/iceberg/tpcc/stock/deletes/").unwrap();
+    assert!(!keys.is_empty() && keys.iter().all(|k| k.ends_with(".puffin")), "{keys:?}");
 }
 
 #[test]

@@ -8,6 +8,9 @@ OUT/duckdb/N.parquet and OUT/pyiceberg/N.parquet (N: the table's position in
 the arguments), and prints one JSON line per table with the summary of the
 snapshot read as pyiceberg reads it. With --snapshot, each table is read at
 that snapshot (time travel) instead of its current one.
+
+A location may be s3://BUCKET/PATH: both engines then read through the S3
+endpoint, region and keys of the AWS_* environment (a local moto in tests).
 """
 
 import argparse
@@ -18,9 +21,39 @@ import sys
 
 import duckdb
 import duckdb_extension_avro
+import duckdb_extension_httpfs
 import duckdb_extension_iceberg
 import pyarrow.parquet as pq
+from pyiceberg.io import load_file_io
 from pyiceberg.table import StaticTable
+
+
+def s3_properties():
+    """pyiceberg's properties for the S3 of the AWS_* environment."""
+    props = {
+        "s3.region": os.environ.get("AWS_REGION", "us-east-1"),
+        "s3.access-key-id": os.environ.get("AWS_ACCESS_KEY_ID", ""),
+        "s3.secret-access-key": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+    }
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        props["s3.endpoint"] = os.environ["AWS_ENDPOINT_URL"]
+    return props
+
+
+def duckdb_s3_secret(con):
+    """DuckDB's S3 secret for the AWS_* environment."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    options = [
+        "TYPE s3",
+        "PROVIDER config",
+        f"KEY_ID '{os.environ.get('AWS_ACCESS_KEY_ID', '')}'",
+        f"SECRET '{os.environ.get('AWS_SECRET_ACCESS_KEY', '')}'",
+        f"REGION '{os.environ.get('AWS_REGION', 'us-east-1')}'",
+    ]
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        options += [f"ENDPOINT '{host.rstrip('/')}'", "URL_STYLE 'path'", f"USE_SSL {str(scheme == 'https').lower()}"]
+    con.execute(f"CREATE SECRET fovea_s3 ({', '.join(options)})")
 
 
 def duckdb_connection():
@@ -33,7 +66,7 @@ def duckdb_connection():
     )
     # The extensions come from PyPI (no network at test time): loaded from
     # their packages' files.
-    for module in (duckdb_extension_avro, duckdb_extension_iceberg):
+    for module in (duckdb_extension_avro, duckdb_extension_httpfs, duckdb_extension_iceberg):
         found = glob.glob(os.path.join(os.path.dirname(module.__file__), "extensions", "*", "*.duckdb_extension"))
         if not found:
             sys.exit(f"no .duckdb_extension file in {module.__name__}")
@@ -52,6 +85,9 @@ def main():
     for engine in engines:
         os.makedirs(os.path.join(args.out, engine), exist_ok=True)
     con = duckdb_connection()
+    if any(location.startswith("s3://") for location in args.locations):
+        duckdb_s3_secret(con)
+    props = s3_properties()
     for i, location in enumerate(args.locations):
         if "duckdb" in engines:
             if args.snapshot is None:
@@ -61,9 +97,11 @@ def main():
                     "SELECT * FROM iceberg_scan(?, snapshot_from_id => ?)", [location, args.snapshot]
                 ).fetch_arrow_table()
             pq.write_table(table, os.path.join(args.out, "duckdb", f"{i}.parquet"))
-        with open(os.path.join(location, "metadata", "version-hint.text")) as f:
-            version = f.read().strip()
-        static = StaticTable.from_metadata(os.path.join(location, "metadata", f"v{version}.metadata.json"))
+        metadata = location.rstrip("/") + "/metadata/"
+        io = load_file_io(props, location)
+        with io.new_input(metadata + "version-hint.text").open() as f:
+            version = f.read().decode().strip()
+        static = StaticTable.from_metadata(metadata + f"v{version}.metadata.json", properties=props)
         if args.snapshot is None:
             snapshot = static.current_snapshot()
         else:
