@@ -35,7 +35,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fovea_core::catalog::CheckpointRecord;
@@ -161,6 +161,22 @@ pub struct Publisher {
     snapshot_objects: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// The newest complete publication.
     view: Mutex<Option<Arc<CatalogView>>>,
+    /// What this publisher last published of each table, by directory.
+    tables: Mutex<HashMap<String, TableCache>>,
+}
+
+/// A table as this publisher last published it: the next publication
+/// starts from it instead of reading metadata and manifests back, once a
+/// HEAD has shown no one published after it.
+struct TableCache {
+    version: u64,
+    metadata: TableMetadata,
+    json: Arc<str>,
+    /// Live entries of the current snapshot, by path.
+    data: HashMap<String, Entry>,
+    deletes: HashMap<String, Entry>,
+    /// When objects no kept snapshot names were last looked for.
+    cleaned_at: Option<Instant>,
 }
 
 impl Publisher {
@@ -176,6 +192,7 @@ impl Publisher {
             deleted: Mutex::new(HashMap::new()),
             snapshot_objects: Mutex::new(HashMap::new()),
             view: Mutex::new(None),
+            tables: Mutex::new(HashMap::new()),
         }
     }
 
@@ -250,7 +267,17 @@ impl Publisher {
         let c = manifest.checkpoint_ts;
         let dir = table_dir(&table.name);
         let meta_dir = format!("{dir}/metadata");
-        let previous = self.current_metadata(&meta_dir)?;
+        // What this publisher published last, if no one published after it
+        // (one HEAD); else the table as the store has it.
+        let cached = self.tables.lock().expect("not poisoned").remove(&dir);
+        let cached = match cached {
+            Some(t) if !self.exists(&metadata_path(&meta_dir, t.version + 1))? => Some(t),
+            _ => None,
+        };
+        let previous = match &cached {
+            Some(t) => Some((t.version, t.metadata.clone())),
+            None => self.current_metadata(&meta_dir)?,
+        };
         if let Some((_, m)) = &previous
             && m.format_version > self.format.number()
         {
@@ -279,10 +306,18 @@ impl Publisher {
             }
             if published_ts == Some(c) {
                 let (version, metadata) = previous.as_ref().expect("a snapshot has its metadata");
-                return Ok(TableOutcome::Current(ViewTable::Published {
+                let json = match &cached {
+                    Some(t) => Arc::clone(&t.json),
+                    None => serde_json::to_string(metadata).expect("metadata serialises").into(),
+                };
+                let current = ViewTable::Published {
                     metadata_location: self.uri(&metadata_path(&meta_dir, *version)),
-                    metadata: serde_json::to_string(metadata).expect("metadata serialises").into(),
-                }));
+                    metadata: Arc::clone(&json),
+                };
+                if let Some(t) = cached {
+                    self.tables.lock().expect("not poisoned").insert(dir, t);
+                }
+                return Ok(TableOutcome::Current(current));
             }
         }
         let def =
@@ -293,7 +328,11 @@ impl Publisher {
         // The snapshot before: its live entries by path.
         let mut prev_data: HashMap<String, Entry> = HashMap::new();
         let mut prev_deletes: HashMap<String, Entry> = HashMap::new();
-        if let Some(s) = &prev_snapshot {
+        let cleaned_at = cached.as_ref().and_then(|t| t.cleaned_at);
+        if let Some(t) = cached {
+            prev_data = t.data;
+            prev_deletes = t.deletes;
+        } else if let Some(s) = &prev_snapshot {
             let list = self.get_uri(&s.manifest_list)?;
             for m in read_manifest_list(&s.manifest_list, &list)? {
                 let bytes = self.get_uri(&m.path)?;
@@ -427,6 +466,7 @@ impl Publisher {
             entries.iter().filter(|e| status.is_none_or(|s| e.status == s)).map(|e| e.file.record_count).sum()
         };
         let live_delete_entries: Vec<Entry> = delete_entries.clone();
+        let live_data_entries: Vec<Entry> = data_entries.clone();
         summary.insert("added-data-files".into(), count(&data_entries, Status::Added).to_string());
         summary.insert("added-records".into(), rows(&data_entries, Some(Status::Added)).to_string());
         summary.insert("deleted-data-files".into(), removed_data.len().to_string());
@@ -592,11 +632,34 @@ impl Publisher {
         for s in &metadata.snapshots {
             named.extend(self.objects_of(s, used)?.iter().cloned());
         }
-        let objects_deleted = self.delete_unnamed(&dir, &meta_dir, version, &named)?;
+        // Only objects older than the retention go: looking for them once
+        // a tenth of it is enough.
+        let (objects_deleted, cleaned_at) = match cleaned_at {
+            Some(at) if at.elapsed() < self.retention / 10 => (0, Some(at)),
+            _ => (self.delete_unnamed(&dir, &meta_dir, version, &named)?, Some(Instant::now())),
+        };
+        let json: Arc<str> = String::from_utf8(json_text).expect("JSON is UTF-8").into();
         let current = ViewTable::Published {
             metadata_location: self.uri(&metadata_path(&meta_dir, version)),
-            metadata: String::from_utf8(json_text).expect("JSON is UTF-8").into(),
+            metadata: Arc::clone(&json),
         };
+        // What the next publication starts from: the files of this snapshot
+        // as a reader of its manifests has them (added data files with the
+        // row ids they inherit).
+        let mut next_row_id = lineage.map(|l| l.manifest_first_row_id);
+        let mut data = HashMap::with_capacity(live_data_entries.len());
+        for mut e in live_data_entries {
+            if let (Some(next), None) = (next_row_id.as_mut(), e.file.first_row_id) {
+                e.file.first_row_id = Some(*next);
+                *next += e.file.record_count;
+            }
+            data.insert(e.file.path.clone(), e);
+        }
+        let deletes = live_delete_entries.into_iter().map(|e| (e.file.path.clone(), e)).collect();
+        self.tables
+            .lock()
+            .expect("not poisoned")
+            .insert(dir, TableCache { version, metadata, json, data, deletes, cleaned_at });
         let bytes_written =
             delete_bytes_written + manifests.iter().map(|m| m.length as u64).sum::<u64>() + list_bytes + metadata_bytes;
         Ok(TableOutcome::Published { delete_files_written, bytes_written, objects_deleted, current })
@@ -1022,6 +1085,82 @@ mod tests {
         };
         let ids: Vec<Option<i64>> = read_manifest(&m, &bytes).unwrap().iter().map(|e| e.file.first_row_id).collect();
         assert_eq!(ids, vec![Some(100), Some(3), Some(110), Some(117), Some(0)]);
+    }
+
+    /// The live entries of a table's current snapshot as its manifests in
+    /// the store have them (what a fresh publisher starts from).
+    fn entries_in_store(p: &Publisher, table: &str) -> (HashMap<String, Entry>, HashMap<String, Entry>) {
+        let meta_dir = format!("{}/metadata", table_dir(table));
+        let (_, m) = p.current_metadata(&meta_dir).unwrap().unwrap();
+        let s = m.current_snapshot().unwrap();
+        let (mut data, mut deletes) = (HashMap::new(), HashMap::new());
+        let list = p.get_uri(&s.manifest_list).unwrap();
+        for mf in read_manifest_list(&s.manifest_list, &list).unwrap() {
+            for e in read_manifest(&mf, &p.get_uri(&mf.path).unwrap()).unwrap() {
+                if e.status == Status::Deleted {
+                    continue;
+                }
+                match e.file.content {
+                    Content::Data => data.insert(e.file.path.clone(), e),
+                    Content::PositionDeletes => deletes.insert(e.file.path.clone(), e),
+                };
+            }
+        }
+        (data, deletes)
+    }
+
+    #[test]
+    fn what_a_publisher_remembers_of_a_table_is_what_its_manifests_say() {
+        use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+        use fovea_core::{Engine, EngineConfig, Op, Value};
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open_dir(dir.path(), EngineConfig::default()).unwrap();
+        let schema = Arc::new(ArrowSchema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let t = engine.create_table("s.t", schema, vec![0]).unwrap();
+        let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
+        // The same table published in format 2, then upgraded to 3.
+        for (base, format) in [(0, FormatVersion::V2), (10_000, FormatVersion::V3)] {
+            let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, format);
+            for round in 0..4i64 {
+                let key = |k: i64| base + round * 100 + k;
+                let mut ops: Vec<Op> =
+                    (0..50).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(key(k)), Value::Int(0)] }).collect();
+                if round > 0 {
+                    ops.push(Op::Delete { table: t.id, key: vec![Value::Int(key(-93))] });
+                    ops.push(Op::Update {
+                        table: t.id,
+                        key: vec![Value::Int(base + 3)],
+                        row: vec![Value::Int(base + 3), Value::Int(round)],
+                    });
+                }
+                engine.apply(ops).unwrap();
+                engine.flush().unwrap();
+                if round == 2 {
+                    engine.combine().unwrap();
+                }
+                let manifest = engine.write_checkpoint().unwrap();
+                engine.checkpoint_committed(&manifest);
+                let record = CheckpointRecord {
+                    manifest,
+                    input: "test".into(),
+                    position: Default::default(),
+                    source_state: None,
+                };
+                let published = publisher.publish(&record).unwrap();
+                assert!(published.refused.is_empty(), "{:?}", published.refused);
+                let (data, deletes) = entries_in_store(&publisher, "s.t");
+                let tables = publisher.tables.lock().unwrap();
+                let cached = tables.get(&table_dir("s.t")).unwrap();
+                assert_eq!(cached.data, data, "{format:?}, round {round}");
+                assert_eq!(cached.deletes, deletes, "{format:?}, round {round}");
+                if format == FormatVersion::V3 {
+                    assert!(data.values().all(|e| e.file.first_row_id.is_some()));
+                }
+            }
+        }
     }
 
     fn snapshot(id: i64, timestamp_ms: i64) -> Snapshot {
