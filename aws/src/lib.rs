@@ -9,6 +9,7 @@
 //! | scans fanned out to the Lambda scan function (`lambda://FUNCTION`) | [`lambda`] | [`fovea_core::scan_worker::SplitWorker`] |
 //! | combine and storage GC run by the Lambda functions (`--functions lambda://PREFIX`) | [`functions`] | [`fovea_core::rewrite::RewriteWorker`] |
 //! | what the function binaries share (start-up, lakes, the rewrite handler) | [`function`] | |
+//! | published Iceberg tables in the Glue Data Catalog (`glue://DATABASE`, feature `glue`) | `glue` | `fovea_iceberg::TableRegistry` |
 //!
 //! Everything is configured from one AWS configuration ([`config`]: region,
 //! credential chain with profiles and SSO, deadlines; `AWS_ENDPOINT_URL` and the per-service
@@ -23,6 +24,8 @@ pub mod config;
 pub mod dynamo;
 pub mod function;
 pub mod functions;
+#[cfg(feature = "glue")]
+pub mod glue;
 pub mod kinesis;
 pub mod lambda;
 pub mod s3;

@@ -243,7 +243,10 @@ fn replay_with_and_without(txns: u64, runs: usize) -> CliResult<(f64, f64)> {
         let args = fovea_replayer::replay::ReplayArgs {
             lake: fovea_replayer::lakes::LakeArgs::local(&lake),
             functions: Default::default(),
-            iceberg: fovea_replayer::lakes::IcebergArgs { iceberg: publish.then_some(FormatVersion::V3) },
+            iceberg: fovea_replayer::lakes::IcebergArgs {
+                iceberg: publish.then_some(FormatVersion::V3),
+                iceberg_catalog: None,
+            },
             backends: None,
             input: input.display().to_string(),
             format: fovea_core::cdc::InputFormat::Auto,

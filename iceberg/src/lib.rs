@@ -21,7 +21,9 @@ pub mod manifest;
 pub mod publish;
 pub mod spec;
 
-pub use publish::{CatalogView, DEFAULT_RETENTION, FormatVersion, Published, Publisher, ViewTable, table_dir};
+pub use publish::{
+    CatalogView, DEFAULT_RETENTION, FormatVersion, Published, Publisher, TableRegistry, ViewTable, table_dir,
+};
 
 /// Why a table was not published.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,16 @@ pub enum PublishError {
     /// The lake's store failed.
     #[error(transparent)]
     Store(#[from] fovea_core::Error),
+    /// A catalog the tables are registered in refused or failed (the
+    /// tables are published all the same; the next publication registers
+    /// them again).
+    #[error("registering the tables in {catalog}: {message}")]
+    Register {
+        /// The catalog (`glue://DATABASE`).
+        catalog: String,
+        /// What went wrong, naming the table.
+        message: String,
+    },
 }
 
 /// Result of publishing.

@@ -146,6 +146,20 @@ pub enum ViewTable {
     Refused(String),
 }
 
+/// A catalog that names each table's current metadata file (AWS Glue, as
+/// Athena finds tables), told after every publication.
+///
+/// Contract: [`TableRegistry::register`] points every published table of
+/// the view at its metadata location, creating the catalog's table when it
+/// has none; it never moves a table back to an older metadata file than
+/// the catalog has (a newer publisher registered it); it is idempotent (a
+/// view registered twice changes nothing the second time). An error leaves
+/// each table at its location before or the view's, never another.
+pub trait TableRegistry: Send + Sync + std::fmt::Debug {
+    /// Registers the published tables of `view`.
+    fn register(&self, view: &CatalogView) -> Result<()>;
+}
+
 /// Publishes a lake's checkpoints as Iceberg tables.
 pub struct Publisher {
     lake: Lake,
@@ -163,6 +177,8 @@ pub struct Publisher {
     view: Mutex<Option<Arc<CatalogView>>>,
     /// What this publisher last published of each table, by directory.
     tables: Mutex<HashMap<String, TableCache>>,
+    /// Where the tables are registered after every publication.
+    registry: Option<Arc<dyn TableRegistry>>,
 }
 
 /// A table as this publisher last published it: the next publication
@@ -193,6 +209,7 @@ impl Publisher {
             snapshot_objects: Mutex::new(HashMap::new()),
             view: Mutex::new(None),
             tables: Mutex::new(HashMap::new()),
+            registry: None,
         }
     }
 
@@ -206,6 +223,12 @@ impl Publisher {
     /// 10 minutes) before deleting them.
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// Registers the tables in `registry` after every publication.
+    pub fn with_registry(mut self, registry: Arc<dyn TableRegistry>) -> Self {
+        self.registry = Some(registry);
         self
     }
 
@@ -252,7 +275,11 @@ impl Publisher {
         }
         self.deleted.lock().expect("not poisoned").retain(|k, _| used.contains(k));
         self.snapshot_objects.lock().expect("not poisoned").retain(|k, _| used.contains(k));
-        *self.view.lock().expect("not poisoned") = Some(Arc::new(view));
+        let view = Arc::new(view);
+        *self.view.lock().expect("not poisoned") = Some(Arc::clone(&view));
+        if let Some(registry) = &self.registry {
+            registry.register(&view)?;
+        }
         Ok(published)
     }
 

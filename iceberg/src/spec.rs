@@ -106,6 +106,25 @@ impl IcebergType {
     }
 }
 
+impl IcebergType {
+    /// The column type a Hive-style catalog (AWS Glue) lists for it, as
+    /// Iceberg's own Glue catalog writes it.
+    pub fn hive_type(self) -> String {
+        match self {
+            Self::Boolean => "boolean".into(),
+            Self::Int => "int".into(),
+            Self::Long => "bigint".into(),
+            Self::Float => "float".into(),
+            Self::Double => "double".into(),
+            Self::Decimal(p, s) => format!("decimal({p},{s})"),
+            Self::Date => "date".into(),
+            Self::Timestamp | Self::Timestamptz => "timestamp".into(),
+            Self::String => "string".into(),
+            Self::Binary => "binary".into(),
+        }
+    }
+}
+
 impl std::fmt::Display for IcebergType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

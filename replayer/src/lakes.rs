@@ -57,6 +57,12 @@ pub struct IcebergArgs {
     /// Trino, DuckDB, Snowflake). Default: not published.
     #[arg(long, value_name = "FORMAT", value_parser = fovea_iceberg::FormatVersion::parse)]
     pub iceberg: Option<fovea_iceberg::FormatVersion>,
+    /// Also register the published tables in a catalog after every
+    /// publication: glue://DATABASE (the AWS Glue Data Catalog, where
+    /// Athena finds tables; the database must exist). The Glue table of
+    /// `schema.table` is `schema_table`.
+    #[arg(long, value_name = "CATALOG", requires = "iceberg")]
+    pub iceberg_catalog: Option<String>,
 }
 
 impl IcebergArgs {
@@ -70,9 +76,29 @@ impl IcebergArgs {
         engine: &fovea_core::Engine,
     ) -> CliResult<Option<Arc<fovea_iceberg::Publisher>>> {
         let Some(format) = self.iceberg else { return Ok(None) };
+        let publisher =
+            iceberg_publisher(lake, Arc::clone(engine.lake().store()), format, self.iceberg_catalog.as_deref())?;
         engine.set_retire_grace(fovea_iceberg::DEFAULT_RETENTION);
-        let store = Arc::clone(engine.lake().store());
-        Ok(Some(Arc::new(fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format))))
+        Ok(Some(Arc::new(publisher)))
+    }
+}
+
+/// A publisher of the lake `lake` (its `store`) in `format`, registering
+/// the tables in `catalog` (`glue://DATABASE`) when given.
+pub fn iceberg_publisher(
+    lake: &LakeArgs,
+    store: Arc<dyn object_store::ObjectStore>,
+    format: fovea_iceberg::FormatVersion,
+    catalog: Option<&str>,
+) -> CliResult<fovea_iceberg::Publisher> {
+    let publisher = fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format);
+    match catalog {
+        None => Ok(publisher),
+        Some(url) if url.starts_with("glue://") => {
+            let glue = fovea_aws::glue::GlueRegistry::open(url)?;
+            Ok(publisher.with_registry(Arc::new(glue)))
+        }
+        Some(other) => Err(format!("--iceberg-catalog {other}: expected glue://DATABASE").into()),
     }
 }
 

@@ -167,6 +167,10 @@ enum Command {
         /// vectors).
         #[arg(long, value_name = "FORMAT", default_value = "v2", value_parser = fovea_iceberg::FormatVersion::parse)]
         format: fovea_iceberg::FormatVersion,
+        /// Also register the tables in a catalog: glue://DATABASE (the AWS
+        /// Glue Data Catalog; the database must exist).
+        #[arg(long, value_name = "CATALOG")]
+        iceberg_catalog: Option<String>,
     },
     /// Replayed source transactions and catalog operations, newest first.
     History {
@@ -288,7 +292,9 @@ fn main() -> ExitCode {
             let mut out = std::io::BufWriter::new(stdout.lock());
             query::history(&lake, table.as_deref(), limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
-        Command::Iceberg { lake, format } => query::publish_iceberg(&lake, format),
+        Command::Iceberg { lake, format, iceberg_catalog } => {
+            query::publish_iceberg(&lake, format, iceberg_catalog.as_deref())
+        }
         Command::Bench { args } => return bench(&args),
     };
     match result {

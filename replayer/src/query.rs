@@ -324,13 +324,13 @@ pub fn plan(
 /// `fovea iceberg`: publishes the lake's newest checkpoint as Iceberg
 /// tables, registered as a reader meanwhile (the writer keeps the files
 /// it names), and says what it published.
-pub fn publish_iceberg(lake: &LakeArgs, format: fovea_iceberg::FormatVersion) -> CliResult<()> {
+pub fn publish_iceberg(lake: &LakeArgs, format: fovea_iceberg::FormatVersion, catalog: Option<&str>) -> CliResult<()> {
     let open = lake.open_read()?;
     let Some(checkpoint) = &open.checkpoint else {
         return Err(format!("the lake {} has no checkpoint yet: nothing to publish", lake.lake).into());
     };
     let store = std::sync::Arc::clone(open.reader.lake().store());
-    let publisher = fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format);
+    let publisher = crate::lakes::iceberg_publisher(lake, store, format, catalog)?;
     let p = publisher.publish(checkpoint)?;
     println!(
         "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} bytes written, {} old objects deleted",

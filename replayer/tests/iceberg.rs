@@ -255,15 +255,27 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
     }
 }
 
+/// `glue_catalog.py ARGS…` with the AWS environment of `moto`.
+fn glue_catalog(moto: &fovea_testkit::moto::Moto, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/glue_catalog.py");
+    ok(std::process::Command::new(fovea_testkit::moto::python())
+        .arg(&script)
+        .args(args)
+        .envs(moto.env())
+        .output()
+        .unwrap())
+}
+
 #[test]
-fn tables_published_on_s3_read_exactly_through_s3() {
+fn tables_published_on_s3_read_exactly_through_s3_and_glue() {
     let moto = fovea_testkit::moto::Moto::start(&fovea_testkit::moto::script()).unwrap();
     moto.create_bucket("lake").unwrap();
+    glue_catalog(&moto, &["create-database", "fovea_lake"]);
     let dir = tempfile::tempdir().unwrap();
     let local = dir.path().join("lake");
     let data = pg_tiny();
     let replay = |lake: &[&str]| {
-        ok(fovea()
+        fovea()
             .envs(moto.env())
             .arg("replay")
             .args(lake)
@@ -273,11 +285,17 @@ fn tables_published_on_s3_read_exactly_through_s3() {
             .arg(data.join("schema.sql"))
             .args(["--iceberg", "v3", "--checkpoint-txns", "7"])
             .output()
-            .unwrap())
+            .unwrap()
     };
-    replay(&["--lake", "s3://lake/pg-tiny", "--state", "dynamodb://fovea-iceberg"]);
+    // A Glue database that does not exist is named, not created.
+    let typo = replay(&["--lake", dir.path().join("other").to_str().unwrap(), "--iceberg-catalog", "glue://fovea_lak"]);
+    assert!(!typo.status.success());
+    let err = String::from_utf8_lossy(&typo.stderr);
+    assert!(err.contains("the Glue database fovea_lak does not exist"), "{err}");
+    let s3 = ["--lake", "s3://lake/pg-tiny", "--state", "dynamodb://fovea-iceberg"];
+    ok(replay(&[&s3[..], &["--iceberg-catalog", "glue://fovea_lake"]].concat()));
     // The same replay into a local lake: fovea's reader of it is the oracle.
-    replay(&["--lake", local.to_str().unwrap()]);
+    ok(replay(&["--lake", local.to_str().unwrap()]));
     let expected = fovea_tables(&local);
     let locations: Vec<String> =
         expected.1.keys().map(|t| format!("s3://lake/pg-tiny/{}", fovea_iceberg::table_dir(t))).collect();
@@ -285,6 +303,33 @@ fn tables_published_on_s3_read_exactly_through_s3() {
     assert!(summaries.iter().all(|s| s["format_version"] == 3), "{summaries:?}");
     let keys = moto.list_keys("lake", "pg-tiny/iceberg/tpcc/stock/deletes/").unwrap();
     assert!(!keys.is_empty() && keys.iter().all(|k| k.ends_with(".puffin")), "{keys:?}");
+
+    // Glue names every table's current metadata, as Athena finds it, and
+    // pyiceberg's Glue catalog reads each equal to fovea's.
+    let glue_names: Vec<String> = expected.1.keys().map(|t| t.replace('.', "_")).collect();
+    let out = tempfile::tempdir().unwrap();
+    let mut args = vec!["read", "fovea_lake", out.path().to_str().unwrap()];
+    args.extend(glue_names.iter().map(String::as_str));
+    let printed = glue_catalog(&moto, &args);
+    let tables: Vec<serde_json::Value> = printed.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(tables.len(), expected.1.len());
+    let mut moved = 0;
+    for (i, (name, (schema, rows))) in expected.1.iter().enumerate() {
+        let t = &tables[i];
+        let location = format!("s3://lake/pg-tiny/{}", fovea_iceberg::table_dir(name));
+        assert_eq!(t["location"], location.as_str(), "{t}");
+        assert_eq!(t["parameters"]["table_type"], "ICEBERG", "{t}");
+        assert_eq!(t["parameters"]["metadata_location"], t["current"], "{name}: Glue is not at the newest metadata");
+        moved += usize::from(t["parameters"].get("previous_metadata_location").is_some());
+        let user: Vec<&String> =
+            schema.fields().iter().map(|f| f.name()).filter(|n| !n.starts_with("_fovea_")).collect();
+        assert_eq!(t["columns"].as_array().unwrap().len(), user.len(), "{t}");
+        let batches = read_parquet(&out.path().join("glue").join(format!("{i}.parquet")));
+        let mut got: Vec<String> = batches.iter().flat_map(|b| rows_as_text(b, schema)).collect();
+        got.sort();
+        assert_eq!(got, *rows, "{name} through Glue");
+    }
+    assert!(moved > 0, "no Glue table's metadata pointer moved with a later checkpoint: {tables:?}");
 }
 
 #[test]

@@ -1,0 +1,257 @@
+//! Published Iceberg tables registered in the AWS Glue Data Catalog
+//! (`--iceberg-catalog glue://DATABASE`), the way Athena, EMR and Redshift
+//! Spectrum find Iceberg tables: one Glue table per fovea table, of type
+//! `ICEBERG`, whose `metadata_location` parameter names the current
+//! metadata file and moves with every publication.
+//!
+//! A fovea table `schema.table` is the Glue table `schema_table`
+//! (lowercase, characters other than letters, digits and `_` as `_`: the
+//! names Athena accepts); two fovea tables with one Glue name are refused,
+//! naming both. Updates are conditional on the Glue table's version
+//! (`VersionId`) and skip Glue's version archive (one call per table and
+//! publication would fill it); a table whose metadata location is already
+//! newer (a newer replayer registered it) is left alone.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use aws_sdk_glue::Client;
+use aws_sdk_glue::error::{DisplayErrorContext, SdkError};
+use aws_sdk_glue::operation::get_table::GetTableError;
+use aws_sdk_glue::types::{Column, StorageDescriptor, TableInput};
+use fovea_core::lake::block_on_io;
+use fovea_iceberg::spec::{IcebergType, TableMetadata};
+use fovea_iceberg::{CatalogView, PublishError, TableRegistry, ViewTable};
+
+/// Glue's parameter naming the current metadata file.
+const METADATA_LOCATION: &str = "metadata_location";
+/// The one before (as Iceberg's Glue catalog keeps it).
+const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
+
+/// The Glue database a lake's Iceberg tables are registered in.
+#[derive(Debug)]
+pub struct GlueRegistry {
+    client: Client,
+    database: String,
+    /// Metadata location each Glue table was last pointed at by this
+    /// process (no call while it has not moved).
+    registered: Mutex<HashMap<String, String>>,
+}
+
+impl GlueRegistry {
+    /// The registry `glue://DATABASE` names, checked: the database must
+    /// exist (the template creates it; a mistyped name is an error naming
+    /// it, not a new database).
+    pub fn open(url: &str) -> fovea_core::Result<Self> {
+        let database = parse_url(url)?;
+        let config = crate::config::sdk_config()?;
+        let client = Client::new(&config);
+        let got = block_on_io({
+            let client = client.clone();
+            let database = database.clone();
+            async move { client.get_database().name(database).send().await }
+        })?;
+        match got {
+            Ok(_) => Ok(GlueRegistry { client, database, registered: Mutex::new(HashMap::new()) }),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_entity_not_found_exception()) => Err(error(
+                url,
+                format!(
+                    "the Glue database {database} does not exist (the template creates it; or `aws glue \
+                     create-database --database-input Name={database}`)"
+                ),
+            )),
+            Err(e) => Err(error(url, format!("GetDatabase {database}: {}", DisplayErrorContext(&e)))),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("glue://{}", self.database)
+    }
+}
+
+/// Points the Glue table `name` of `database` at `location` (the metadata
+/// file of `metadata`), creating it when absent.
+async fn register_table(
+    client: &Client,
+    database: &str,
+    name: &str,
+    location: &str,
+    metadata: &TableMetadata,
+) -> Result<(), String> {
+    for _attempt in 0..3 {
+        let got = client.get_table().database_name(database).name(name).send().await;
+        let (current, version_id) = match got {
+            Ok(out) => {
+                let table = out.table.ok_or("GetTable answered no table")?;
+                let current = table.parameters.as_ref().and_then(|p| p.get(METADATA_LOCATION)).cloned();
+                (Some(current), table.version_id)
+            }
+            Err(SdkError::ServiceError(e)) if matches!(e.err(), GetTableError::EntityNotFoundException(_)) => {
+                (None, None)
+            }
+            Err(e) => return Err(format!("GetTable {name}: {}", DisplayErrorContext(&e))),
+        };
+        let input = table_input(name, location, metadata, current.clone().flatten())?;
+        match current {
+            None => match client.create_table().database_name(database).table_input(input).send().await {
+                Ok(_) => return Ok(()),
+                // Created meanwhile: update it.
+                Err(e) if e.as_service_error().is_some_and(|s| s.is_already_exists_exception()) => continue,
+                Err(e) => return Err(format!("CreateTable {name}: {}", DisplayErrorContext(&e))),
+            },
+            Some(current) => {
+                if let Some(current) = &current {
+                    if current == location {
+                        return Ok(());
+                    }
+                    if newer_than(current, location) {
+                        tracing::debug!(table = name, current, "Glue names newer metadata: left alone");
+                        return Ok(());
+                    }
+                }
+                let mut update = client.update_table().database_name(database).table_input(input).skip_archive(true);
+                if let Some(v) = version_id {
+                    update = update.version_id(v);
+                }
+                match update.send().await {
+                    Ok(_) => return Ok(()),
+                    // Another writer moved it meanwhile: look again.
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_concurrent_modification_exception()) => {
+                        continue;
+                    }
+                    Err(e) => return Err(format!("UpdateTable {name}: {}", DisplayErrorContext(&e))),
+                }
+            }
+        }
+    }
+    Err(format!("table {name}: changed by another writer at each of 3 attempts"))
+}
+
+impl TableRegistry for GlueRegistry {
+    fn register(&self, view: &CatalogView) -> fovea_iceberg::Result<()> {
+        let mut by_glue_name: HashMap<String, &str> = HashMap::new();
+        let mut todo = Vec::new();
+        let mut errors = Vec::new();
+        for (fovea_name, table) in &view.tables {
+            let ViewTable::Published { metadata_location, metadata } = table else { continue };
+            let name = glue_table_name(fovea_name);
+            if let Some(other) = by_glue_name.insert(name.clone(), fovea_name) {
+                errors.push(format!("tables {other} and {fovea_name} would both be the Glue table {name}"));
+                continue;
+            }
+            if self.registered.lock().expect("not poisoned").get(&name) == Some(metadata_location) {
+                continue;
+            }
+            let metadata: TableMetadata = serde_json::from_str(metadata)
+                .map_err(|e| PublishError::Corrupt { what: metadata_location.clone(), reason: e.to_string() })?;
+            todo.push((name, metadata_location.clone(), metadata));
+        }
+        let (client, database) = (self.client.clone(), self.database.clone());
+        let (done, failed) = block_on_io(async move {
+            let (mut done, mut failed) = (Vec::new(), Vec::new());
+            for (name, location, metadata) in todo {
+                match register_table(&client, &database, &name, &location, &metadata).await {
+                    Ok(()) => done.push((name, location)),
+                    Err(e) => failed.push(e),
+                }
+            }
+            (done, failed)
+        })?;
+        errors.extend(failed);
+        self.registered.lock().expect("not poisoned").extend(done);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(PublishError::Register { catalog: self.url(), message: errors.join("; ") })
+        }
+    }
+}
+
+/// The database `glue://DATABASE` names.
+fn parse_url(url: &str) -> fovea_core::Result<String> {
+    let database = url.strip_prefix("glue://").ok_or_else(|| error(url, "expected glue://DATABASE".into()))?;
+    let valid = !database.is_empty()
+        && database.len() <= 255
+        && database.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid {
+        return Err(error(
+            url,
+            format!("{database:?} is no Glue database name Athena reads (1–255 lowercase letters, digits and '_')"),
+        ));
+    }
+    Ok(database.to_owned())
+}
+
+fn error(url: &str, message: String) -> fovea_core::Error {
+    fovea_core::Error::Backend { backend: "Glue", operation: "open".into(), key: url.into(), message }
+}
+
+/// The Glue table of fovea table `schema.table`: `schema_table`,
+/// lowercase, other characters than letters, digits and `_` as `_`.
+pub fn glue_table_name(fovea_name: &str) -> String {
+    fovea_name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect()
+}
+
+/// Whether metadata file `a` is a later version than `b` of one table
+/// (`…/metadata/vN.metadata.json`).
+fn newer_than(a: &str, b: &str) -> bool {
+    fn split(p: &str) -> Option<(&str, u64)> {
+        let (dir, file) = p.rsplit_once('/')?;
+        let n = file.strip_prefix('v')?.strip_suffix(".metadata.json")?.parse().ok()?;
+        Some((dir, n))
+    }
+    matches!((split(a), split(b)), (Some((da, na)), Some((db, nb))) if da == db && na > nb)
+}
+
+/// The Glue table input of an Iceberg table: its location, its columns in
+/// Hive types (for consoles; engines read the schema from the metadata),
+/// and the metadata pointer.
+fn table_input(
+    name: &str,
+    location: &str,
+    metadata: &TableMetadata,
+    previous: Option<String>,
+) -> Result<TableInput, String> {
+    let schema = metadata.current_schema().ok_or("the metadata has no current schema")?;
+    let mut columns = Vec::with_capacity(schema.fields.len());
+    for f in &schema.fields {
+        let t = IcebergType::parse(&f.field_type)
+            .ok_or_else(|| format!("column {} has type {}, which fovea does not publish", f.name, f.field_type))?;
+        columns.push(Column::builder().name(&f.name).r#type(t.hive_type()).build().map_err(|e| e.to_string())?);
+    }
+    let storage = StorageDescriptor::builder().location(&metadata.location).set_columns(Some(columns)).build();
+    let mut input = TableInput::builder()
+        .name(name)
+        .table_type("EXTERNAL_TABLE")
+        .parameters("table_type", "ICEBERG")
+        .parameters(METADATA_LOCATION, location)
+        .storage_descriptor(storage);
+    if let Some(previous) = previous {
+        input = input.parameters(PREVIOUS_METADATA_LOCATION, previous);
+    }
+    input.build().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_athenas_rules() {
+        assert_eq!(glue_table_name("public.Orders"), "public_orders");
+        assert_eq!(glue_table_name("tpcc.order-line"), "tpcc_order_line");
+        assert_eq!(parse_url("glue://fovea_lake").unwrap(), "fovea_lake");
+        for bad in ["glue://", "glue://Lake", "glue://a-b", "hive://x", "fovea"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_a_later_version_of_the_same_table_is_newer() {
+        let v = |n: u32| format!("s3://b/l/iceberg/public/t/metadata/v{n}.metadata.json");
+        assert!(newer_than(&v(10), &v(9)));
+        assert!(!newer_than(&v(9), &v(10)));
+        assert!(!newer_than(&v(9), &v(9)));
+        assert!(!newer_than("s3://b/other/metadata/v10.metadata.json", &v(9)));
+    }
+}
