@@ -69,6 +69,9 @@ pub const CHECKPOINT_TS_PROPERTY: &str = "fovea.checkpoint-ts";
 /// has this long to read what it names.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(600);
 
+/// Publications [`Publisher::view_at`] answers at most.
+pub const RECENT_VIEWS_KEPT: usize = 256;
+
 /// Earlier metadata files the metadata log lists.
 const METADATA_LOG_KEPT: usize = 10;
 
@@ -175,6 +178,9 @@ pub struct Publisher {
     snapshot_objects: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// The newest complete publication.
     view: Mutex<Option<Arc<CatalogView>>>,
+    /// Recent publications, oldest first, with when the next one replaced
+    /// them (`None`: the newest), for readers pinned to one checkpoint.
+    recent: Mutex<std::collections::VecDeque<(Arc<CatalogView>, Option<Instant>)>>,
     /// What this publisher last published of each table, by directory.
     tables: Mutex<HashMap<String, TableCache>>,
     /// Where the tables are registered after every publication.
@@ -208,6 +214,7 @@ impl Publisher {
             deleted: Mutex::new(HashMap::new()),
             snapshot_objects: Mutex::new(HashMap::new()),
             view: Mutex::new(None),
+            recent: Mutex::new(std::collections::VecDeque::new()),
             tables: Mutex::new(HashMap::new()),
             registry: None,
         }
@@ -217,6 +224,17 @@ impl Publisher {
     /// checkpoint (`None` before the first).
     pub fn view(&self) -> Option<Arc<CatalogView>> {
         self.view.lock().expect("not poisoned").clone()
+    }
+
+    /// The publication at checkpoint `ts`, while what it names is kept: up
+    /// to half the retention after a newer one replaced it, and at most
+    /// [`RECENT_VIEWS_KEPT`] of them.
+    pub fn view_at(&self, ts: u64) -> Option<Arc<CatalogView>> {
+        let recent = self.recent.lock().expect("not poisoned");
+        recent
+            .iter()
+            .find(|(v, replaced)| v.checkpoint_ts == ts && replaced.is_none_or(|at| at.elapsed() < self.retention / 2))
+            .map(|(v, _)| Arc::clone(v))
     }
 
     /// Keeps objects no current snapshot names for `retention` (default
@@ -277,6 +295,19 @@ impl Publisher {
         self.snapshot_objects.lock().expect("not poisoned").retain(|k, _| used.contains(k));
         let view = Arc::new(view);
         *self.view.lock().expect("not poisoned") = Some(Arc::clone(&view));
+        {
+            let mut recent = self.recent.lock().expect("not poisoned");
+            if let Some((_, replaced)) = recent.back_mut() {
+                *replaced = Some(Instant::now());
+            }
+            recent.push_back((Arc::clone(&view), None));
+            let keep = |(_, replaced): &(Arc<CatalogView>, Option<Instant>)| {
+                replaced.is_none_or(|at| at.elapsed() < self.retention / 2)
+            };
+            while recent.len() > RECENT_VIEWS_KEPT || recent.front().is_some_and(|f| !keep(f)) {
+                recent.pop_front();
+            }
+        }
         if let Some(registry) = &self.registry {
             registry.register(&view)?;
         }

@@ -367,10 +367,25 @@ fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
     let input = dir.path().join("input.jsonl");
     let (first, rest) = lines.split_at(lines.len() / 4);
     append(&input, first);
+    let [rest_port] = free_ports();
+    let rest_addr = format!("127.0.0.1:{rest_port}");
     let server = Server::start(
         &lake,
         &format!("file:{}", input.display()),
-        &["--iceberg", "v2", "--checkpoint-secs", "0.3", "--block-rows", "64", "--blocks-per-file", "4"],
+        &[
+            "--iceberg",
+            "v2",
+            "--iceberg-rest",
+            &rest_addr,
+            "--token",
+            "s3cret",
+            "--checkpoint-secs",
+            "0.3",
+            "--block-rows",
+            "64",
+            "--blocks-per-file",
+            "4",
+        ],
     );
     let location = lake.join(fovea_iceberg::table_dir("hybench.account"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_while_publishing.py");
@@ -379,6 +394,17 @@ fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
         .arg(&location)
         .arg("25")
         .arg("SELECT count(*), sum(balance) FROM {table}")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Beside it, pyiceberg attached to the REST catalog pinned: account and
+    // transfer of one attachment are at one checkpoint.
+    let pinned = std::process::Command::new(fovea_testkit::moto::python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/pinned_bank.py"))
+        .arg(format!("http://{rest_addr}"))
+        .arg("s3cret")
+        .arg("25")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -402,6 +428,24 @@ fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
         reads += 1;
     }
     assert!(checkpoints.len() >= 3, "{reads} reads saw only checkpoints {checkpoints:?}\n{}", server.log());
+    let pinned = ok(pinned.wait_with_output().unwrap());
+    let mut at_by_attachment: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut fresh_compared = 0;
+    for line in pinned.lines() {
+        let a: serde_json::Value = serde_json::from_str(line).unwrap();
+        let ts = a["account_ts"].as_u64().unwrap();
+        assert_eq!(a["transfer_ts"].as_u64(), Some(ts), "tables of one attachment at two checkpoints: {line}");
+        let attached_at = *at_by_attachment.entry(a["attachment"].as_u64().unwrap()).or_insert(ts);
+        assert_eq!(attached_at, ts, "a pinned attachment moved to another checkpoint: {line}");
+        assert_eq!(a["sum"].as_i64().unwrap(), a["count"].as_i64().unwrap() * 1_000_000, "part of a transfer: {line}");
+        if !a["transfer_fresh"].is_null() {
+            assert_eq!(a["account_fresh"], a["transfer_fresh"], "account and transfer at different points: {line}");
+            fresh_compared += 1;
+        }
+    }
+    let distinct: std::collections::BTreeSet<u64> = at_by_attachment.values().copied().collect();
+    assert!(distinct.len() >= 3, "attachments saw only checkpoints {distinct:?}:\n{pinned}");
+    assert!(fresh_compared > 0, "{pinned}");
     let log = server.stop();
     assert!(!log.contains("checkpoint not published"), "{log}");
     assert_iceberg_reads_as_fovea(&lake);
