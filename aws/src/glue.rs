@@ -10,7 +10,9 @@
 //! naming both. Updates are conditional on the Glue table's version
 //! (`VersionId`) and skip Glue's version archive (one call per table and
 //! publication would fill it); a table whose metadata location is already
-//! newer (a newer replayer registered it) is left alone.
+//! newer (a newer replayer registered it) is left alone. A table dropped in
+//! the source is deleted from the database (its Iceberg table stays, its
+//! last snapshot empty).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,7 +36,7 @@ pub struct GlueRegistry {
     client: Client,
     database: String,
     /// Metadata location each Glue table was last pointed at by this
-    /// process (no call while it has not moved).
+    /// process (no call while it has not moved; empty: deleted).
     registered: Mutex<HashMap<String, String>>,
 }
 
@@ -146,6 +148,15 @@ impl TableRegistry for GlueRegistry {
                 .map_err(|e| PublishError::Corrupt { what: metadata_location.clone(), reason: e.to_string() })?;
             todo.push((name, metadata_location.clone(), metadata));
         }
+        // Tables dropped in the source leave the catalog (once: the
+        // process remembers).
+        let dropped: Vec<String> = view
+            .dropped
+            .iter()
+            .map(|t| glue_table_name(t))
+            .filter(|name| !by_glue_name.contains_key(name))
+            .filter(|name| self.registered.lock().expect("not poisoned").get(name).map(String::as_str) != Some(""))
+            .collect();
         let (client, database) = (self.client.clone(), self.database.clone());
         let (done, failed) = block_on_io(async move {
             let (mut done, mut failed) = (Vec::new(), Vec::new());
@@ -153,6 +164,15 @@ impl TableRegistry for GlueRegistry {
                 match register_table(&client, &database, &name, &location, &metadata).await {
                     Ok(()) => done.push((name, location)),
                     Err(e) => failed.push(e),
+                }
+            }
+            for name in dropped {
+                match client.delete_table().database_name(&database).name(&name).send().await {
+                    Ok(_) => done.push((name, String::new())),
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_entity_not_found_exception()) => {
+                        done.push((name, String::new()));
+                    }
+                    Err(e) => failed.push(format!("DeleteTable {name}: {}", DisplayErrorContext(&e))),
                 }
             }
             (done, failed)

@@ -60,6 +60,10 @@ use crate::{PublishError, Result};
 /// Where a lake's Iceberg tables live, under its root.
 pub const ICEBERG_PREFIX: &str = "iceberg";
 
+/// Snapshot summary property of a dropped table's last snapshot (it has no
+/// rows).
+pub const DROPPED_PROPERTY: &str = "fovea.dropped";
+
 /// Snapshot summary property: the checkpoint's mirror timestamp.
 pub const CHECKPOINT_TS_PROPERTY: &str = "fovea.checkpoint-ts";
 
@@ -132,6 +136,9 @@ pub struct CatalogView {
     pub checkpoint_ts: u64,
     /// Tables by fovea name (`schema.table`).
     pub tables: BTreeMap<String, ViewTable>,
+    /// Tables dropped in the source that have an Iceberg table (its last
+    /// snapshot without rows): not served, and removed from catalogs.
+    pub dropped: std::collections::BTreeSet<String>,
 }
 
 /// A table of a [`CatalogView`].
@@ -264,9 +271,11 @@ impl Publisher {
         let manifest = &checkpoint.manifest;
         let mut published = Published::default();
         let mut used = HashSet::new();
-        let mut view = CatalogView { checkpoint_ts: manifest.checkpoint_ts, tables: BTreeMap::new() };
+        let mut view =
+            CatalogView { checkpoint_ts: manifest.checkpoint_ts, tables: BTreeMap::new(), dropped: Default::default() };
         for (i, t) in manifest.tables.iter().enumerate() {
-            if t.dropped {
+            // A dropped table whose name a newer table has: that one's.
+            if t.dropped && manifest.tables.iter().any(|o| !o.dropped && o.name == t.name) {
                 continue;
             }
             let entry = match self.publish_table(checkpoint, TableId(i as u32), t, &mut used) {
@@ -281,6 +290,12 @@ impl Publisher {
                     published.current += 1;
                     current
                 }
+                Ok(TableOutcome::Absent { existed }) => {
+                    if existed {
+                        view.dropped.insert(t.name.clone());
+                    }
+                    continue;
+                }
                 Err(e @ (PublishError::Schema { .. } | PublishError::Corrupt { .. })) => {
                     tracing::warn!("not published as Iceberg: {e}");
                     let entry = ViewTable::Refused(e.to_string());
@@ -289,7 +304,12 @@ impl Publisher {
                 }
                 Err(e) => return Err(e),
             };
-            view.tables.insert(t.name.clone(), entry);
+            // A dropped table is not served (its snapshot is empty).
+            if t.dropped {
+                view.dropped.insert(t.name.clone());
+            } else {
+                view.tables.insert(t.name.clone(), entry);
+            }
         }
         self.deleted.lock().expect("not poisoned").retain(|k, _| used.contains(k));
         self.snapshot_objects.lock().expect("not poisoned").retain(|k, _| used.contains(k));
@@ -351,6 +371,17 @@ impl Publisher {
             });
         }
         let prev_snapshot = previous.as_ref().and_then(|(_, m)| m.current_snapshot().cloned());
+        // A dropped table: one last snapshot without rows (readers of its
+        // path or its catalog entry find it empty, not stale; time travel
+        // still reads it before), none if it was never published or that
+        // snapshot is there already.
+        let dropped_before = prev_snapshot.as_ref().is_some_and(|s| s.summary.contains_key(DROPPED_PROPERTY));
+        if table.dropped && (prev_snapshot.is_none() || dropped_before) {
+            if let Some(t) = cached {
+                self.tables.lock().expect("not poisoned").insert(dir, t);
+            }
+            return Ok(TableOutcome::Absent { existed: prev_snapshot.is_some() });
+        }
         if let Some(s) = &prev_snapshot {
             let published_ts: Option<u64> = s.summary.get(CHECKPOINT_TS_PROPERTY).and_then(|v| v.parse().ok());
             if let Some(p) = published_ts.filter(|&p| p > c) {
@@ -422,7 +453,8 @@ impl Publisher {
         let mut delete_bytes_written = 0u64;
         let mut live_deletes = HashSet::new();
         let mut live_data = HashSet::new();
-        for file in self.data_files(manifest, id)? {
+        let files = if table.dropped { Vec::new() } else { self.data_files(manifest, id)? };
+        for file in files {
             let uri = self.uri(&file.path);
             let entry = match prev_data.get(&uri) {
                 Some(e) => Entry { status: Status::Existing, ..e.clone() },
@@ -508,7 +540,9 @@ impl Publisher {
                 &mut removed_data,
             )
         });
-        let operation = if removed_data.is_empty() && removed_deletes.is_empty() && delete_files_written == 0 {
+        let operation = if table.dropped {
+            "delete"
+        } else if removed_data.is_empty() && removed_deletes.is_empty() && delete_files_written == 0 {
             "append"
         } else {
             "overwrite"
@@ -519,6 +553,9 @@ impl Publisher {
             ("fovea.input".to_owned(), checkpoint.input.clone()),
             ("fovea.source-position".to_owned(), checkpoint.position.to_string()),
         ]);
+        if table.dropped {
+            summary.insert(DROPPED_PROPERTY.to_owned(), "true".to_owned());
+        }
         let count = |entries: &[Entry], status: Status| entries.iter().filter(|e| e.status == status).count();
         let rows = |entries: &[Entry], status: Option<Status>| -> i64 {
             entries.iter().filter(|e| status.is_none_or(|s| e.status == s)).map(|e| e.file.record_count).sum()
@@ -916,6 +953,11 @@ enum TableOutcome {
     },
     /// Its snapshot was at or past the checkpoint already.
     Current(ViewTable),
+    /// A dropped table with nothing to publish (`existed`: its Iceberg
+    /// table has its last snapshot already).
+    Absent {
+        existed: bool,
+    },
 }
 
 /// One data file of a table at a checkpoint.
@@ -1219,6 +1261,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_dropped_table_gets_one_last_snapshot_without_rows() {
+        use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+        use fovea_core::{Engine, EngineConfig, Op, Value};
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open_dir(dir.path(), EngineConfig::default()).unwrap();
+        let schema = Arc::new(ArrowSchema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let kept = engine.create_table("s.kept", Arc::clone(&schema), vec![0]).unwrap();
+        let gone = engine.create_table("s.gone", Arc::clone(&schema), vec![0]).unwrap();
+        let rows = |t: &fovea_core::schema::TableDef| -> Vec<Op> {
+            (0..10).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(k)] }).collect()
+        };
+        engine.apply([rows(&kept), rows(&gone)].concat()).unwrap();
+        let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
+        let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, FormatVersion::V2);
+        let publish = |engine: &Arc<Engine>| {
+            let manifest = engine.write_checkpoint().unwrap();
+            engine.checkpoint_committed(&manifest);
+            let record =
+                CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
+            publisher.publish(&record).unwrap()
+        };
+        assert_eq!(publish(&engine).tables, 2);
+        let ts = engine.begin().unwrap();
+        engine.drop_table_at("s.gone", ts).unwrap();
+        engine.commit(ts).unwrap();
+        let p = publish(&engine);
+        assert_eq!((p.tables, p.refused.len()), (2, 0));
+        let view = publisher.view().unwrap();
+        assert!(!view.tables.contains_key("s.gone") && view.tables.contains_key("s.kept"), "{view:?}");
+        assert!(view.dropped.contains("s.gone"), "catalogs are told to remove it: {view:?}");
+        let (version, m) = publisher.current_metadata(&format!("{}/metadata", table_dir("s.gone"))).unwrap().unwrap();
+        let s = m.current_snapshot().unwrap();
+        assert_eq!(s.summary.get(DROPPED_PROPERTY).map(String::as_str), Some("true"));
+        assert_eq!(s.summary["total-records"], "0");
+        assert_eq!(s.summary["operation"], "delete");
+        assert_eq!(m.snapshots.len(), 2, "the snapshot before the drop is kept for time travel");
+        // Later checkpoints leave it as it is.
+        engine.apply(vec![Op::Insert { table: kept.id, row: vec![Value::Int(99)] }]).unwrap();
+        let p = publish(&engine);
+        assert_eq!(p.tables, 1);
+        let (again, _) = publisher.current_metadata(&format!("{}/metadata", table_dir("s.gone"))).unwrap().unwrap();
+        assert_eq!(again, version);
+        assert!(publisher.view().unwrap().dropped.contains("s.gone"), "still removed from catalogs");
     }
 
     fn snapshot(id: i64, timestamp_ms: i64) -> Snapshot {

@@ -100,7 +100,9 @@ fn answer(method: &Method, path: &str, query: &str, views: &dyn Fn(Option<u64>) 
     };
     let view = match (views(pinned), pinned) {
         (Some(v), _) => v,
-        (None, None) => Arc::new(CatalogView { checkpoint_ts: 0, tables: Default::default() }),
+        (None, None) => {
+            Arc::new(CatalogView { checkpoint_ts: 0, tables: Default::default(), dropped: Default::default() })
+        }
         (None, Some(ts)) => {
             return error(
                 StatusCode::NOT_FOUND,
@@ -252,6 +254,7 @@ mod tests {
                 ("public.bad".to_owned(), ViewTable::Refused("column x: type changed".into())),
                 ("tpcc.item".to_owned(), ViewTable::Refused("r".into())),
             ]),
+            dropped: Default::default(),
         })
     }
 
@@ -294,7 +297,7 @@ mod tests {
     #[tokio::test]
     async fn a_pinned_client_is_answered_from_its_checkpoint_until_it_attaches_again() {
         let old = view();
-        let new = Arc::new(CatalogView { checkpoint_ts: 50, tables: Default::default() });
+        let new = Arc::new(CatalogView { checkpoint_ts: 50, tables: Default::default(), dropped: Default::default() });
         let views = |ts: Option<u64>| match ts {
             None => Some(Arc::clone(&new)),
             Some(42) => Some(Arc::clone(&old)),
