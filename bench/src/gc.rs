@@ -30,7 +30,8 @@ pub struct GcBenchArgs {
     pub json: bool,
 }
 
-fn schema() -> Arc<Schema> {
+/// The benchmark tables' columns: a key, two numbers, a name.
+pub(crate) fn schema() -> Arc<Schema> {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("a", DataType::Int64, false),
@@ -39,7 +40,8 @@ fn schema() -> Arc<Schema> {
     ]))
 }
 
-fn row(k: i64, v: i64) -> Vec<Value> {
+/// Row `k` of [`schema`] with value `v`.
+pub(crate) fn row(k: i64, v: i64) -> Vec<Value> {
     vec![Value::Int(k), Value::Int(v), Value::Int(k % 100), Value::Utf8(format!("row-{k:010}"))]
 }
 

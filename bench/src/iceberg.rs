@@ -17,7 +17,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::datatypes::{DataType, Field, Schema};
 use fovea_core::catalog::CheckpointRecord;
 use fovea_core::cdc::SourcePosition;
 use fovea_core::{Engine, EngineConfig, Op, Value};
@@ -26,6 +25,7 @@ use fovea_replayer::replay::CliResult;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde_json::json;
 
+use crate::gc::{row, schema};
 use crate::scan::median;
 
 /// Options of `fovea-bench iceberg`.
@@ -45,19 +45,6 @@ pub struct IcebergBenchArgs {
 }
 
 const TABLE: &str = "bench.orders";
-
-fn schema() -> Arc<Schema> {
-    Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("a", DataType::Int64, false),
-        Field::new("b", DataType::Int64, false),
-        Field::new("name", DataType::Utf8, false),
-    ]))
-}
-
-fn row(k: i64, v: i64) -> Vec<Value> {
-    vec![Value::Int(k), Value::Int(v), Value::Int(k % 100), Value::Utf8(format!("row-{k:010}"))]
-}
 
 /// Bytes of one row as the lake's files hold it, roughly (for the ratio
 /// of what publication writes to what changed).
