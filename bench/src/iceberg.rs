@@ -40,6 +40,8 @@ pub struct IcebergBenchArgs {
     pub txns: u64,
     /// Replays with and without publication (medians reported).
     pub runs: usize,
+    /// Transactions between two checkpoints of the replays.
+    pub checkpoint_txns: u64,
     /// Print one JSON object.
     pub json: bool,
 }
@@ -72,7 +74,9 @@ pub fn run(args: &IcebergBenchArgs) -> CliResult<()> {
         }
         publications.push((format, p));
     }
-    let (without, with) = replay_with_and_without(args.txns, args.runs)?;
+    let (without_runs, with_runs, publications_per_s) =
+        replay_with_and_without(args.txns, args.runs, args.checkpoint_txns)?;
+    let (without, with) = (median(&mut without_runs.clone()), median(&mut with_runs.clone()));
     let read = read.expect("format 3 was published");
 
     let changed_bytes = changed_rows as f64 * ROW_BYTES;
@@ -84,6 +88,10 @@ pub fn run(args: &IcebergBenchArgs) -> CliResult<()> {
         "replay_rows_per_s_without": without,
         "replay_rows_per_s_with_v3": with,
         "replay_with_over_without": with / without,
+        "replay_runs_without": without_runs,
+        "replay_runs_with_v3": with_runs,
+        "replay_checkpoint_txns": args.checkpoint_txns,
+        "replay_publications_per_s": publications_per_s,
         "read": read,
     });
     for (format, p) in &publications {
@@ -121,9 +129,13 @@ pub fn run(args: &IcebergBenchArgs) -> CliResult<()> {
         );
     }
     println!(
-        "  replay of {} HyBench txns: {with:.0} rows/s publishing v3 vs {without:.0} without ({:.3}x)",
+        "  replay of {} HyBench txns, a checkpoint every {} txns ({publications_per_s:.1} publications/s): {with:.0} \
+         rows/s publishing v3 vs {without:.0} without ({:.3}x; runs {:.0?} vs {:.0?})",
         args.txns,
-        with / without
+        args.checkpoint_txns,
+        with / without,
+        with_runs,
+        without_runs
     );
     match read.get("skipped") {
         Some(why) => println!("  reading through Iceberg: skipped ({why})"),
@@ -213,9 +225,10 @@ fn publish_rounds(
 }
 
 /// Rows/s of replaying one HyBench stream without and with publication
-/// (format 3, a checkpoint every 2,000 transactions): medians of `runs`
-/// alternating runs.
-fn replay_with_and_without(txns: u64, runs: usize) -> CliResult<(f64, f64)> {
+/// (format 3, a checkpoint every `checkpoint_txns` transactions): every
+/// run of `runs` alternating pairs, without then with, and the
+/// publications per second of the runs with.
+fn replay_with_and_without(txns: u64, runs: usize, checkpoint_txns: u64) -> CliResult<(Vec<f64>, Vec<f64>, f64)> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("hybench.jsonl");
     {
@@ -223,7 +236,7 @@ fn replay_with_and_without(txns: u64, runs: usize) -> CliResult<(f64, f64)> {
         fovea_testkit::workload::generate(fovea_testkit::workload::Workload::Hybench, txns, 7, &mut w)?;
         std::io::Write::flush(&mut w)?;
     }
-    let (mut without, mut with) = (Vec::new(), Vec::new());
+    let (mut without, mut with, mut publications) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs * 2 {
         let publish = run % 2 == 1;
         let lake = dir.path().join(format!("lake-{run}"));
@@ -238,7 +251,7 @@ fn replay_with_and_without(txns: u64, runs: usize) -> CliResult<(f64, f64)> {
             input: input.display().to_string(),
             format: fovea_core::cdc::InputFormat::Auto,
             schema_file: None,
-            checkpoint_txns: 2_000,
+            checkpoint_txns,
             shards: None,
             blocks: None,
             lease: fovea_core::lease::DEFAULT_LEASE_TTL,
@@ -251,13 +264,14 @@ fn replay_with_and_without(txns: u64, runs: usize) -> CliResult<(f64, f64)> {
         }
         let rate = summary.stats.rows as f64 / summary.elapsed.as_secs_f64();
         if publish {
-            with.push(rate)
+            with.push(rate);
+            publications.push(summary.stats.checkpoints as f64 / summary.elapsed.as_secs_f64());
         } else {
-            without.push(rate)
+            without.push(rate);
         }
         std::fs::remove_dir_all(&lake)?;
     }
-    Ok((median(&mut without), median(&mut with)))
+    Ok((without, with, median(&mut publications)))
 }
 
 /// The queries both engines run.

@@ -66,8 +66,12 @@ enum Command {
         #[arg(long, default_value_t = 50_000)]
         txns: u64,
         /// Replays with and without publication each (medians reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Transactions between two checkpoints of the replays (the
+        /// default is a stress: over ten publications a second).
+        #[arg(long, default_value_t = 2_000)]
+        checkpoint_txns: u64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -302,11 +306,19 @@ fn main() -> ExitCode {
             serve::serve_bench(&serve::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
         Command::Gc { rows, seconds, json } => gc::run(&gc::GcBenchArgs { rows, seconds, json }),
-        Command::Iceberg { rows, changed, checkpoints, txns, runs, json } => {
+        Command::Iceberg { rows, changed, checkpoints, txns, runs, checkpoint_txns, json } => {
             if !(changed > 0.0 && changed <= 1.0) {
                 Err(format!("--changed {changed}: expected a fraction in (0, 1]").into())
             } else {
-                iceberg::run(&iceberg::IcebergBenchArgs { rows, changed, checkpoints, txns, runs: runs.max(1), json })
+                iceberg::run(&iceberg::IcebergBenchArgs {
+                    rows,
+                    changed,
+                    checkpoints,
+                    txns,
+                    runs: runs.max(1),
+                    checkpoint_txns: checkpoint_txns.max(1),
+                    json,
+                })
             }
         }
         Command::Components { json, quick } => {

@@ -698,7 +698,7 @@ impl Publisher {
                 next_row_id: lineage.map(|l| l.next_row_id),
             },
         };
-        let json = serde_json::to_vec_pretty(&metadata).expect("metadata serialises");
+        let json = serde_json::to_vec(&metadata).expect("metadata serialises");
         let metadata_bytes = json.len() as u64;
         let json_text = json.clone();
         let path = metadata_path(&meta_dir, version);
