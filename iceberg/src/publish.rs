@@ -411,9 +411,6 @@ impl Publisher {
         }
         let def =
             table.def(id).map_err(|e| PublishError::Corrupt { what: table.name.clone(), reason: e.to_string() })?;
-        let published = schema_of(&def, previous.as_ref().map(|(_, m)| m))?;
-        let (schema, new_schema, last_column_id) = (published.schema, published.is_new, published.last_column_id);
-
         // The snapshot before: its live entries by path.
         let mut prev_data: HashMap<String, Entry> = HashMap::new();
         let mut prev_deletes: HashMap<String, Entry> = HashMap::new();
@@ -437,6 +434,25 @@ impl Publisher {
             }
         }
 
+        // Files new to the table: their sizes and the columns they hold
+        // from their footers (a column added and dropped again between
+        // two publications is in files but in no published schema: the
+        // name mapping must still name it, or readers refuse the file).
+        let files = if table.dropped { Vec::new() } else { self.data_files(manifest, id)? };
+        let mut new_sizes: HashMap<String, u64> = HashMap::new();
+        let mut file_columns: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for file in &files {
+            let uri = self.uri(&file.path);
+            if prev_data.contains_key(&uri) {
+                continue;
+            }
+            let footer = self.lake.read_footer_in(&file.path, file.footer.clone())?;
+            file_columns.extend(footer.metadata.schema().fields().iter().map(|f| f.name().clone()));
+            new_sizes.insert(uri, footer.size);
+        }
+        let published = schema_of(&def, previous.as_ref().map(|(_, m)| m), &file_columns)?;
+        let (schema, new_schema, last_column_id) = (published.schema, published.is_new, published.last_column_id);
+
         let sequence_number = previous.as_ref().map_or(0, |(_, m)| m.last_sequence_number) + 1;
         let snapshot_id = c as i64;
         let added = |file: DataFile| Entry {
@@ -453,16 +469,12 @@ impl Publisher {
         let mut delete_bytes_written = 0u64;
         let mut live_deletes = HashSet::new();
         let mut live_data = HashSet::new();
-        let files = if table.dropped { Vec::new() } else { self.data_files(manifest, id)? };
         for file in files {
             let uri = self.uri(&file.path);
             let entry = match prev_data.get(&uri) {
                 Some(e) => Entry { status: Status::Existing, ..e.clone() },
                 None => {
-                    let size = match file.size {
-                        Some(s) => s,
-                        None => self.head(&file.path)?,
-                    };
+                    let size = new_sizes[&uri];
                     added(DataFile {
                         content: Content::Data,
                         path: uri.clone(),
@@ -932,13 +944,6 @@ impl Publisher {
         }
     }
 
-    fn head(&self, path: &Path) -> Result<u64> {
-        self.head_opt(path)?.ok_or_else(|| PublishError::Corrupt {
-            what: path.to_string(),
-            reason: "the checkpoint names it and it is not in the lake".into(),
-        })
-    }
-
     fn exists(&self, path: &Path) -> Result<bool> {
         Ok(self.head_opt(path)?.is_some())
     }
@@ -966,8 +971,8 @@ struct CurrentFile<'m> {
     fovea_file: u64,
     path: Path,
     rows: usize,
-    /// Bytes, when the checkpoint knows them.
-    size: Option<u64>,
+    /// Where its footer is, when the checkpoint knows it.
+    footer: Option<std::ops::Range<u64>>,
     /// The fovea file's deleted rows.
     slot: Option<&'m SlotManifest>,
     /// Offset of its first row in the fovea file.
@@ -982,7 +987,7 @@ fn files_of<'m>(f: &'m FileManifest, slot: Option<&'m SlotManifest>) -> Vec<Curr
             fovea_file: f.id,
             path: Path::from(r.path.as_str()),
             rows: r.row_groups.iter().map(|g| g[1] as usize).sum(),
-            size: r.footer.map(|[_, end]| end),
+            footer: r.footer.map(|[start, end]| start..end),
             slot,
             offset: 0,
             max_ts: r.row_groups.iter().map(|g| g[3]).max().unwrap_or(0),
@@ -996,7 +1001,7 @@ fn files_of<'m>(f: &'m FileManifest, slot: Option<&'m SlotManifest>) -> Vec<Curr
                         fovea_file: f.id,
                         path: Path::from(b.path.as_str()),
                         rows: b.rows,
-                        size: None,
+                        footer: None,
                         slot,
                         offset,
                         max_ts: b.max_ts,

@@ -209,8 +209,15 @@ pub struct TableSchema {
 /// changed in a way that is no Iceberg promotion is refused: the values
 /// stored before the change are in files whose column has the old type,
 /// which Iceberg readers cannot read as the new one. fovea's hidden
-/// columns are left out of the schema.
-pub fn schema_of(table: &TableDef, previous: Option<&TableMetadata>) -> Result<TableSchema> {
+/// columns are left out of the schema. `file_columns` are the columns the
+/// table's new data files hold: any the schema and the mapping before do
+/// not name (added and dropped again since the last publication) is mapped
+/// to an id of no field, so readers skip it.
+pub fn schema_of(
+    table: &TableDef,
+    previous: Option<&TableMetadata>,
+    file_columns: &std::collections::BTreeSet<String>,
+) -> Result<TableSchema> {
     let current = previous.and_then(|m| m.schemas.iter().find(|s| s.schema_id == m.current_schema_id));
     let mut last_id = previous.map_or(0, |m| m.last_column_id);
     // Every name files may carry, with its id: from the mapping published
@@ -287,7 +294,9 @@ pub fn schema_of(table: &TableDef, previous: Option<&TableMetadata>) -> Result<T
         .map(|f| f.name().clone())
         .filter(|n| n.starts_with(HIDDEN_PREFIX))
         .collect::<Vec<_>>();
-    for name in hidden {
+    // Hidden columns, and columns data files hold that no schema has had
+    // (added and dropped between two publications): ids of no field.
+    for name in hidden.into_iter().chain(file_columns.iter().cloned()) {
         if !mapped.iter().any(|(_, n)| *n == name) {
             last_id += 1;
             mapped.push((last_id, name));
@@ -518,7 +527,7 @@ mod tests {
     #[test]
     fn field_ids_follow_columns_by_name_through_promotions_and_additions() {
         let t1 = table(&[("id", DataType::Int32, false), ("v", DataType::Float32, true)], vec![0]);
-        let first = schema_of(&t1, None).unwrap();
+        let first = schema_of(&t1, None, &Default::default()).unwrap();
         let s1 = first.schema.clone();
         assert!(first.is_new);
         // The hidden create_ts column is mapped at an id of its own, not in the schema.
@@ -530,13 +539,13 @@ mod tests {
         );
         let m = metadata_with(&first);
         // Unchanged: the same schema, not a new one.
-        let same = schema_of(&t1, Some(&m)).unwrap();
+        let same = schema_of(&t1, Some(&m), &Default::default()).unwrap();
         assert!(!same.is_new);
         assert_eq!((same.schema, same.last_column_id), (s1, 3));
         // Promotions keep ids; a dropped column's id is not reused (its name
         // stays mapped: old files have it); an added one gets the next.
         let t2 = table(&[("id", DataType::Int64, false), ("w", DataType::Utf8, true)], vec![0]);
-        let second = schema_of(&t2, Some(&m)).unwrap();
+        let second = schema_of(&t2, Some(&m), &Default::default()).unwrap();
         let s2 = &second.schema;
         assert!(second.is_new);
         assert_eq!(s2.schema_id, 1);
@@ -551,21 +560,36 @@ mod tests {
     #[test]
     fn a_type_change_that_is_no_promotion_is_refused_naming_the_column() {
         let t1 = table(&[("id", DataType::Int32, false), ("v", DataType::Int32, true)], vec![0]);
-        let m = metadata_with(&schema_of(&t1, None).unwrap());
+        let m = metadata_with(&schema_of(&t1, None, &Default::default()).unwrap());
         let t2 = table(&[("id", DataType::Int32, false), ("v", DataType::Utf8, true)], vec![0]);
-        let err = schema_of(&t2, Some(&m)).unwrap_err().to_string();
+        let err = schema_of(&t2, Some(&m), &Default::default()).unwrap_err().to_string();
         assert!(err.contains("public.t") && err.contains("column v") && err.contains("int to string"), "{err}");
+    }
+
+    #[test]
+    fn columns_only_files_hold_are_mapped_to_ids_of_no_field() {
+        let t = table(&[("id", DataType::Int64, false), ("v", DataType::Utf8, true)], vec![0]);
+        let files: std::collections::BTreeSet<String> =
+            ["id", "v", "gone", "_fovea_create_ts"].map(String::from).into();
+        let s = schema_of(&t, None, &files).unwrap();
+        let m = mapping(&s.name_mapping);
+        let gone = m.iter().find(|(_, n)| n == "gone").expect("mapped").0;
+        assert!(s.schema.fields.iter().all(|f| f.id != gone && f.name != "gone"), "{:?}", s.schema);
+        assert_eq!(s.last_column_id, gone.max(s.last_column_id));
+        // Published again: the same id, never another field's.
+        let again = schema_of(&t, Some(&metadata_with(&s)), &Default::default()).unwrap();
+        assert_eq!(mapping(&again.name_mapping), m);
     }
 
     #[test]
     fn float_or_nullable_keys_are_no_identifier() {
         let t = table(&[("k", DataType::Float64, false)], vec![0]);
-        assert!(schema_of(&t, None).unwrap().schema.identifier_field_ids.is_empty());
+        assert!(schema_of(&t, None, &Default::default()).unwrap().schema.identifier_field_ids.is_empty());
         let t = table(&[("k", DataType::Int32, true)], vec![0]);
-        assert!(schema_of(&t, None).unwrap().schema.identifier_field_ids.is_empty());
+        assert!(schema_of(&t, None, &Default::default()).unwrap().schema.identifier_field_ids.is_empty());
         // A table keyed by fovea's hidden row id: the id is no column of it.
         let t = table(&[("_fovea_rowid", DataType::Int64, false), ("v", DataType::Utf8, true)], vec![0]);
-        let s = schema_of(&t, None).unwrap();
+        let s = schema_of(&t, None, &Default::default()).unwrap();
         assert!(s.schema.identifier_field_ids.is_empty());
         assert_eq!(s.schema.fields.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), vec!["v"]);
         assert!(mapping(&s.name_mapping).iter().any(|(_, n)| n == "_fovea_rowid"));

@@ -515,3 +515,92 @@ fn the_rest_catalog_of_fovea_serve_answers_every_table_at_one_checkpoint() {
         assert_eq!(got, *rows, "{name} through the REST catalog");
     }
 }
+
+/// A Debezium stream (Kafka-style lines, transactions marked) of table
+/// `s.items` whose columns change along the way: each element of `txns` is
+/// one transaction's row changes (`op`, key id, after image or none).
+fn debezium_stream(txns: &[Vec<(char, i64, Option<String>)>]) -> String {
+    let mut out = String::new();
+    let mut lsn = 1_000u64;
+    for (t, rows) in txns.iter().enumerate() {
+        let tx = t + 1;
+        lsn += 8;
+        out.push_str(&format!(
+            r#"{{"topic":"gen.transaction","key":{{"id":"{tx}:{lsn}"}},"value":{{"status":"BEGIN","id":"{tx}:{lsn}","event_count":null,"data_collections":null,"ts_ms":1}}}}"#
+        ));
+        out.push('\n');
+        for (i, (op, id, after)) in rows.iter().enumerate() {
+            lsn += 8;
+            let before = if *op == 'd' { format!(r#"{{"id":{id}}}"#) } else { "null".into() };
+            let after = after.as_ref().map_or("null".to_owned(), |a| format!("{{{a}}}"));
+            out.push_str(&format!(
+                r#"{{"topic":"gen.s.items","key":{{"id":{id}}},"value":{{"before":{before},"after":{after},"source":{{"connector":"fovea-gen","schema":"s","table":"items","txId":{tx},"lsn":{lsn},"sequence":"[null,\"{lsn}\"]","ts_us":{lsn},"snapshot":"false"}},"op":"{op}","transaction":{{"id":"{tx}:0","total_order":{},"data_collection_order":0}}}}}}"#,
+                i + 1
+            ));
+            out.push('\n');
+        }
+        lsn += 8;
+        out.push_str(&format!(
+            r#"{{"topic":"gen.transaction","key":{{"id":"{tx}:{lsn}"}},"value":{{"status":"END","id":"{tx}:{lsn}","event_count":{},"data_collections":[{{"data_collection":"s.items","event_count":{}}}],"ts_ms":1}}}}"#,
+            rows.len(),
+            rows.len()
+        ));
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn schema_changes_publish_as_iceberg_schema_evolution_and_read_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let schema_file = dir.path().join("schema.sql");
+    std::fs::write(&schema_file, "CREATE TABLE s.items (id integer PRIMARY KEY, n integer, price numeric(10,2));\n")
+        .unwrap();
+    let insert = |id: i64, n: i64| ('c', id, Some(format!(r#""id":{id},"n":{n},"price":"{id}.25""#)));
+    let mut txns: Vec<Vec<(char, i64, Option<String>)>> = vec![(0..40).map(|i| insert(i, i)).collect()];
+    // n outgrows integer (int → long), price outgrows numeric(10,2)
+    // (decimal precision up): Iceberg promotions, same field ids.
+    txns.push(vec![('u', 3, Some(r#""id":3,"n":5000000000,"price":"123456789012.50""#.into()))]);
+    txns.push(vec![('d', 4, None), insert(40, 1)]);
+    // A column appears and is gone again within one transaction (a row
+    // image without it: dropped), so files hold a column no published
+    // schema has; then it appears for good (old rows read NULL).
+    txns.push(vec![('u', 5, Some(r#""id":5,"n":5,"price":"5.25","note":"five""#.into())), insert(41, 2)]);
+    txns.push(vec![('u', 6, Some(r#""id":6,"n":6,"price":"6.25","note":"six""#.into()))]);
+    // The stream grows one transaction at a time, each replay publishing
+    // the table after it: every schema change lands in its own snapshot.
+    let stream = dir.path().join("changes.jsonl");
+    for upto in 1..=txns.len() {
+        std::fs::write(&stream, debezium_stream(&txns[..upto])).unwrap();
+        ok(fovea()
+            .args(["replay", "--lake"])
+            .arg(&lake)
+            .arg("--input")
+            .arg(&stream)
+            .arg("--schema-file")
+            .arg(&schema_file)
+            .args(["--iceberg", "v3"])
+            .output()
+            .unwrap());
+        let summaries = assert_iceberg_reads_as_fovea(&lake);
+        assert_eq!(summaries.len(), 1);
+    }
+    // The schema evolved in place: n is a long and price a wider decimal
+    // under their first ids, note is a new field (4 is the hidden column,
+    // 5 the note files held while it was gone from every schema).
+    let location = lake.join(fovea_iceberg::table_dir("s.items")).join("metadata");
+    let hint = std::fs::read_to_string(location.join("version-hint.text")).unwrap();
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(location.join(format!("v{}.metadata.json", hint.trim()))).unwrap())
+            .unwrap();
+    let schema = metadata["schemas"].as_array().unwrap().last().unwrap().clone();
+    let field = |name: &str| schema["fields"].as_array().unwrap().iter().find(|f| f["name"] == name).cloned();
+    assert_eq!(field("n").unwrap()["id"], 2, "{schema}");
+    assert_eq!(field("n").unwrap()["type"], "long", "{schema}");
+    assert_eq!(field("price").unwrap()["id"], 3, "{schema}");
+    assert!(field("price").unwrap()["type"].as_str().unwrap().starts_with("decimal("), "{schema}");
+    let note = field("note").unwrap()["id"].as_i64().unwrap();
+    assert!(note > 3, "note is a field of its own: {schema}");
+    assert!(metadata["schemas"].as_array().unwrap().len() >= 3, "one schema per change: {metadata}");
+}
