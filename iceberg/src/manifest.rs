@@ -377,16 +377,21 @@ pub fn read_manifest(m: &ManifestFile, bytes: &[u8]) -> Result<Vec<Entry>> {
             },
         });
     }
-    // Format 3: a data file written without a row id inherits one from the
-    // manifest, after the rows of those before it that did too.
     if let (Content::Data, Some(first)) = (m.content, m.first_row_id) {
-        let mut next = first;
-        for e in out.iter_mut().filter(|e| e.file.first_row_id.is_none()) {
-            e.file.first_row_id = Some(next);
-            next += e.file.record_count;
-        }
+        inherit_row_ids(first, &mut out);
     }
     Ok(out)
+}
+
+/// Format 3: each data file of a manifest written without a row id
+/// inherits one from the manifest's `first_row_id`, after the rows of the
+/// files before it (in manifest order) that did too.
+pub fn inherit_row_ids(first_row_id: i64, entries: &mut [Entry]) {
+    let mut next = first_row_id;
+    for e in entries.iter_mut().filter(|e| e.file.first_row_id.is_none()) {
+        e.file.first_row_id = Some(next);
+        next += e.file.record_count;
+    }
 }
 
 fn content(v: i32) -> std::result::Result<Content, String> {

@@ -48,8 +48,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 
 use crate::deletes::{deletion_vector_file, position_delete_file};
 use crate::manifest::{
-    Content, DataFile, Entry, ManifestFile, ManifestHeader, Status, read_manifest, read_manifest_list, write_manifest,
-    write_manifest_list,
+    Content, DataFile, Entry, ManifestFile, ManifestHeader, Status, inherit_row_ids, read_manifest, read_manifest_list,
+    write_manifest, write_manifest_list,
 };
 use crate::spec::{
     MetadataLogEntry, NAME_MAPPING_PROPERTY, PartitionSpec, Snapshot, SnapshotLogEntry, SnapshotRef, SortOrder,
@@ -240,8 +240,15 @@ impl Publisher {
         let recent = self.recent.lock().expect("not poisoned");
         recent
             .iter()
-            .find(|(v, replaced)| v.checkpoint_ts == ts && replaced.is_none_or(|at| at.elapsed() < self.retention / 2))
+            .find(|(v, replaced)| v.checkpoint_ts == ts && self.still_served(*replaced))
             .map(|(v, _)| Arc::clone(v))
+    }
+
+    /// Whether a publication a newer one replaced at `replaced` (`None`:
+    /// the newest) is still answered: for half the retention, so what it
+    /// names is kept while a pinned reader reads it.
+    fn still_served(&self, replaced: Option<Instant>) -> bool {
+        replaced.is_none_or(|at| at.elapsed() < self.retention / 2)
     }
 
     /// Keeps objects no current snapshot names for `retention` (default
@@ -321,10 +328,7 @@ impl Publisher {
                 *replaced = Some(Instant::now());
             }
             recent.push_back((Arc::clone(&view), None));
-            let keep = |(_, replaced): &(Arc<CatalogView>, Option<Instant>)| {
-                replaced.is_none_or(|at| at.elapsed() < self.retention / 2)
-            };
-            while recent.len() > RECENT_VIEWS_KEPT || recent.front().is_some_and(|f| !keep(f)) {
+            while recent.len() > RECENT_VIEWS_KEPT || recent.front().is_some_and(|(_, r)| !self.still_served(*r)) {
                 recent.pop_front();
             }
         }
@@ -412,27 +416,12 @@ impl Publisher {
         let def =
             table.def(id).map_err(|e| PublishError::Corrupt { what: table.name.clone(), reason: e.to_string() })?;
         // The snapshot before: its live entries by path.
-        let mut prev_data: HashMap<String, Entry> = HashMap::new();
-        let mut prev_deletes: HashMap<String, Entry> = HashMap::new();
         let cleaned_at = cached.as_ref().and_then(|t| t.cleaned_at);
-        if let Some(t) = cached {
-            prev_data = t.data;
-            prev_deletes = t.deletes;
-        } else if let Some(s) = &prev_snapshot {
-            let list = self.get_uri(&s.manifest_list)?;
-            for m in read_manifest_list(&s.manifest_list, &list)? {
-                let bytes = self.get_uri(&m.path)?;
-                for e in read_manifest(&m, &bytes)? {
-                    if e.status == Status::Deleted {
-                        continue;
-                    }
-                    match e.file.content {
-                        Content::Data => prev_data.insert(e.file.path.clone(), e),
-                        Content::PositionDeletes => prev_deletes.insert(e.file.path.clone(), e),
-                    };
-                }
-            }
-        }
+        let (prev_data, prev_deletes) = match (cached, &prev_snapshot) {
+            (Some(t), _) => (t.data, t.deletes),
+            (None, Some(s)) => self.live_entries(s)?,
+            (None, None) => Default::default(),
+        };
 
         // Files new to the table: their sizes and the columns they hold
         // from their footers (a column added and dropped again between
@@ -572,8 +561,7 @@ impl Publisher {
         let rows = |entries: &[Entry], status: Option<Status>| -> i64 {
             entries.iter().filter(|e| status.is_none_or(|s| e.status == s)).map(|e| e.file.record_count).sum()
         };
-        let live_delete_entries: Vec<Entry> = delete_entries.clone();
-        let live_data_entries: Vec<Entry> = data_entries.clone();
+        let (live_data_count, live_delete_count) = (data_entries.len(), delete_entries.len());
         summary.insert("added-data-files".into(), count(&data_entries, Status::Added).to_string());
         summary.insert("added-records".into(), rows(&data_entries, Some(Status::Added)).to_string());
         summary.insert("deleted-data-files".into(), removed_data.len().to_string());
@@ -581,12 +569,12 @@ impl Publisher {
         summary.insert("added-position-deletes".into(), rows(&delete_entries, Some(Status::Added)).to_string());
         summary.insert("removed-delete-files".into(), removed_deletes.len().to_string());
         summary.insert("total-data-files".into(), data_entries.len().to_string());
-        summary.insert("total-delete-files".into(), live_delete_entries.len().to_string());
+        summary.insert("total-delete-files".into(), delete_entries.len().to_string());
         summary.insert("total-records".into(), rows(&data_entries, None).to_string());
-        summary.insert("total-position-deletes".into(), rows(&live_delete_entries, None).to_string());
+        summary.insert("total-position-deletes".into(), rows(&delete_entries, None).to_string());
         summary.insert("total-equality-deletes".into(), "0".into());
         summary.insert("total-files-size".into(), {
-            let bytes: i64 = data_entries.iter().chain(&live_delete_entries).map(|e| e.file.size).sum();
+            let bytes: i64 = data_entries.iter().chain(&delete_entries).map(|e| e.file.size).sum();
             bytes.to_string()
         });
         data_entries.extend(removed_data);
@@ -750,19 +738,16 @@ impl Publisher {
             metadata_location: self.uri(&metadata_path(&meta_dir, version)),
             metadata: Arc::clone(&json),
         };
-        // What the next publication starts from: the files of this snapshot
-        // as a reader of its manifests has them (added data files with the
-        // row ids they inherit).
-        let mut next_row_id = lineage.map(|l| l.manifest_first_row_id);
-        let mut data = HashMap::with_capacity(live_data_entries.len());
-        for mut e in live_data_entries {
-            if let (Some(next), None) = (next_row_id.as_mut(), e.file.first_row_id) {
-                e.file.first_row_id = Some(*next);
-                *next += e.file.record_count;
-            }
-            data.insert(e.file.path.clone(), e);
+        // What the next publication starts from: the live files of this
+        // snapshot as a reader of its manifests has them (added data files
+        // with the row ids they inherit).
+        data_entries.truncate(live_data_count);
+        delete_entries.truncate(live_delete_count);
+        if let Some(l) = lineage {
+            inherit_row_ids(l.manifest_first_row_id, &mut data_entries);
         }
-        let deletes = live_delete_entries.into_iter().map(|e| (e.file.path.clone(), e)).collect();
+        let data = data_entries.into_iter().map(|e| (e.file.path.clone(), e)).collect();
+        let deletes = delete_entries.into_iter().map(|e| (e.file.path.clone(), e)).collect();
         self.tables
             .lock()
             .expect("not poisoned")
@@ -770,6 +755,23 @@ impl Publisher {
         let bytes_written =
             delete_bytes_written + manifests.iter().map(|m| m.length as u64).sum::<u64>() + list_bytes + metadata_bytes;
         Ok(TableOutcome::Published { delete_files_written, bytes_written, objects_deleted, current })
+    }
+
+    /// The data and delete files of snapshot `s`, by path, as its manifests
+    /// list them (removed ones left out).
+    fn live_entries(&self, s: &Snapshot) -> Result<(HashMap<String, Entry>, HashMap<String, Entry>)> {
+        let (mut data, mut deletes) = (HashMap::new(), HashMap::new());
+        let list = self.get_uri(&s.manifest_list)?;
+        for m in read_manifest_list(&s.manifest_list, &list)? {
+            let bytes = self.get_uri(&m.path)?;
+            for e in read_manifest(&m, &bytes)?.into_iter().filter(|e| e.status != Status::Deleted) {
+                match e.file.content {
+                    Content::Data => data.insert(e.file.path.clone(), e),
+                    Content::PositionDeletes => deletes.insert(e.file.path.clone(), e),
+                };
+            }
+        }
+        Ok((data, deletes))
     }
 
     /// The objects under the lake's root snapshot `s` names besides data
@@ -1195,23 +1197,8 @@ mod tests {
     /// The live entries of a table's current snapshot as its manifests in
     /// the store have them (what a fresh publisher starts from).
     fn entries_in_store(p: &Publisher, table: &str) -> (HashMap<String, Entry>, HashMap<String, Entry>) {
-        let meta_dir = format!("{}/metadata", table_dir(table));
-        let (_, m) = p.current_metadata(&meta_dir).unwrap().unwrap();
-        let s = m.current_snapshot().unwrap();
-        let (mut data, mut deletes) = (HashMap::new(), HashMap::new());
-        let list = p.get_uri(&s.manifest_list).unwrap();
-        for mf in read_manifest_list(&s.manifest_list, &list).unwrap() {
-            for e in read_manifest(&mf, &p.get_uri(&mf.path).unwrap()).unwrap() {
-                if e.status == Status::Deleted {
-                    continue;
-                }
-                match e.file.content {
-                    Content::Data => data.insert(e.file.path.clone(), e),
-                    Content::PositionDeletes => deletes.insert(e.file.path.clone(), e),
-                };
-            }
-        }
-        (data, deletes)
+        let (_, m) = p.current_metadata(&format!("{}/metadata", table_dir(table))).unwrap().unwrap();
+        p.live_entries(m.current_snapshot().unwrap()).unwrap()
     }
 
     #[test]
