@@ -108,10 +108,12 @@ impl TableManifest {
                 .schema
                 .fields()
                 .iter()
-                .map(|f| ColumnManifest {
+                .enumerate()
+                .map(|(i, f)| ColumnManifest {
                     name: f.name().clone(),
                     data_type: type_name(f.data_type()),
                     nullable: f.is_nullable(),
+                    since: def.column_since(i).get(),
                 })
                 .collect(),
             primary_key: def.primary_key.clone(),
@@ -131,7 +133,8 @@ impl TableManifest {
 
     /// The table it describes, with id `id`.
     pub fn def(&self, id: TableId) -> Result<Arc<TableDef>> {
-        TableDef::new(id, &self.name, self.schema()?, self.primary_key.clone())
+        let since = self.columns.iter().map(|c| Ts(c.since)).collect();
+        TableDef::with_column_since(id, &self.name, self.schema()?, self.primary_key.clone(), since)
     }
 }
 
@@ -144,6 +147,17 @@ pub struct ColumnManifest {
     pub data_type: String,
     /// NULL allowed.
     pub nullable: bool,
+    /// The mirror transaction that added it to the table, 0 (left out)
+    /// where it came with the table ([`TableDef::column_since`]). Older
+    /// manifests have none: a lake written before fovea told a column
+    /// added again from the dropped one of its name reads as it did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub since: u64,
+}
+
+/// Whether `n` is 0 (left out of a manifest).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A shard.
@@ -904,7 +918,7 @@ impl Engine {
         let engine = Engine::open(store, clock, config)?;
         let mut key_types: HashMap<u32, Vec<DataType>> = HashMap::new();
         for t in &m.tables {
-            let def = engine.create_table(&t.name, t.schema()?, t.primary_key.clone())?;
+            let def = engine.restore_table(t)?;
             if t.dropped {
                 // Before a table of the same name that follows it.
                 engine.restore_dropped(def.id, Ts(m.checkpoint_ts));

@@ -458,12 +458,28 @@ impl Engine {
         primary_key: Vec<usize>,
         created_at: Ts,
     ) -> Result<Arc<TableDef>> {
+        self.add_table(name, created_at, |id| TableDef::new(id, name, schema, primary_key))
+    }
+
+    /// Creates the table a checkpoint describes (its columns with the
+    /// transactions that added them), as of the checkpoint.
+    pub(crate) fn restore_table(&self, table: &crate::checkpoint::TableManifest) -> Result<Arc<TableDef>> {
+        self.add_table(&table.name, Ts::ZERO, |id| table.def(id))
+    }
+
+    /// Adds table `name`, defined by `define` given its id, as of `created_at`.
+    fn add_table(
+        &self,
+        name: &str,
+        created_at: Ts,
+        define: impl FnOnce(TableId) -> Result<Arc<TableDef>>,
+    ) -> Result<Arc<TableDef>> {
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         if tables.by_name.contains_key(name) {
             return Err(Error::TableExists(name.into()));
         }
         let id = TableId(tables.by_id.len() as u32);
-        let def = TableDef::new(id, name, schema, primary_key)?;
+        let def = define(id)?;
         let parts: Vec<Arc<TablePart>> =
             (0..self.shards.len()).map(|s| Arc::new(TablePart::new(Arc::clone(&def), ShardId(s as u32)))).collect();
         for (shard, part) in self.shards.iter().zip(&parts) {
@@ -480,7 +496,9 @@ impl Engine {
     /// Changes the columns of `name` (columns added, removed or widened in
     /// the source). Stored files keep their columns; readers match columns
     /// by name, so old rows read an added column as NULL and a widened one
-    /// through an exact cast ([`TypeChange::Widen`]). Key columns cannot be
+    /// through an exact cast ([`TypeChange::Widen`]); an added column is
+    /// NULL in every row version older than `ts` even where a file holds
+    /// a column of its name (dropped before: [`TableDef::column_since`]). Key columns cannot be
     /// removed; a type change that is not a widening is refused. Each
     /// shard's open file is sealed, so new rows are written to files of the
     /// new schema. The change belongs to the mirror transaction `ts` (begun,
@@ -535,7 +553,11 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let def = TableDef::new(old.id, name, schema, key)?;
+        // A column the table had keeps the transaction that added it; one
+        // it did not have (never, or dropped since) is added by this one.
+        let since =
+            schema.fields().iter().map(|f| old.schema.index_of(f.name()).map_or(ts, |i| old.column_since(i))).collect();
+        let def = TableDef::with_column_since(old.id, name, schema, key, since)?;
         self.with_shard_context(|ctx| self.shards.iter().try_for_each(|shard| lock(shard).close_file(old.id, ctx)))?;
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         let versions = &mut tables.by_id[old.id.0 as usize].versions;
@@ -798,7 +820,7 @@ impl Engine {
         };
         let user: Vec<usize> = (0..table.schema.fields().len()).collect();
         let mut row = crate::schema::rows_from_batch(&{
-            let (projected, unconverted) = crate::scan::project_by_name(table, &user, &batch)?;
+            let (projected, unconverted) = crate::scan::project_by_name(table, &user, &batch, (Ts::ZERO, Ts::MAX))?;
             if let Some(u) = unconverted {
                 u.check(table, &[u64::MAX])?;
             }

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow::array::{Array, BooleanArray, Datum, Scalar};
+use arrow::array::{Array, BooleanArray, Datum, Int64Array, Scalar};
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -480,17 +480,17 @@ impl Scan {
                     let batch = match &block.data {
                         BlockData::Memory(b) => b.clone(),
                         BlockData::Flushed(path) => {
-                            let with_ts = self.reads_create_ts(block.max_ts);
+                            let with_ts = self.reads_create_ts(block.min_ts, block.max_ts);
                             self.metrics.splits_read_with_create_ts += usize::from(with_ts);
                             let columns = self.stored_columns(with_ts);
                             self.lake.read_block_columns(path, Some(&columns))?
                         }
                     };
-                    (self.project_decoded(&batch)?, id, deletes, offset, block.max_ts)
+                    (self.project_decoded(&batch, (block.min_ts, block.max_ts))?, id, deletes, offset, block.max_ts)
                 }
                 // In memory with its create_ts: read and checked.
                 Split::Active { id, deletes, offset, batch } => {
-                    (self.project_decoded(&batch)?, id, deletes, offset, Ts::MAX)
+                    (self.project_decoded(&batch, (Ts::ZERO, Ts::MAX))?, id, deletes, offset, Ts::MAX)
                 }
             };
             if let Some(out) = self.filter(batch, unconverted, id, deletes.as_ref(), offset, max_ts)? {
@@ -502,17 +502,27 @@ impl Scan {
     /// The read columns (+ hidden) of a stored batch, matched by name: a
     /// batch written before a column was added reads it as NULL, one
     /// written before a type change through a cast.
-    pub(crate) fn project_decoded(&self, batch: &RecordBatch) -> Result<(RecordBatch, Option<Unconverted>)> {
-        project_by_name(&self.table, &self.read_columns, batch)
+    /// `bounds`: the smallest and largest create_ts of its rows, where the
+    /// batch does not hold them.
+    pub(crate) fn project_decoded(
+        &self,
+        batch: &RecordBatch,
+        bounds: (Ts, Ts),
+    ) -> Result<(RecordBatch, Option<Unconverted>)> {
+        project_by_name(&self.table, &self.read_columns, batch, bounds)
     }
 
-    /// Whether a stored split whose largest create_ts is `max_ts` must be
-    /// read with its hidden create_ts column: only when the scan enforces
-    /// visibility and some of its rows may be newer than the snapshot
-    /// (otherwise nothing reads the column, and decoding it is 8 bytes a
-    /// row for nothing). A scan of no columns reads it to count rows.
-    fn reads_create_ts(&self, max_ts: Ts) -> bool {
-        (self.options.visibility == VisibilityMode::Enforced && max_ts > self.qts) || self.read_columns.is_empty()
+    /// Whether a stored split whose rows were created from `min_ts` to
+    /// `max_ts` must be read with its hidden create_ts column: only when
+    /// the scan enforces visibility and some of its rows may be newer than
+    /// the snapshot, or when some of its rows may predate a read column
+    /// added to the table and some not (otherwise nothing reads the
+    /// column, and decoding it is 8 bytes a row for nothing). A scan of no
+    /// columns reads it to count rows.
+    fn reads_create_ts(&self, min_ts: Ts, max_ts: Ts) -> bool {
+        (self.options.visibility == VisibilityMode::Enforced && max_ts > self.qts)
+            || self.read_columns.is_empty()
+            || reads_create_ts_for_added(&self.table, &self.read_columns, (min_ts, max_ts))
     }
 
     /// Names of the stored columns a split reads: the read columns, then
@@ -539,7 +549,7 @@ impl Scan {
         deletes: &dyn DeletedRows,
         info: RowGroupInfo,
     ) -> Result<()> {
-        let with_ts = self.reads_create_ts(info.max_ts);
+        let with_ts = self.reads_create_ts(info.min_ts, info.max_ts);
         self.metrics.splits_read_with_create_ts += usize::from(with_ts);
         let lake = self.lake.clone();
         let metadata = file.metadata(&lake)?;
@@ -549,7 +559,7 @@ impl Scan {
         let decoder = crate::lake::row_groups_decoder(metadata, vec![rg], mask, batch_rows)?;
         lake.decode(&file.path, decoder, None, |batch| {
             let rows = batch.num_rows();
-            let (projected, unconverted) = self.project_decoded(&batch)?;
+            let (projected, unconverted) = self.project_decoded(&batch, (info.min_ts, info.max_ts))?;
             // The decoded batch's references go, so that the columns the
             // projection alone holds are compacted in place.
             drop(batch);
@@ -781,24 +791,42 @@ impl Unconverted {
 /// `columns` of `table` (by index in its current schema) plus the hidden
 /// column where `batch` has it (a scan leaves it unread where no row can
 /// be newer than its snapshot), taken from `batch` by name; columns the
-/// batch lacks are NULL,
-/// columns stored in another type are cast (exactly after a widening; a
-/// value that does not convert is reported in the second result).
+/// batch lacks are NULL, and so is a column in every row version older
+/// than the transaction that added it ([`TableDef::column_since`]: what the
+/// batch holds under its name there is a dropped column's); columns stored
+/// in another type are cast (exactly after a widening; a value that does
+/// not convert is reported in the second result).
+///
+/// `bounds` are the smallest and largest create_ts the batch's rows may
+/// have; where the batch holds the hidden column, its values are used
+/// instead. A batch without it must be read with it where a column added
+/// within `bounds` is projected ([`reads_create_ts_for_added`]).
 pub(crate) fn project_by_name(
     table: &TableDef,
     columns: &[usize],
     batch: &RecordBatch,
+    bounds: (Ts, Ts),
 ) -> Result<(RecordBatch, Option<Unconverted>)> {
     let stored = batch.schema();
     let mut fields = Vec::with_capacity(columns.len() + 1);
     let mut arrays = Vec::with_capacity(columns.len() + 1);
     let mut unconverted: Option<Unconverted> = None;
+    let create_ts = match stored.index_of(CREATE_TS_COLUMN) {
+        Ok(i) => Some(batch.column(i).as_any().downcast_ref::<Int64Array>().ok_or_else(|| {
+            Error::invariant(format!("{}: the hidden column {CREATE_TS_COLUMN} is not Int64", table.name))
+        })?),
+        Err(_) => None,
+    };
     for &c in columns {
         let field = table.file_schema.field(c);
-        match stored.index_of(field.name()) {
-            Ok(i) if batch.column(i).data_type() == field.data_type() => arrays.push(Arc::clone(batch.column(i))),
-            Ok(i) => {
-                let column = batch.column(i);
+        let stored_column = match stored.index_of(field.name()) {
+            Ok(i) => added_since(table, c, batch.column(i), create_ts, bounds)?,
+            Err(_) => None,
+        };
+        match stored_column {
+            Some(column) if column.data_type() == field.data_type() => arrays.push(column),
+            Some(column) => {
+                let column = column.as_ref();
                 let cast = arrow::compute::cast(column, field.data_type())?;
                 if cast.null_count() > column.null_count() {
                     // Non-null before, null after: lost in the cast.
@@ -817,7 +845,7 @@ pub(crate) fn project_by_name(
                 }
                 arrays.push(cast);
             }
-            Err(_) => arrays.push(arrow::array::new_null_array(field.data_type(), batch.num_rows())),
+            None => arrays.push(arrow::array::new_null_array(field.data_type(), batch.num_rows())),
         }
         fields.push(field.clone());
     }
@@ -826,4 +854,52 @@ pub(crate) fn project_by_name(
         arrays.push(Arc::clone(batch.column(hidden)));
     }
     Ok((RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?, unconverted))
+}
+
+/// What `stored`, the values a batch holds under the name of `table`'s
+/// column `column`, are of that column: NULL in the row versions created
+/// before the transaction that added it (`None`: all of them), the stored
+/// values in the others. The rows' create_ts are `create_ts` where the
+/// batch has them, else within `bounds`.
+fn added_since(
+    table: &TableDef,
+    column: usize,
+    stored: &arrow::array::ArrayRef,
+    create_ts: Option<&Int64Array>,
+    bounds: (Ts, Ts),
+) -> Result<Option<arrow::array::ArrayRef>> {
+    let since = table.column_since(column);
+    if since == Ts::ZERO {
+        return Ok(Some(Arc::clone(stored)));
+    }
+    let (min, max) = match create_ts {
+        Some(ts) => (Ts(arrow::compute::min(ts).unwrap_or(0) as u64), Ts(arrow::compute::max(ts).unwrap_or(0) as u64)),
+        None => bounds,
+    };
+    if max < since {
+        return Ok(None);
+    }
+    if min >= since {
+        return Ok(Some(Arc::clone(stored)));
+    }
+    let Some(ts) = create_ts else {
+        return Err(Error::invariant(format!(
+            "{}: column {} was added at ts {since}, and rows from ts {min} to {max} were read without their create_ts",
+            table.name,
+            table.schema.field(column).name()
+        )));
+    };
+    let older = cmp::lt(ts, &Int64Array::new_scalar(since.get() as i64))?;
+    Ok(Some(arrow::compute::nullif(stored, &older)?))
+}
+
+/// Whether a split whose rows were created from `min` to `max` must be
+/// read with its hidden create_ts column for [`project_by_name`] to tell
+/// which of its rows predate a projected column of `table` (some do, some
+/// do not).
+pub(crate) fn reads_create_ts_for_added(table: &TableDef, columns: &[usize], (min, max): (Ts, Ts)) -> bool {
+    columns.iter().any(|&c| {
+        let since = table.column_since(c);
+        since != Ts::ZERO && min < since && since <= max
+    })
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use crate::error::{Error, Result};
-use crate::ids::TableId;
+use crate::ids::{TableId, Ts};
 
 /// Name of the hidden column holding each version's creation timestamp.
 pub const CREATE_TS_COLUMN: &str = "_fovea_create_ts";
@@ -76,6 +76,12 @@ pub struct TableDef {
     pub primary_key: Vec<usize>,
     /// Schema of stored files: user columns + `_fovea_create_ts`.
     pub file_schema: SchemaRef,
+    /// Per user column: the mirror transaction that added it, where it was
+    /// added to an existing table (`Ts::ZERO` where it came with the table).
+    /// A row version created before that holds no value of it: whatever
+    /// a file holds under its name is another column's, one dropped before
+    /// it was added again (see [`Self::column_since`]).
+    column_since: Vec<Ts>,
     /// This definition's number, which no other definition made by this
     /// process has (see [`Self::instance`]).
     instance: u64,
@@ -88,9 +94,31 @@ pub struct TableDef {
 static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl TableDef {
-    /// Validates and builds a table definition.
+    /// Validates and builds a table definition whose columns all came with
+    /// the table.
     pub fn new(id: TableId, name: impl Into<String>, schema: SchemaRef, primary_key: Vec<usize>) -> Result<Arc<Self>> {
+        let columns = schema.fields().len();
+        Self::with_column_since(id, name, schema, primary_key, vec![Ts::ZERO; columns])
+    }
+
+    /// Validates and builds a table definition whose column `c` was added
+    /// by the mirror transaction `column_since[c]` (`Ts::ZERO`: it came
+    /// with the table).
+    pub fn with_column_since(
+        id: TableId,
+        name: impl Into<String>,
+        schema: SchemaRef,
+        primary_key: Vec<usize>,
+        column_since: Vec<Ts>,
+    ) -> Result<Arc<Self>> {
         let name = name.into();
+        if column_since.len() != schema.fields().len() {
+            return Err(Error::invariant(format!(
+                "{name}: {} columns, {} times they were added",
+                schema.fields().len(),
+                column_since.len()
+            )));
+        }
         if primary_key.is_empty() {
             return Err(Error::Schema {
                 table: name,
@@ -133,7 +161,17 @@ impl TableDef {
             .iter()
             .map(|f| ColumnCheck { kind: CheckKind::of(f.data_type()), nullable: f.is_nullable() })
             .collect();
-        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, instance, checks }))
+        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, column_since, instance, checks }))
+    }
+
+    /// The mirror transaction that added user column `column` to the table
+    /// (`Ts::ZERO`: it came with the table). Row versions created before
+    /// it read the column as NULL, whatever a file holds under its name: a
+    /// column dropped and added again under the same name is a new column
+    /// (PostgreSQL shows NULL in the rows that existed when it was added,
+    /// not the dropped column's values).
+    pub fn column_since(&self, column: usize) -> Ts {
+        self.column_since.get(column).copied().unwrap_or(Ts::ZERO)
     }
 
     /// The identity of this definition: a number no other definition made

@@ -204,7 +204,7 @@ impl Scan {
     fn rows_data(&self, batch: &RecordBatch) -> Result<SplitData> {
         // Rows stored in another type travel as stored: the worker's
         // projection casts them and knows which are visible.
-        let batch = match self.project_decoded(batch)? {
+        let batch = match self.project_decoded(batch, (Ts::ZERO, Ts::MAX))? {
             (projected, None) => projected,
             (_, Some(_)) => batch.clone(),
         };

@@ -213,6 +213,28 @@ fn schema_changes_followed_at_once_by_writes_end_exact() {
     }
     converge(&pg, &server, &order, "after the statements");
     assert_eq!(server.sql("SELECT sum(abalance) FROM public.pgbench_accounts").unwrap(), "250.00\n");
+    // A column dropped and added again under its name is a new column:
+    // NULL in the rows not written since (never the dropped values), in
+    // the same type or another.
+    for statement in [
+        "UPDATE pgbench_tellers SET f2 = 'w' WHERE tid <= 4",
+        "ALTER TABLE pgbench_tellers DROP COLUMN f2",
+        "UPDATE pgbench_tellers SET tbalance = 3 WHERE tid = 5",
+        "ALTER TABLE pgbench_tellers ADD COLUMN f2 varchar(20)",
+        "UPDATE pgbench_tellers SET f2 = 'n' WHERE tid = 2",
+        "ALTER TABLE pgbench_branches DROP COLUMN filler",
+        "ALTER TABLE pgbench_branches ADD COLUMN filler int; UPDATE pgbench_branches SET filler = 1",
+        "ALTER TABLE pgbench_branches DROP COLUMN filler; ALTER TABLE pgbench_branches ADD COLUMN filler text; \
+         UPDATE pgbench_branches SET filler = 't' WHERE bid = 1",
+    ] {
+        c.batch_execute(statement).unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    converge(&pg, &server, &order, "after columns dropped and added again");
+    assert_eq!(
+        server.sql("SELECT count(f2) FROM public.pgbench_tellers").unwrap(),
+        "1\n",
+        "only the teller written since f2 came back has one"
+    );
     // One more write elsewhere becomes visible too: HWM moves on.
     c.batch_execute("UPDATE pgbench_branches SET bbalance = bbalance + 1").unwrap();
     converge(&pg, &server, &order, "after one more write");
@@ -339,6 +361,8 @@ impl Ty {
 struct Table {
     name: String,
     columns: Vec<(String, Ty)>,
+    /// Columns dropped since, which a step may add again under their name.
+    dropped: Vec<String>,
 }
 
 /// How the model changes when a step's statements succeed.
@@ -370,7 +394,7 @@ impl Model {
             .map(|_| (self.fresh("c"), *TYPES.choose(&mut self.rng).unwrap()))
             .collect();
         let defs: String = columns.iter().map(|(c, t)| format!(", {c} {}", t.sql())).collect();
-        let table = Table { name: name.clone(), columns };
+        let table = Table { name: name.clone(), columns, dropped: Vec::new() };
         let n = self.rng.random_range(0..30);
         let rows = self.insert_rows(&table, n);
         self.tables.push(table);
@@ -437,7 +461,31 @@ impl Model {
             }
             (17..=23, Some((c, _))) => {
                 let sql = format!("ALTER TABLE {name} DROP COLUMN {c}; UPDATE {name} SET n = n + 1 WHERE id % 5 = 0");
-                (sql, Box::new(move |m| m.tables[i].columns.retain(|(x, _)| *x != c)))
+                (
+                    sql,
+                    Box::new(move |m| {
+                        m.tables[i].columns.retain(|(x, _)| *x != c);
+                        m.tables[i].dropped.push(c);
+                    }),
+                )
+            }
+            // A dropped column added again under its name (a new column,
+            // NULL in the rows not written since), in any type.
+            (78..=85, _) if !t.dropped.is_empty() => {
+                let c = t.dropped[self.rng.random_range(0..t.dropped.len())].clone();
+                let ty = *TYPES.choose(&mut self.rng).unwrap();
+                let v = ty.value(&mut self.rng);
+                let sql = format!(
+                    "ALTER TABLE {name} ADD COLUMN {c} {}; UPDATE {name} SET {c} = {v} WHERE id % 3 = 1",
+                    ty.sql()
+                );
+                (
+                    sql,
+                    Box::new(move |m| {
+                        m.tables[i].dropped.retain(|x| *x != c);
+                        m.tables[i].columns.push((c, ty));
+                    }),
+                )
             }
             (24..=31, Some((c, ty))) => {
                 let new = self.fresh("c");
