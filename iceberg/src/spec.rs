@@ -9,7 +9,7 @@
 //! Parquet field ids yet, so every reader maps file columns to fields by
 //! the table's `schema.name-mapping.default`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use arrow::datatypes::DataType;
 use fovea_core::schema::TableDef;
@@ -317,6 +317,15 @@ pub fn schema_of(
         _ => (schema, true),
     };
     Ok(TableSchema { schema, is_new, name_mapping, last_column_id: last_id })
+}
+
+/// Every name the name mapping of `metadata` gives an id (the columns its
+/// data files may hold).
+pub(crate) fn mapped_names(metadata: &TableMetadata) -> std::result::Result<HashSet<String>, String> {
+    match metadata.properties.get(NAME_MAPPING_PROPERTY) {
+        Some(json) => Ok(parse_name_mapping(json)?.into_iter().map(|(_, n)| n).collect()),
+        None => Ok(HashSet::new()),
+    }
 }
 
 /// The (field id, name) pairs of a name mapping.

@@ -565,8 +565,8 @@ fn schema_changes_publish_as_iceberg_schema_evolution_and_read_exactly() {
     txns.push(vec![('d', 4, None), insert(40, 1)]);
     // A column appears and is gone again within one transaction (a row
     // image without it: dropped), so files hold a column no published
-    // schema has; then it appears for good (old rows read NULL).
-    txns.push(vec![('u', 5, Some(r#""id":5,"n":5,"price":"5.25","note":"five""#.into())), insert(41, 2)]);
+    // schema has; then another appears for good (old rows read NULL).
+    txns.push(vec![('u', 5, Some(r#""id":5,"n":5,"price":"5.25","memo":"five""#.into())), insert(41, 2)]);
     txns.push(vec![('u', 6, Some(r#""id":6,"n":6,"price":"6.25","note":"six""#.into()))]);
     // The stream grows one transaction at a time, each replay publishing
     // the table after it: every schema change lands in its own snapshot.
@@ -603,4 +603,37 @@ fn schema_changes_publish_as_iceberg_schema_evolution_and_read_exactly() {
     let note = field("note").unwrap()["id"].as_i64().unwrap();
     assert!(note > 3, "note is a field of its own: {schema}");
     assert!(metadata["schemas"].as_array().unwrap().len() >= 3, "one schema per change: {metadata}");
+
+    // memo comes back under its name: fovea reads NULL in row 5 (written
+    // before it came back), files hold "five" under the name, which Iceberg
+    // readers would read: the table's publication is refused, naming the
+    // column, and its snapshot stays where it was.
+    txns.push(vec![('u', 7, Some(r#""id":7,"n":7,"price":"7.25","note":"seven","memo":"back""#.into()))]);
+    std::fs::write(&stream, debezium_stream(&txns)).unwrap();
+    let out = fovea()
+        .args(["replay", "--lake"])
+        .arg(&lake)
+        .arg("--input")
+        .arg(&stream)
+        .arg("--schema-file")
+        .arg(&schema_file)
+        .args(["--iceberg", "v3"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("table s.items, column memo: it was dropped and added again"), "{log}");
+    let again = std::fs::read_to_string(location.join("version-hint.text")).unwrap();
+    assert_eq!(again, hint, "the table's Iceberg metadata stays");
+    let memo = String::from_utf8_lossy(
+        &fovea()
+            .args(["sql", "--format", "csv", "--lake"])
+            .arg(&lake)
+            .arg("SELECT id, memo FROM s.items WHERE id IN (5, 7) ORDER BY id")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert_eq!(memo.lines().skip(1).collect::<Vec<_>>(), ["5,", "7,back"], "{memo}");
 }
