@@ -93,6 +93,10 @@ pub struct TableManifest {
     pub columns: Vec<ColumnManifest>,
     /// Primary-key column indices.
     pub primary_key: Vec<usize>,
+    /// The highest field id the table has given a column (0 in manifests
+    /// from before fovea gave field ids: see [`TableManifest::def`]).
+    #[serde(default, skip_serializing_if = "is_zero_id")]
+    pub last_column_id: i32,
     /// Dropped at or below the checkpoint's ts: no snapshot at it has the
     /// table (its files and index entries are still the checkpoint's).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -113,10 +117,12 @@ impl TableManifest {
                     name: f.name().clone(),
                     data_type: type_name(f.data_type()),
                     nullable: f.is_nullable(),
+                    id: def.column_id(i),
                     since: def.column_since(i).get(),
                 })
                 .collect(),
             primary_key: def.primary_key.clone(),
+            last_column_id: def.column_identity().last_id,
             dropped: false,
         }
     }
@@ -131,10 +137,27 @@ impl TableManifest {
         Ok(Arc::new(Schema::new(fields)))
     }
 
-    /// The table it describes, with id `id`.
+    /// The table it describes, with id `id`. Columns of a manifest from
+    /// before fovea gave field ids get the next ones in column order (1 to
+    /// n for a manifest without any, as [`TableDef::new`] gives): the
+    /// files written before carry none and are read by name.
     pub fn def(&self, id: TableId) -> Result<Arc<TableDef>> {
+        let mut last_id = self.columns.iter().map(|c| c.id).max().unwrap_or(0).max(self.last_column_id);
+        let ids = self
+            .columns
+            .iter()
+            .map(|c| {
+                if c.id == 0 {
+                    last_id += 1;
+                    last_id
+                } else {
+                    c.id
+                }
+            })
+            .collect();
         let since = self.columns.iter().map(|c| Ts(c.since)).collect();
-        TableDef::with_column_since(id, &self.name, self.schema()?, self.primary_key.clone(), since)
+        let columns = crate::schema::ColumnIdentity { ids, since, last_id };
+        TableDef::with_columns(id, &self.name, self.schema()?, self.primary_key.clone(), columns)
     }
 }
 
@@ -147,6 +170,10 @@ pub struct ColumnManifest {
     pub data_type: String,
     /// NULL allowed.
     pub nullable: bool,
+    /// Its field id ([`TableDef::column_id`]; 0 in manifests from before
+    /// fovea gave field ids).
+    #[serde(default, skip_serializing_if = "is_zero_id")]
+    pub id: i32,
     /// The mirror transaction that added it to the table, 0 (left out)
     /// where it came with the table ([`TableDef::column_since`]). Older
     /// manifests have none: a lake written before fovea told a column
@@ -158,6 +185,11 @@ pub struct ColumnManifest {
 /// Whether `n` is 0 (left out of a manifest).
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// Whether field id `id` is 0, none (left out of a manifest).
+fn is_zero_id(id: &i32) -> bool {
+    *id == 0
 }
 
 /// A shard.

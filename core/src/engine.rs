@@ -495,10 +495,12 @@ impl Engine {
 
     /// Changes the columns of `name` (columns added, removed or widened in
     /// the source). Stored files keep their columns; readers match columns
-    /// by name, so old rows read an added column as NULL and a widened one
-    /// through an exact cast ([`TypeChange::Widen`]); an added column is
-    /// NULL in every row version older than `ts` even where a file holds
-    /// a column of its name (dropped before: [`TableDef::column_since`]). Key columns cannot be
+    /// by field id (by name in files from before fovea wrote field ids:
+    /// [`TableDef::stored_index`]), so old rows read an added column as
+    /// NULL and a widened one through an exact cast ([`TypeChange::Widen`]);
+    /// an added column gets a new field id and is NULL in every row
+    /// version older than `ts`, even where a file holds a column of its
+    /// name (dropped before: [`TableDef::column_since`]). Key columns cannot be
     /// removed; a type change that is not a widening is refused. Each
     /// shard's open file is sealed, so new rows are written to files of the
     /// new schema. The change belongs to the mirror transaction `ts` (begun,
@@ -553,11 +555,13 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        // A column the table had keeps the transaction that added it; one
-        // it did not have (never, or dropped since) is added by this one.
-        let since =
-            schema.fields().iter().map(|f| old.schema.index_of(f.name()).map_or(ts, |i| old.column_since(i))).collect();
-        let def = TableDef::with_column_since(old.id, name, schema, key, since)?;
+        // A column the table had keeps its field id and the transaction
+        // that added it; one it did not have (never, or dropped since) is
+        // new: the next field id, added by this transaction.
+        let old_names: Vec<&str> = old.schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let columns = old.column_identity().evolve(&old_names, &names, ts);
+        let def = TableDef::with_columns(old.id, name, schema, key, columns)?;
         self.with_shard_context(|ctx| self.shards.iter().try_for_each(|shard| lock(shard).close_file(old.id, ctx)))?;
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         let versions = &mut tables.by_id[old.id.0 as usize].versions;
@@ -820,7 +824,7 @@ impl Engine {
         };
         let user: Vec<usize> = (0..table.schema.fields().len()).collect();
         let mut row = crate::schema::rows_from_batch(&{
-            let (projected, unconverted) = crate::scan::project_by_name(table, &user, &batch, (Ts::ZERO, Ts::MAX))?;
+            let (projected, unconverted) = crate::scan::project_stored(table, &user, &batch, (Ts::ZERO, Ts::MAX))?;
             if let Some(u) = unconverted {
                 u.check(table, &[u64::MAX])?;
             }

@@ -40,6 +40,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::error::{Error, Result};
 use crate::ids::{FileId, TableId, Ts};
+use crate::schema::StoredColumns;
 
 /// Objects at least this large are uploaded in parts (S3 needs parts of
 /// 5 MiB or more).
@@ -434,9 +435,9 @@ impl Lake {
     }
 
     /// Reads a flushed block back, the named columns only (`None`: all).
-    pub fn read_block_columns(&self, path: &Path, columns: Option<&[&str]>) -> Result<RecordBatch> {
+    pub fn read_block_columns(&self, path: &Path, columns: Option<&[(&str, i32)]>) -> Result<RecordBatch> {
         let footer = self.read_footer(path)?;
-        let projection = columns.map_or_else(ProjectionMask::all, |names| projection_by_name(&footer.metadata, names));
+        let projection = columns.map_or_else(ProjectionMask::all, |columns| projection_of(&footer.metadata, columns));
         let groups = (0..footer.metadata.metadata().num_row_groups()).collect();
         self.read_row_groups(path, &footer.metadata, groups, projection, Some(&footer.tail))
     }
@@ -457,12 +458,14 @@ pub fn row_groups_decoder(
         .build()?)
 }
 
-/// The projection of the stored columns named `names` (columns a file
-/// does not have, written before they were added, are left out: readers
-/// match columns by name and read them as NULL).
-pub fn projection_by_name(metadata: &ArrowReaderMetadata, names: &[&str]) -> ProjectionMask {
+/// The projection of the stored columns `columns` (name, field id), found
+/// by field id in a file that carries field ids, else by name ([`StoredColumns`]);
+/// columns a file does not have (written before they were added) are left
+/// out, and readers read them as NULL.
+pub fn projection_of(metadata: &ArrowReaderMetadata, columns: &[(&str, i32)]) -> ProjectionMask {
     let stored = metadata.schema();
-    let roots: Vec<usize> = names.iter().filter_map(|n| stored.index_of(n).ok()).collect();
+    let how = StoredColumns::of(stored);
+    let roots: Vec<usize> = columns.iter().filter_map(|&(name, id)| how.index(stored, name, id)).collect();
     ProjectionMask::roots(metadata.metadata().file_metadata().schema_descr(), roots)
 }
 

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, BooleanArray, Datum, Int64Array, Scalar};
 use arrow::compute::kernels::cmp;
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use fovea_scan_wasm as kernel;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::ids::{FileId, Ts};
 use crate::lake::{Lake, RegularFile, RowGroupInfo, create_ts_column};
 use crate::mvcc::Snapshot;
-use crate::schema::{CREATE_TS_COLUMN, TableDef, Value};
+use crate::schema::{CREATE_TS_COLUMN, CREATE_TS_FIELD_ID, TableDef, Value};
 pub use crate::split::{DeletedSource, SplitTask};
 use crate::visibility::FileVisibility;
 
@@ -499,8 +499,8 @@ impl Scan {
         }
     }
 
-    /// The read columns (+ hidden) of a stored batch, matched by name: a
-    /// batch written before a column was added reads it as NULL, one
+    /// The read columns (+ hidden) of a stored batch ([`project_stored`]):
+    /// a batch written before a column was added reads it as NULL, one
     /// written before a type change through a cast.
     /// `bounds`: the smallest and largest create_ts of its rows, where the
     /// batch does not hold them.
@@ -509,7 +509,7 @@ impl Scan {
         batch: &RecordBatch,
         bounds: (Ts, Ts),
     ) -> Result<(RecordBatch, Option<Unconverted>)> {
-        project_by_name(&self.table, &self.read_columns, batch, bounds)
+        project_stored(&self.table, &self.read_columns, batch, bounds)
     }
 
     /// Whether a stored split whose rows were created from `min_ts` to
@@ -525,15 +525,18 @@ impl Scan {
             || reads_create_ts_for_added(&self.table, &self.read_columns, (min_ts, max_ts))
     }
 
-    /// Names of the stored columns a split reads: the read columns, then
-    /// the hidden create_ts column if `with_ts`.
-    fn stored_columns(&self, with_ts: bool) -> Vec<&str> {
-        let mut names: Vec<&str> =
-            self.read_columns.iter().map(|&c| self.table.schema.field(c).name().as_str()).collect();
+    /// The stored columns a split reads (name, field id): the read
+    /// columns, then the hidden create_ts column if `with_ts`.
+    fn stored_columns(&self, with_ts: bool) -> Vec<(&str, i32)> {
+        let mut columns: Vec<(&str, i32)> = self
+            .read_columns
+            .iter()
+            .map(|&c| (self.table.schema.field(c).name().as_str(), self.table.column_id(c)))
+            .collect();
         if with_ts {
-            names.push(CREATE_TS_COLUMN);
+            columns.push((CREATE_TS_COLUMN, CREATE_TS_FIELD_ID));
         }
-        names
+        columns
     }
 
     /// One row group of a regular file, filtered into [`Scan::ready`]:
@@ -553,7 +556,7 @@ impl Scan {
         self.metrics.splits_read_with_create_ts += usize::from(with_ts);
         let lake = self.lake.clone();
         let metadata = file.metadata(&lake)?;
-        let mask = crate::lake::projection_by_name(metadata, &self.stored_columns(with_ts));
+        let mask = crate::lake::projection_of(metadata, &self.stored_columns(with_ts));
         let mut offset = info.offset;
         let batch_rows = self.options.batch_rows.unwrap_or(SCAN_BATCH_ROWS).max(1);
         let decoder = crate::lake::row_groups_decoder(metadata, vec![rg], mask, batch_rows)?;
@@ -790,7 +793,8 @@ impl Unconverted {
 
 /// `columns` of `table` (by index in its current schema) plus the hidden
 /// column where `batch` has it (a scan leaves it unread where no row can
-/// be newer than its snapshot), taken from `batch` by name; columns the
+/// be newer than its snapshot), taken from `batch` by field id (by name
+/// where it carries none: [`TableDef::stored_index`]); columns the
 /// batch lacks are NULL, and so is a column in every row version older
 /// than the transaction that added it ([`TableDef::column_since`]: what the
 /// batch holds under its name there is a dropped column's); columns stored
@@ -801,7 +805,7 @@ impl Unconverted {
 /// have; where the batch holds the hidden column, its values are used
 /// instead. A batch without it must be read with it where a column added
 /// within `bounds` is projected ([`reads_create_ts_for_added`]).
-pub(crate) fn project_by_name(
+pub(crate) fn project_stored(
     table: &TableDef,
     columns: &[usize],
     batch: &RecordBatch,
@@ -817,11 +821,13 @@ pub(crate) fn project_by_name(
         })?),
         Err(_) => None,
     };
+    let how = crate::schema::StoredColumns::of(&stored);
     for &c in columns {
-        let field = table.file_schema.field(c);
-        let stored_column = match stored.index_of(field.name()) {
-            Ok(i) => added_since(table, c, batch.column(i), create_ts, bounds)?,
-            Err(_) => None,
+        // As the table declares it (without the field id files carry).
+        let field = table.schema.field(c);
+        let stored_column = match table.stored_index(&stored, &how, c) {
+            Some(i) => added_since(table, c, batch.column(i), create_ts, bounds)?,
+            None => None,
         };
         match stored_column {
             Some(column) if column.data_type() == field.data_type() => arrays.push(column),
@@ -850,7 +856,7 @@ pub(crate) fn project_by_name(
         fields.push(field.clone());
     }
     if let Ok(hidden) = stored.index_of(CREATE_TS_COLUMN) {
-        fields.push(stored.field(hidden).clone());
+        fields.push(Field::new(CREATE_TS_COLUMN, arrow::datatypes::DataType::Int64, false));
         arrays.push(Arc::clone(batch.column(hidden)));
     }
     Ok((RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?, unconverted))
@@ -894,7 +900,7 @@ fn added_since(
 }
 
 /// Whether a split whose rows were created from `min` to `max` must be
-/// read with its hidden create_ts column for [`project_by_name`] to tell
+/// read with its hidden create_ts column for [`project_stored`] to tell
 /// which of its rows predate a projected column of `table` (some do, some
 /// do not).
 pub(crate) fn reads_create_ts_for_added(table: &TableDef, columns: &[usize], (min, max): (Ts, Ts)) -> bool {

@@ -11,6 +11,104 @@ use crate::ids::{TableId, Ts};
 /// Name of the hidden column holding each version's creation timestamp.
 pub const CREATE_TS_COLUMN: &str = "_fovea_create_ts";
 
+/// The Parquet field id of the hidden column: far above any column's, and
+/// below the ids Iceberg reserves for its metadata columns.
+pub const CREATE_TS_FIELD_ID: i32 = 2_000_000_000;
+
+/// The Arrow field metadata key of a Parquet field id.
+pub const FIELD_ID_KEY: &str = parquet::arrow::PARQUET_FIELD_ID_META_KEY;
+
+/// The Parquet field id of `field`, if it has one.
+pub fn field_id(field: &Field) -> Option<i32> {
+    field.metadata().get(FIELD_ID_KEY).and_then(|v| v.parse().ok())
+}
+
+/// How the columns of a stored schema (a file's, a batch's) are found:
+/// by field id where it carries them, else by name (files written before
+/// fovea wrote field ids).
+pub enum StoredColumns {
+    /// Position by field id.
+    ById(std::collections::HashMap<i32, usize>),
+    /// No field ids: by name.
+    ByName,
+}
+
+impl StoredColumns {
+    /// How `stored`'s columns are found.
+    pub fn of(stored: &Schema) -> Self {
+        let ids: std::collections::HashMap<i32, usize> =
+            stored.fields().iter().enumerate().filter_map(|(i, f)| field_id(f).map(|id| (id, i))).collect();
+        if ids.is_empty() { StoredColumns::ByName } else { StoredColumns::ById(ids) }
+    }
+
+    /// Where `stored` (the schema this was made of) holds the column `name`
+    /// with field id `id`.
+    pub fn index(&self, stored: &Schema, name: &str, id: i32) -> Option<usize> {
+        match self {
+            StoredColumns::ById(ids) => ids.get(&id).copied(),
+            StoredColumns::ByName => stored.index_of(name).ok(),
+        }
+    }
+}
+
+/// A table's columns as a lineage: each one's field id, never given to
+/// another column of the table (a column dropped and added again under its
+/// name gets a new one), and the mirror transaction that added it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnIdentity {
+    /// Field id per user column.
+    pub ids: Vec<i32>,
+    /// Per user column, the transaction that added it (`Ts::ZERO`: it
+    /// came with the table).
+    pub since: Vec<Ts>,
+    /// The highest field id the table has given (the next column gets the
+    /// one after).
+    pub last_id: i32,
+}
+
+impl ColumnIdentity {
+    /// Of `n` columns that came with the table: ids 1 to `n`.
+    pub fn first(n: usize) -> Self {
+        ColumnIdentity { ids: (1..=n as i32).collect(), since: vec![Ts::ZERO; n], last_id: n as i32 }
+    }
+
+    /// Of the columns `names` that `old` (of `old_names`) becomes at
+    /// transaction `ts`: a column of a name `old` has keeps its id and its
+    /// transaction, any other is new (the next id, added at `ts`).
+    pub fn evolve(&self, old_names: &[&str], names: &[&str], ts: Ts) -> Self {
+        let mut last_id = self.last_id;
+        let (mut ids, mut since) = (Vec::with_capacity(names.len()), Vec::with_capacity(names.len()));
+        for n in names {
+            match old_names.iter().position(|o| o == n) {
+                Some(i) => {
+                    ids.push(self.ids[i]);
+                    since.push(self.since[i]);
+                }
+                None => {
+                    last_id += 1;
+                    ids.push(last_id);
+                    since.push(ts);
+                }
+            }
+        }
+        ColumnIdentity { ids, since, last_id }
+    }
+
+    fn check(&self, table: &str, columns: usize) -> Result<()> {
+        let bad = |m: String| Err(Error::invariant(format!("{table}: {m}")));
+        if self.ids.len() != columns || self.since.len() != columns {
+            return bad(format!("{columns} columns, {} field ids, {} times added", self.ids.len(), self.since.len()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &id in &self.ids {
+            if id < 1 || id > self.last_id || id >= CREATE_TS_FIELD_ID || !seen.insert(id) {
+                return bad(format!("field ids {:?} (last {}) are not distinct ids from 1 up", self.ids, self.last_id));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One value of a row, as the change stream delivers it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Value {
@@ -76,12 +174,8 @@ pub struct TableDef {
     pub primary_key: Vec<usize>,
     /// Schema of stored files: user columns + `_fovea_create_ts`.
     pub file_schema: SchemaRef,
-    /// Per user column: the mirror transaction that added it, where it was
-    /// added to an existing table (`Ts::ZERO` where it came with the table).
-    /// A row version created before that holds no value of it: whatever
-    /// a file holds under its name is another column's, one dropped before
-    /// it was added again (see [`Self::column_since`]).
-    column_since: Vec<Ts>,
+    /// Per user column: its field id and the transaction that added it.
+    columns: ColumnIdentity,
     /// This definition's number, which no other definition made by this
     /// process has (see [`Self::instance`]).
     instance: u64,
@@ -95,30 +189,23 @@ static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 impl TableDef {
     /// Validates and builds a table definition whose columns all came with
-    /// the table.
+    /// the table, with field ids 1, 2, … in column order.
     pub fn new(id: TableId, name: impl Into<String>, schema: SchemaRef, primary_key: Vec<usize>) -> Result<Arc<Self>> {
-        let columns = schema.fields().len();
-        Self::with_column_since(id, name, schema, primary_key, vec![Ts::ZERO; columns])
+        let columns = ColumnIdentity::first(schema.fields().len());
+        Self::with_columns(id, name, schema, primary_key, columns)
     }
 
-    /// Validates and builds a table definition whose column `c` was added
-    /// by the mirror transaction `column_since[c]` (`Ts::ZERO`: it came
-    /// with the table).
-    pub fn with_column_since(
+    /// Validates and builds a table definition whose columns have the
+    /// field ids and were added by the transactions `columns` says.
+    pub fn with_columns(
         id: TableId,
         name: impl Into<String>,
         schema: SchemaRef,
         primary_key: Vec<usize>,
-        column_since: Vec<Ts>,
+        columns: ColumnIdentity,
     ) -> Result<Arc<Self>> {
         let name = name.into();
-        if column_since.len() != schema.fields().len() {
-            return Err(Error::invariant(format!(
-                "{name}: {} columns, {} times they were added",
-                schema.fields().len(),
-                column_since.len()
-            )));
-        }
+        columns.check(&name, schema.fields().len())?;
         if primary_key.is_empty() {
             return Err(Error::Schema {
                 table: name,
@@ -151,8 +238,15 @@ impl TableDef {
                 });
             }
         }
-        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-        fields.push(Field::new(CREATE_TS_COLUMN, DataType::Int64, false));
+        // Files carry every column's field id (readers match columns by
+        // it, so a column dropped and added again under its name is not
+        // the dropped one), the hidden column one of its own.
+        let with_id = |f: Field, id: i32| {
+            f.with_metadata(std::collections::HashMap::from([(FIELD_ID_KEY.to_owned(), id.to_string())]))
+        };
+        let mut fields: Vec<Field> =
+            schema.fields().iter().zip(&columns.ids).map(|(f, &id)| with_id(f.as_ref().clone(), id)).collect();
+        fields.push(with_id(Field::new(CREATE_TS_COLUMN, DataType::Int64, false), CREATE_TS_FIELD_ID));
         let file_schema = Arc::new(Schema::new(fields));
         // Relaxed: the number only has to be unique, and a fetch_add is.
         let instance = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -161,7 +255,7 @@ impl TableDef {
             .iter()
             .map(|f| ColumnCheck { kind: CheckKind::of(f.data_type()), nullable: f.is_nullable() })
             .collect();
-        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, column_since, instance, checks }))
+        Ok(Arc::new(TableDef { id, name, schema, primary_key, file_schema, columns, instance, checks }))
     }
 
     /// The mirror transaction that added user column `column` to the table
@@ -171,7 +265,25 @@ impl TableDef {
     /// (PostgreSQL shows NULL in the rows that existed when it was added,
     /// not the dropped column's values).
     pub fn column_since(&self, column: usize) -> Ts {
-        self.column_since.get(column).copied().unwrap_or(Ts::ZERO)
+        self.columns.since.get(column).copied().unwrap_or(Ts::ZERO)
+    }
+
+    /// The field id of user column `column`: files written with this
+    /// definition carry it as the column's Parquet field id.
+    pub fn column_id(&self, column: usize) -> i32 {
+        self.columns.ids.get(column).copied().unwrap_or(0)
+    }
+
+    /// Its columns' field ids and the transactions that added them.
+    pub fn column_identity(&self) -> &ColumnIdentity {
+        &self.columns
+    }
+
+    /// Where `stored` (the columns of a file or batch, found as `how`)
+    /// holds user column `column`: by field id where it carries field ids
+    /// (files written since fovea writes them), else by name.
+    pub fn stored_index(&self, stored: &Schema, how: &StoredColumns, column: usize) -> Option<usize> {
+        how.index(stored, self.schema.field(column).name(), self.column_id(column))
     }
 
     /// The identity of this definition: a number no other definition made

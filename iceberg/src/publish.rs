@@ -42,7 +42,7 @@ use fovea_core::catalog::CheckpointRecord;
 use fovea_core::checkpoint::{FileManifest, Manifest, SlotManifest, TableManifest};
 use fovea_core::ids::TableId;
 use fovea_core::lake::{Lake, block_on_io};
-use fovea_core::schema::{CREATE_TS_COLUMN, TableDef};
+use fovea_core::schema::{CREATE_TS_COLUMN, CREATE_TS_FIELD_ID};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
@@ -436,32 +436,13 @@ impl Publisher {
                 continue;
             }
             let footer = self.lake.read_footer_in(&file.path, file.footer.clone())?;
-            for f in footer.metadata.schema().fields() {
-                refuse_dropped_values(&def, f.name(), file, "a new data file")?;
-                file_columns.insert(f.name().clone());
+            // Files with field ids are read by them: their names need no
+            // mapping.
+            let stored = footer.metadata.schema();
+            if !stored.fields().iter().any(|f| fovea_core::schema::field_id(f).is_some()) {
+                file_columns.extend(stored.fields().iter().map(|f| f.name().clone()));
             }
             new_sizes.insert(uri, footer.size);
-        }
-        // Files published before, where the name of a column added since
-        // the last publication was published already (a column dropped
-        // and added again): they may hold the dropped column's values.
-        if let Some((_, m)) = &previous {
-            let published_ts = prev_snapshot
-                .as_ref()
-                .and_then(|s| s.summary.get(CHECKPOINT_TS_PROPERTY))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-            let names = crate::spec::mapped_names(m).map_err(|reason| PublishError::Corrupt {
-                what: format!("{NAME_MAPPING_PROPERTY} of table {}", table.name),
-                reason,
-            })?;
-            for (i, f) in def.schema.fields().iter().enumerate() {
-                if def.column_since(i).get() > published_ts && names.contains(f.name()) {
-                    for file in files.iter().filter(|file| prev_data.contains_key(&self.uri(&file.path))) {
-                        refuse_dropped_values(&def, f.name(), file, "a data file published before")?;
-                    }
-                }
-            }
         }
         let published = schema_of(&def, previous.as_ref().map(|(_, m)| m), &file_columns)?;
         let (schema, new_schema, last_column_id) = (published.schema, published.is_new, published.last_column_id);
@@ -902,7 +883,7 @@ impl Publisher {
 
     /// Position of the first row of `file` created after `c`.
     fn first_row_after(&self, file: &CurrentFile<'_>, c: u64) -> Result<usize> {
-        let batch = self.lake.read_block_columns(&file.path, Some(&[CREATE_TS_COLUMN]))?;
+        let batch = self.lake.read_block_columns(&file.path, Some(&[(CREATE_TS_COLUMN, CREATE_TS_FIELD_ID)]))?;
         let ts = fovea_core::lake::create_ts_column(&batch)?;
         Ok(ts.values().partition_point(|&t| t as u64 <= c))
     }
@@ -1003,8 +984,6 @@ struct CurrentFile<'m> {
     slot: Option<&'m SlotManifest>,
     /// Offset of its first row in the fovea file.
     offset: usize,
-    /// Its oldest row's create_ts.
-    min_ts: u64,
     /// Its newest row's create_ts.
     max_ts: u64,
 }
@@ -1018,7 +997,6 @@ fn files_of<'m>(f: &'m FileManifest, slot: Option<&'m SlotManifest>) -> Vec<Curr
             footer: r.footer.map(|[start, end]| start..end),
             slot,
             offset: 0,
-            min_ts: r.row_groups.iter().map(|g| g[2]).min().unwrap_or(0),
             max_ts: r.row_groups.iter().map(|g| g[3]).max().unwrap_or(0),
         }],
         None => {
@@ -1033,7 +1011,6 @@ fn files_of<'m>(f: &'m FileManifest, slot: Option<&'m SlotManifest>) -> Vec<Curr
                         footer: None,
                         slot,
                         offset,
-                        min_ts: b.min_ts,
                         max_ts: b.max_ts,
                     };
                     offset += b.rows;
@@ -1042,27 +1019,6 @@ fn files_of<'m>(f: &'m FileManifest, slot: Option<&'m SlotManifest>) -> Vec<Curr
                 .collect()
         }
     }
-}
-
-/// Refuses to publish `table` if `file` may hold, under the name `column`,
-/// the values of a column dropped before the table's column of that name
-/// was added: rows older than the transaction that added it (fovea's files
-/// carry no Parquet field ids yet, so Iceberg readers would match the
-/// dropped column's values by name where fovea's own readers read NULL).
-fn refuse_dropped_values(table: &TableDef, column: &str, file: &CurrentFile<'_>, what: &str) -> Result<()> {
-    let Ok(i) = table.schema.index_of(column) else { return Ok(()) };
-    let since = table.column_since(i).get();
-    if since == 0 || file.min_ts >= since {
-        return Ok(());
-    }
-    Err(PublishError::Schema {
-        table: table.name.clone(),
-        column: column.to_owned(),
-        message: format!(
-            "it was dropped and added again under its name (at ts {since}); {what}, {}, holds rows from before,              with the dropped column's values under that name, which Iceberg readers would read as its values              (fovea's files carry no Parquet field ids yet; fovea's own readers read NULL there), so the              table's Iceberg snapshot stays at the last checkpoint before the change",
-            file.path
-        ),
-    })
 }
 
 /// The directory of table `name` (`schema.table`) under the lake's root:
@@ -1304,19 +1260,16 @@ mod tests {
         }
     }
 
-    /// A column dropped and added again under its name, which files
-    /// written before hold the dropped values of: refused, naming it, the
-    /// table's snapshot left before the change, whether the drop was
-    /// published or not, or no publication came before; a plain added
-    /// column is published.
+    /// A column dropped and added again under its name is a new field
+    /// (a new id; the files from before carry the dropped one's), published
+    /// whether the drop was published or not, or no publication came before.
     #[test]
-    fn a_column_added_again_over_dropped_values_is_refused_naming_it() {
+    fn a_column_added_again_under_its_name_is_a_new_field() {
         use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
         use fovea_core::{Engine, EngineConfig, Op, Value};
         let field = |name: &str, nullable: bool| Field::new(name, DataType::Int64, nullable);
         let with_note = Arc::new(ArrowSchema::new(vec![field("id", false), field("note", true)]));
         let without = Arc::new(ArrowSchema::new(vec![field("id", false)]));
-        let with_extra = Arc::new(ArrowSchema::new(vec![field("id", false), field("note", true), field("x", true)]));
         for (case, publish_first, publish_between) in [
             ("drop published", true, true),
             ("drop unpublished", true, false),
@@ -1334,7 +1287,8 @@ mod tests {
                 engine.checkpoint_committed(&manifest);
                 let record =
                     CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
-                publisher.publish(&record).unwrap()
+                let p = publisher.publish(&record).unwrap();
+                assert!(p.refused.is_empty(), "{case}: {:?}", p.refused);
             };
             let evolve = |schema: &Arc<ArrowSchema>, row: Vec<Value>| {
                 let ts = engine.begin().unwrap();
@@ -1344,46 +1298,20 @@ mod tests {
                 engine.flush().unwrap();
             };
             if publish_first {
-                assert!(publish(&engine).refused.is_empty(), "{case}");
+                publish(&engine);
             }
             evolve(&without, vec![Value::Int(2)]);
             if publish_between {
-                assert!(publish(&engine).refused.is_empty(), "{case}");
+                publish(&engine);
             }
-            let before = publisher.current_metadata(&format!("{}/metadata", table_dir("s.t"))).unwrap();
             evolve(&with_note, vec![Value::Int(3), Value::Int(30)]);
-            let p = publish(&engine);
-            assert_eq!(p.refused.len(), 1, "{case}: {:?}", p.refused);
-            let message = p.refused[0].to_string();
-            assert!(message.contains("table s.t, column note: it was dropped and added again"), "{case}: {message}");
-            let after = publisher.current_metadata(&format!("{}/metadata", table_dir("s.t"))).unwrap();
-            assert_eq!(after.map(|(v, _)| v), before.map(|(v, _)| v), "{case}: the table's metadata stays");
+            publish(&engine);
+            let (_, m) = publisher.current_metadata(&format!("{}/metadata", table_dir("s.t"))).unwrap().unwrap();
+            let fields: Vec<(i32, &str)> =
+                m.current_schema().unwrap().fields.iter().map(|f| (f.id, f.name.as_str())).collect();
+            assert_eq!(fields, [(1, "id"), (3, "note")], "{case}");
+            assert!(m.last_column_id >= 3, "{case}");
         }
-        // A column of a new name: published.
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open_dir(dir.path(), EngineConfig::default()).unwrap();
-        let t = engine.create_table("s.t", Arc::clone(&with_note), vec![0]).unwrap();
-        engine.apply(vec![Op::Insert { table: t.id, row: vec![Value::Int(1), Value::Int(10)] }]).unwrap();
-        engine.flush().unwrap();
-        let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
-        let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, FormatVersion::V2);
-        let publish = |engine: &Arc<Engine>| {
-            let manifest = engine.write_checkpoint().unwrap();
-            engine.checkpoint_committed(&manifest);
-            let record =
-                CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
-            publisher.publish(&record).unwrap()
-        };
-        assert!(publish(&engine).refused.is_empty());
-        let ts = engine.begin().unwrap();
-        engine.evolve_table("s.t", with_extra, ts).unwrap();
-        engine
-            .apply_at(ts, vec![Op::Insert { table: t.id, row: vec![Value::Int(2), Value::Null, Value::Int(5)] }])
-            .unwrap();
-        engine.commit(ts).unwrap();
-        engine.flush().unwrap();
-        let p = publish(&engine);
-        assert_eq!((p.tables, p.refused.len()), (1, 0), "{:?}", p.refused);
     }
 
     #[test]

@@ -204,37 +204,39 @@ pub struct TableSchema {
     pub last_column_id: i32,
 }
 
-/// The schema of `table` with field ids kept from `previous` (the table's
-/// published metadata, if any), and its name mapping. A column whose type
-/// changed in a way that is no Iceberg promotion is refused: the values
-/// stored before the change are in files whose column has the old type,
-/// which Iceberg readers cannot read as the new one. fovea's hidden
-/// columns are left out of the schema. `file_columns` are the columns the
-/// table's new data files hold: any the schema and the mapping before do
-/// not name (added and dropped again since the last publication) is mapped
-/// to an id of no field, so readers skip it.
+/// The schema of `table` at one checkpoint: its columns under fovea's field
+/// ids (the ids its files carry since fovea writes them), and the name
+/// mapping for the files written before, which carry none. `previous` is
+/// the table's published metadata, if any: a column whose type changed in
+/// a way that is no Iceberg promotion is refused (the values stored before
+/// the change are in files whose column has the old type, which Iceberg
+/// readers cannot read as the new one). fovea's hidden columns are left out
+/// of the schema. `file_columns` are the columns the table's new data files
+/// without field ids hold: any the mapping does not name yet (added and
+/// dropped again since the last publication) is mapped to an id of no
+/// field, so readers skip it.
+///
+/// The mapping names a column by its name only where the column came with
+/// the table or was added before fovea recorded when columns were added
+/// (`column_since` 0): a file without field ids holds such a column under
+/// its name. A column added since is in no such file: its name maps to an
+/// id of no field there, so what such a file holds under it (a column
+/// dropped before, of the same name) reads as NULL.
 pub fn schema_of(
     table: &TableDef,
     previous: Option<&TableMetadata>,
     file_columns: &std::collections::BTreeSet<String>,
 ) -> Result<TableSchema> {
     let current = previous.and_then(|m| m.schemas.iter().find(|s| s.schema_id == m.current_schema_id));
-    let mut last_id = previous.map_or(0, |m| m.last_column_id);
-    // Every name files may carry, with its id: from the mapping published
-    // before (columns dropped since, hidden columns), then this schema's.
-    let mut mapped: Vec<(i32, String)> = previous
-        .and_then(|m| m.properties.get(NAME_MAPPING_PROPERTY))
-        .map(|json| parse_name_mapping(json))
-        .transpose()
-        .map_err(|reason| PublishError::Corrupt {
-            what: format!("{NAME_MAPPING_PROPERTY} of table {}", table.name),
-            reason,
-        })?
-        .unwrap_or_default();
     let mut fields = Vec::with_capacity(table.schema.fields().len());
-    let mut key_ids = Vec::new();
     let mut key_valid = !table.primary_key.is_empty();
+    // Names files without field ids hold at fovea's id (see above).
+    let mut by_name: Vec<(i32, String)> = Vec::new();
     for (i, f) in table.schema.fields().iter().enumerate() {
+        let id = table.column_id(i);
+        if table.column_since(i) == fovea_core::ids::Ts::ZERO {
+            by_name.push((id, f.name().clone()));
+        }
         let is_key = table.primary_key.contains(&i);
         if f.name().starts_with(HIDDEN_PREFIX) {
             key_valid &= !is_key;
@@ -245,63 +247,79 @@ pub fn schema_of(
             column: f.name().clone(),
             message,
         })?;
-        let before = current.and_then(|s| s.fields.iter().find(|p| &p.name == f.name()));
-        let id = match before {
-            Some(p) => {
-                let was = IcebergType::parse(&p.field_type).ok_or_else(|| PublishError::Schema {
+        // The same field published before (its id and name).
+        if let Some(p) = current.and_then(|s| s.fields.iter().find(|p| p.id == id && &p.name == f.name())) {
+            let was = IcebergType::parse(&p.field_type).ok_or_else(|| PublishError::Schema {
+                table: table.name.clone(),
+                column: p.name.clone(),
+                message: format!("published type {} is not one fovea writes", p.field_type),
+            })?;
+            if !was.promotes_to(ty) {
+                return Err(PublishError::Schema {
                     table: table.name.clone(),
-                    column: p.name.clone(),
-                    message: format!("published type {} is not one fovea writes", p.field_type),
-                })?;
-                if !was.promotes_to(ty) {
-                    return Err(PublishError::Schema {
-                        table: table.name.clone(),
-                        column: f.name().clone(),
-                        message: format!(
-                            "its type changed from {was} to {ty} in place; Iceberg readers cannot read the values \
-                             stored before as {ty}, so the table's Iceberg snapshot stays at the last checkpoint \
-                             before the change"
-                        ),
-                    });
-                }
-                p.id
+                    column: f.name().clone(),
+                    message: format!(
+                        "its type changed from {was} to {ty} in place; Iceberg readers cannot read the values \
+                         stored before as {ty}, so the table's Iceberg snapshot stays at the last checkpoint \
+                         before the change"
+                    ),
+                });
             }
-            None => {
-                last_id += 1;
-                last_id
-            }
-        };
+        }
         if is_key {
             key_valid &= !f.is_nullable() && ty.identifies();
         }
         fields.push(Field { id, name: f.name().clone(), required: !f.is_nullable(), field_type: ty.to_string() });
     }
-    if key_valid {
-        key_ids = table
+    let key_ids = if key_valid {
+        table
             .primary_key
             .iter()
             .map(|&k| fields.iter().find(|f| f.name == *table.schema.field(k).name()).map_or(0, |f| f.id))
-            .collect();
-    }
-    // The mapping: this schema's names at their ids, every other name
-    // mapped before at its id, hidden columns at ids of their own.
-    mapped.retain(|(id, name)| !fields.iter().any(|f| f.id == *id || f.name == *name));
-    mapped.extend(fields.iter().map(|f| (f.id, f.name.clone())));
-    let hidden = table
-        .file_schema
-        .fields()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // Every other name files without field ids may hold: those mapped
+    // before (columns dropped since, hidden columns, columns only files
+    // held), the hidden columns, the columns new files hold, and the names
+    // of columns added since (their files carry field ids): each at an id
+    // of no field, the one it had where that is still no field's.
+    let before: Vec<(i32, String)> = previous
+        .and_then(|m| m.properties.get(NAME_MAPPING_PROPERTY))
+        .map(|json| parse_name_mapping(json))
+        .transpose()
+        .map_err(|reason| PublishError::Corrupt {
+            what: format!("{NAME_MAPPING_PROPERTY} of table {}", table.name),
+            reason,
+        })?
+        .unwrap_or_default();
+    let hidden = table.file_schema.fields().iter().map(|f| f.name().clone()).filter(|n| n.starts_with(HIDDEN_PREFIX));
+    let others: Vec<String> = before
         .iter()
-        .map(|f| f.name().clone())
-        .filter(|n| n.starts_with(HIDDEN_PREFIX))
-        .collect::<Vec<_>>();
-    // Hidden columns, and columns data files hold that no schema has had
-    // (added and dropped between two publications): ids of no field.
-    for name in hidden.into_iter().chain(file_columns.iter().cloned()) {
-        if !mapped.iter().any(|(_, n)| *n == name) {
-            last_id += 1;
-            mapped.push((last_id, name));
+        .map(|(_, n)| n.clone())
+        .chain(table.schema.fields().iter().map(|f| f.name().clone()))
+        .chain(hidden)
+        .chain(file_columns.iter().cloned())
+        .collect();
+    let field_ids: HashSet<i32> = (0..table.schema.fields().len()).map(|i| table.column_id(i)).collect();
+    let mut last_id = previous.map_or(0, |m| m.last_column_id).max(table.column_identity().last_id);
+    let mut mapped = by_name;
+    for name in others {
+        if mapped.iter().any(|(_, n)| *n == name) {
+            continue;
         }
+        let kept = before
+            .iter()
+            .find(|(id, n)| *n == name && !field_ids.contains(id) && !mapped.iter().any(|(m, _)| m == id))
+            .map(|(id, _)| *id);
+        let id = kept.unwrap_or_else(|| {
+            last_id += 1;
+            last_id
+        });
+        mapped.push((id, name));
     }
+    last_id = last_id.max(mapped.iter().map(|(id, _)| *id).max().unwrap_or(0));
     mapped.sort();
     let schema_id = match previous {
         Some(m) => m.schemas.iter().map(|s| s.schema_id).max().unwrap_or(-1) + 1,
@@ -317,15 +335,6 @@ pub fn schema_of(
         _ => (schema, true),
     };
     Ok(TableSchema { schema, is_new, name_mapping, last_column_id: last_id })
-}
-
-/// Every name the name mapping of `metadata` gives an id (the columns its
-/// data files may hold).
-pub(crate) fn mapped_names(metadata: &TableMetadata) -> std::result::Result<HashSet<String>, String> {
-    match metadata.properties.get(NAME_MAPPING_PROPERTY) {
-        Some(json) => Ok(parse_name_mapping(json)?.into_iter().map(|(_, n)| n).collect()),
-        None => Ok(HashSet::new()),
-    }
 }
 
 /// The (field id, name) pairs of a name mapping.
@@ -533,8 +542,20 @@ mod tests {
         }
     }
 
+    /// `t` evolved to the columns `cols` at ts `ts`, as the engine evolves
+    /// a table: a column of a name it has keeps its id, another gets the
+    /// next.
+    fn evolved(t: &TableDef, cols: &[(&str, DataType, bool)], ts: u64) -> Arc<TableDef> {
+        let schema =
+            ArrowSchema::new(cols.iter().map(|(n, t, null)| ArrowField::new(*n, t.clone(), *null)).collect::<Vec<_>>());
+        let old: Vec<&str> = t.schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let new: Vec<&str> = cols.iter().map(|c| c.0).collect();
+        let columns = t.column_identity().evolve(&old, &new, fovea_core::ids::Ts(ts));
+        TableDef::with_columns(TableId(0), "public.t", Arc::new(schema), vec![0], columns).unwrap()
+    }
+
     #[test]
-    fn field_ids_follow_columns_by_name_through_promotions_and_additions() {
+    fn field_ids_are_foveas_through_promotions_additions_and_columns_added_again() {
         let t1 = table(&[("id", DataType::Int32, false), ("v", DataType::Float32, true)], vec![0]);
         let first = schema_of(&t1, None, &Default::default()).unwrap();
         let s1 = first.schema.clone();
@@ -552,18 +573,43 @@ mod tests {
         assert!(!same.is_new);
         assert_eq!((same.schema, same.last_column_id), (s1, 3));
         // Promotions keep ids; a dropped column's id is not reused (its name
-        // stays mapped: old files have it); an added one gets the next.
-        let t2 = table(&[("id", DataType::Int64, false), ("w", DataType::Utf8, true)], vec![0]);
+        // stays mapped: old files have it); an added one gets fovea's next
+        // id (3: the hidden column's mapping moves off it), and its name
+        // maps to no field (files without field ids predate it).
+        let t2 = evolved(&t1, &[("id", DataType::Int64, false), ("w", DataType::Utf8, true)], 10);
         let second = schema_of(&t2, Some(&m), &Default::default()).unwrap();
         let s2 = &second.schema;
         assert!(second.is_new);
         assert_eq!(s2.schema_id, 1);
         assert_eq!((s2.fields[0].id, s2.fields[0].field_type.as_str()), (1, "long"));
-        assert_eq!((s2.fields[1].id, second.last_column_id), (4, 4));
-        assert_eq!(
-            mapping(&second.name_mapping),
-            vec![(1, "id".into()), (2, "v".into()), (3, "_fovea_create_ts".into()), (4, "w".into())]
+        assert_eq!(s2.fields[1].id, 3);
+        let mapped = mapping(&second.name_mapping);
+        assert_eq!(mapped.iter().find(|(_, n)| n == "v").map(|m| m.0), Some(2));
+        let no_field = |name: &str| {
+            let id = mapped.iter().find(|(_, n)| n == name).map(|m| m.0).unwrap_or_else(|| panic!("{name} mapped"));
+            assert!(s2.fields.iter().all(|f| f.id != id), "{name} at {id}: {mapped:?}");
+            assert!(id <= second.last_column_id);
+        };
+        no_field("_fovea_create_ts");
+        no_field("w");
+        // v comes back: a new field, not 2; files without ids hold the
+        // dropped v under its name, mapped to no field.
+        let m2 = metadata_with(&second);
+        let t3 = evolved(
+            &t2,
+            &[("id", DataType::Int64, false), ("w", DataType::Utf8, true), ("v", DataType::Float32, true)],
+            20,
         );
+        let third = schema_of(&t3, Some(&m2), &Default::default()).unwrap();
+        assert_eq!(
+            third.schema.fields.iter().map(|f| (f.id, f.name.as_str())).collect::<Vec<_>>(),
+            [(1, "id"), (3, "w"), (4, "v")]
+        );
+        let mapped = mapping(&third.name_mapping);
+        let v = mapped.iter().find(|(_, n)| n == "v").unwrap().0;
+        assert!(third.schema.fields.iter().all(|f| f.id != v), "{mapped:?}");
+        let ids: HashSet<i32> = mapped.iter().map(|m| m.0).collect();
+        assert_eq!(ids.len(), mapped.len(), "one name per id: {mapped:?}");
     }
 
     #[test]

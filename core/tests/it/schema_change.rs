@@ -710,6 +710,24 @@ fn a_column_dropped_and_added_again_is_null_in_rows_written_before_it_came_back(
     drop(lake);
     let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
     check(&lake.engine.at(lake.engine.snapshot()), "restarted");
+    // The columns back are new fields (ids 5 and 6, never 3 and 4 again),
+    // and every file written carries each column's field id.
+    let def = lake.engine.table("public.t").unwrap();
+    assert_eq!((0..4).map(|c| def.column_id(c)).collect::<Vec<_>>(), [1, 2, 5, 6]);
+    let mut files = 0;
+    for entry in walk(&dir.path().join("tables")) {
+        let reader = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(&entry).unwrap()).unwrap();
+        let schema = parquet::file::reader::FileReader::metadata(&reader).file_metadata().schema_descr_ptr();
+        let ids: Vec<(String, i32)> = schema
+            .root_schema()
+            .get_fields()
+            .iter()
+            .map(|f| (f.name().to_owned(), if f.get_basic_info().has_id() { f.get_basic_info().id() } else { 0 }))
+            .collect();
+        assert!(ids.iter().all(|(_, id)| *id > 0), "{}: {ids:?}", entry.display());
+        files += 1;
+    }
+    assert!(files > 2, "{files} files");
     // An update after the restart: its row reads its new values, the others
     // stay NULL.
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "t", SinkConfig::default()).unwrap();
@@ -726,4 +744,18 @@ fn a_column_dropped_and_added_again_is_null_in_rows_written_before_it_came_back(
     )
     .unwrap();
     assert_eq!(scanned(reader.reader.as_ref(), "public.t", ScanOptions::default()), now, "a checkpoint's reader");
+}
+
+/// The Parquet files under `dir`, recursively.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else if path.extension().is_some_and(|x| x == "parquet") {
+            out.push(path);
+        }
+    }
+    out
 }
