@@ -73,8 +73,13 @@ pub fn check(
     catalog: &dyn Catalog,
     access: Access,
 ) -> Result<Option<String>> {
-    let in_lake = read_lake_id(store)?;
+    // The state first: a writer creating the lake writes the lake's id
+    // object before it binds the state, so a state found bound here has
+    // its lake's id object in place when the lake is read next (read the
+    // other way round, a reader racing a new lake's first open saw a bound
+    // state and no id, and called the lake another).
     let in_state = txn.lake_id()?;
+    let in_lake = read_lake_id(store)?;
     match (in_lake, in_state) {
         (Some(a), Some(b)) if a == b => Ok(Some(a)),
         (Some(a), Some(b)) => Err(Error::WrongState(format!(
