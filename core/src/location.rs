@@ -186,6 +186,9 @@ pub struct OpenReader {
     pub reader: Arc<CheckpointReader>,
     /// The catalog.
     pub catalog: Arc<dyn Catalog>,
+    /// The timestamp store, where the lake's readers (this one too) are
+    /// registered.
+    pub txn: Arc<dyn TxnStore>,
     /// The checkpoint read.
     pub checkpoint: Option<CheckpointRecord>,
     /// The newest replayed source transaction the checkpoint holds: its
@@ -201,7 +204,7 @@ pub fn open_reader(backends: LakeBackends, ttl: Duration) -> Result<OpenReader> 
     crate::identity::check(&store, txn.as_ref(), catalog.as_ref(), Access::Read)?;
     // Registered before the catalog is read: the writer cannot drop the
     // checkpoint about to be read.
-    let registration = ReaderRegistration::register(txn, ttl)?;
+    let registration = ReaderRegistration::register(Arc::clone(&txn), ttl)?;
     let checkpoint = catalog.latest_checkpoint()?;
     let reader = match &checkpoint {
         Some(c) => {
@@ -219,5 +222,5 @@ pub fn open_reader(backends: LakeBackends, ttl: Duration) -> Result<OpenReader> 
             .and_then(|h| Some((h.ts, h.commit_us?))),
         None => None,
     };
-    Ok(OpenReader { reader: Arc::new(reader), catalog, checkpoint, source_commit })
+    Ok(OpenReader { reader: Arc::new(reader), catalog, txn, checkpoint, source_commit })
 }

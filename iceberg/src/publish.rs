@@ -192,6 +192,9 @@ pub struct Publisher {
     tables: Mutex<HashMap<String, TableCache>>,
     /// Where the tables are registered after every publication.
     registry: Option<Arc<dyn TableRegistry>>,
+    /// Where the lake's readers register (the timestamp store): a snapshot
+    /// a registered reader reads is kept past the retention.
+    readers: Option<Arc<dyn fovea_core::mvcc::TxnStore>>,
 }
 
 /// A table as this publisher last published it: the next publication
@@ -224,7 +227,18 @@ impl Publisher {
             recent: Mutex::new(std::collections::VecDeque::new()),
             tables: Mutex::new(HashMap::new()),
             registry: None,
+            readers: None,
         }
+    }
+
+    /// Keeps, past the retention, the snapshot each reader registered in
+    /// `store` (the lake's timestamp store) reads — the newest at or
+    /// below its timestamp — and those after it, until the reader is
+    /// done: the writer keeps the data files of a registered reader's
+    /// snapshot as long (its retire and storage GC wait for it).
+    pub fn with_readers(mut self, store: Arc<dyn fovea_core::mvcc::TxnStore>) -> Self {
+        self.readers = Some(store);
+        self
     }
 
     /// The newest publication that reached every table: each at its
@@ -278,6 +292,10 @@ impl Publisher {
         let manifest = &checkpoint.manifest;
         let mut published = Published::default();
         let mut used = HashSet::new();
+        let held = match &self.readers {
+            Some(store) => store.readers(fovea_core::catalog::now_us())?.iter().map(|r| r.qts.get()).min(),
+            None => None,
+        };
         let mut view =
             CatalogView { checkpoint_ts: manifest.checkpoint_ts, tables: BTreeMap::new(), dropped: Default::default() };
         for (i, t) in manifest.tables.iter().enumerate() {
@@ -285,7 +303,7 @@ impl Publisher {
             if t.dropped && manifest.tables.iter().any(|o| !o.dropped && o.name == t.name) {
                 continue;
             }
-            let entry = match self.publish_table(checkpoint, TableId(i as u32), t, &mut used) {
+            let entry = match self.publish_table(checkpoint, TableId(i as u32), t, held, &mut used) {
                 Ok(TableOutcome::Published { delete_files_written, bytes_written, objects_deleted, current }) => {
                     published.tables += 1;
                     published.bytes_written += bytes_written;
@@ -343,6 +361,7 @@ impl Publisher {
         checkpoint: &CheckpointRecord,
         id: TableId,
         table: &TableManifest,
+        held: Option<u64>,
         used: &mut HashSet<String>,
     ) -> Result<TableOutcome> {
         let manifest = &checkpoint.manifest;
@@ -671,7 +690,7 @@ impl Publisher {
                 m.next_row_id = lineage.map(|l| l.next_row_id);
                 m.snapshots.push(snapshot);
                 m.snapshot_log.push(SnapshotLogEntry { timestamp_ms: now, snapshot_id });
-                expire_snapshots(&mut m, cutoff_ms(self.retention));
+                expire_snapshots(&mut m, cutoff_ms(self.retention), held);
                 m.refs = main_ref(snapshot_id);
                 m
             }
@@ -1071,11 +1090,18 @@ fn cutoff_ms(retention: Duration) -> i64 {
 /// (ms): a snapshot is kept while the one after it is younger than the
 /// retention — the time a publishing replayer keeps the data files it
 /// names that combine and storage GC replaced — so time travel to a kept
-/// snapshot reads exactly what it read when it was current.
-fn expire_snapshots(m: &mut TableMetadata, cutoff: i64) {
+/// snapshot reads exactly what it read when it was current. The snapshot
+/// a reader registered at ts `held` reads (the newest of a checkpoint at
+/// or below it) is kept too, and every one after it.
+fn expire_snapshots(m: &mut TableMetadata, cutoff: i64, held: Option<u64>) {
     let mut first_kept = 0;
     while first_kept + 1 < m.snapshots.len() && m.snapshots[first_kept + 1].timestamp_ms <= cutoff {
         first_kept += 1;
+    }
+    if let Some(held) = held {
+        // Snapshot ids are checkpoint timestamps, ascending.
+        let read = m.snapshots.iter().rposition(|s| s.snapshot_id as u64 <= held).unwrap_or(0);
+        first_kept = first_kept.min(read);
     }
     m.snapshots.drain(..first_kept);
     let kept: HashSet<i64> = m.snapshots.iter().map(|s| s.snapshot_id).collect();
@@ -1314,6 +1340,48 @@ mod tests {
         }
     }
 
+    /// Past the retention, a snapshot a registered reader reads is kept
+    /// with what it names, until the reader is gone.
+    #[test]
+    fn a_registered_readers_snapshot_outlives_the_retention_until_it_is_done() {
+        use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+        use fovea_core::{Engine, EngineConfig, Op, Value};
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open_dir(dir.path(), EngineConfig::default()).unwrap();
+        let schema = Arc::new(ArrowSchema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let t = engine.create_table("s.t", schema, vec![0]).unwrap();
+        let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
+        let store = Arc::clone(engine.clock().store());
+        let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, FormatVersion::V2)
+            .with_retention(Duration::ZERO)
+            .with_readers(Arc::clone(&store));
+        let publish = |k: i64| {
+            engine.apply(vec![Op::Insert { table: t.id, row: vec![Value::Int(k)] }]).unwrap();
+            let manifest = engine.write_checkpoint().unwrap();
+            engine.checkpoint_committed(&manifest);
+            let ts = manifest.checkpoint_ts;
+            let record =
+                CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
+            assert!(publisher.publish(&record).unwrap().refused.is_empty());
+            let (_, m) = publisher.current_metadata(&format!("{}/metadata", table_dir("s.t"))).unwrap().unwrap();
+            (ts, m)
+        };
+        let (first, _) = publish(1);
+        // A reader at a ts between the first checkpoint and the second.
+        store.register_reader("r", fovea_core::ids::Ts(first), fovea_core::catalog::now_us() + 60_000_000).unwrap();
+        publish(2);
+        let (_, m2) = publish(3);
+        let ids: Vec<i64> = m2.snapshots.iter().map(|s| s.snapshot_id).collect();
+        assert_eq!(ids.first(), Some(&(first as i64)), "held: {ids:?}");
+        let held = &m2.snapshots[0];
+        let list = held.manifest_list.strip_prefix("file://").unwrap();
+        assert!(std::path::Path::new(list).exists(), "its manifest list is kept");
+        // The reader is done: the next publication keeps the newest alone.
+        store.deregister_reader("r").unwrap();
+        let (last, m3) = publish(4);
+        assert_eq!(m3.snapshots.iter().map(|s| s.snapshot_id).collect::<Vec<_>>(), vec![last as i64]);
+    }
+
     #[test]
     fn a_dropped_table_gets_one_last_snapshot_without_rows() {
         use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
@@ -1388,14 +1456,25 @@ mod tests {
             m.snapshots.push(snapshot(id, ts));
             m.snapshot_log.push(SnapshotLogEntry { timestamp_ms: ts, snapshot_id: id });
         }
+        let ids = |m: &TableMetadata| m.snapshots.iter().map(|s| s.snapshot_id).collect::<Vec<_>>();
+        // A reader registered at ts 2 holds snapshot 2 and those after it
+        // past the retention, one at 3 snapshot 3 on; one past the newest
+        // holds nothing more.
+        for held in [2, 3] {
+            let mut kept = m.clone();
+            expire_snapshots(&mut kept, 10_000, Some(held));
+            assert_eq!(ids(&kept), (held as i64..=4).collect::<Vec<_>>());
+        }
+        let mut kept = m.clone();
+        expire_snapshots(&mut kept, 10_000, Some(9));
+        assert_eq!(ids(&kept), vec![4]);
         // Snapshot 1 stopped being current at 200, 2 at 300: with the
         // cutoff at 250, 2 is still within the retention.
-        expire_snapshots(&mut m, 250);
-        let ids = |m: &TableMetadata| m.snapshots.iter().map(|s| s.snapshot_id).collect::<Vec<_>>();
+        expire_snapshots(&mut m, 250, None);
         assert_eq!(ids(&m), vec![2, 3, 4]);
         assert_eq!(m.snapshot_log.iter().map(|e| e.snapshot_id).collect::<Vec<_>>(), vec![2, 3, 4]);
         // The current snapshot is never expired.
-        expire_snapshots(&mut m, 10_000);
+        expire_snapshots(&mut m, 10_000, None);
         assert_eq!(ids(&m), vec![4]);
     }
 }

@@ -69,7 +69,8 @@ impl IcebergArgs {
     /// The publisher `--iceberg` asks for, over the lake of `engine`; the
     /// engine then keeps the files combine and storage GC replace for as
     /// long as published metadata may name them
-    /// ([`fovea_iceberg::DEFAULT_RETENTION`]).
+    /// ([`fovea_iceberg::DEFAULT_RETENTION`]), and the publisher keeps the
+    /// snapshots the lake's registered readers read.
     pub fn publisher(
         &self,
         lake: &LakeArgs,
@@ -77,7 +78,8 @@ impl IcebergArgs {
     ) -> CliResult<Option<Arc<fovea_iceberg::Publisher>>> {
         let Some(format) = self.iceberg else { return Ok(None) };
         let publisher =
-            iceberg_publisher(lake, Arc::clone(engine.lake().store()), format, self.iceberg_catalog.as_deref())?;
+            iceberg_publisher(lake, Arc::clone(engine.lake().store()), format, self.iceberg_catalog.as_deref())?
+                .with_readers(Arc::clone(engine.clock().store()));
         engine.set_retire_grace(fovea_iceberg::DEFAULT_RETENTION);
         Ok(Some(Arc::new(publisher)))
     }

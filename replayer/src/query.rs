@@ -330,7 +330,8 @@ pub fn publish_iceberg(lake: &LakeArgs, format: fovea_iceberg::FormatVersion, ca
         return Err(format!("the lake {} has no checkpoint yet: nothing to publish", lake.lake).into());
     };
     let store = std::sync::Arc::clone(open.reader.lake().store());
-    let publisher = crate::lakes::iceberg_publisher(lake, store, format, catalog)?;
+    let publisher =
+        crate::lakes::iceberg_publisher(lake, store, format, catalog)?.with_readers(std::sync::Arc::clone(&open.txn));
     let p = publisher.publish(checkpoint)?;
     println!(
         "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} bytes written, {} old objects deleted",

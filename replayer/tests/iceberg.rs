@@ -508,11 +508,16 @@ fn the_rest_catalog_of_fovea_serve_answers_every_table_at_one_checkpoint() {
     // count: the whole stream, so the checkpoint fovea's reader opens now.
     let (ts, expected) = fovea_tables(&lake);
     assert_eq!(at.into_iter().next(), Some(ts));
+    let listed: Vec<String> =
+        answer["duckdb_tables"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect();
+    assert_eq!(listed, expected.keys().cloned().collect::<Vec<_>>(), "the tables DuckDB lists");
     for (name, (schema, rows)) in &expected {
-        let batches = read_parquet(&out.path().join(format!("{name}.parquet")));
-        let mut got: Vec<String> = batches.iter().flat_map(|b| rows_as_text(b, schema)).collect();
-        got.sort();
-        assert_eq!(got, *rows, "{name} through the REST catalog");
+        for (reader, file) in [("pyiceberg", format!("{name}.parquet")), ("DuckDB", format!("duckdb/{name}.parquet"))] {
+            let batches = read_parquet(&out.path().join(file));
+            let mut got: Vec<String> = batches.iter().flat_map(|b| rows_as_text(b, schema)).collect();
+            got.sort();
+            assert_eq!(got, *rows, "{name} through the REST catalog, read by {reader}");
+        }
     }
 }
 

@@ -1,16 +1,21 @@
-"""Reads every table of an Iceberg REST catalog with pyiceberg, for
-replayer/tests/iceberg.rs.
+"""Reads every table of an Iceberg REST catalog with pyiceberg and with
+DuckDB, for replayer/tests/iceberg.rs.
 
 usage: rest_catalog.py URI TOKEN OUT COUNTS SECONDS
 
 Waits (at most SECONDS) until the catalog lists every table of COUNTS (a
 JSON object: table name -> row count) with that many rows, all at one
 checkpoint that stayed the newest for 2 s (the input is consumed), loading
-each table again every round, then writes each table's rows to
-OUT/NAMESPACE.TABLE.parquet and prints one JSON object: each table's
-snapshot checkpoint timestamp, and what a request without the token got.
+each table again every round with pyiceberg, then writes each table's rows
+to OUT/NAMESPACE.TABLE.parquet. Then DuckDB's iceberg extension attaches
+the catalog (its `pinned` warehouse: every table at one checkpoint) with
+the token as its secret and writes each table it lists to
+OUT/duckdb/NAMESPACE.TABLE.parquet. Prints one JSON object: each table's
+snapshot checkpoint timestamp as pyiceberg read it, the tables DuckDB
+listed, and what a request without the token got.
 """
 
+import glob
 import json
 import os
 import sys
@@ -18,6 +23,10 @@ import time
 import urllib.error
 import urllib.request
 
+import duckdb
+import duckdb_extension_avro
+import duckdb_extension_httpfs
+import duckdb_extension_iceberg
 import pyarrow.parquet as pq
 from pyiceberg.catalog.rest import RestCatalog
 
@@ -50,12 +59,43 @@ def main():
         time.sleep(0.2)
     for name, t in read.items():
         pq.write_table(t, os.path.join(out, f"{name}.parquet"))
+    duckdb_tables = read_with_duckdb(uri, token, os.path.join(out, "duckdb"))
     try:
         urllib.request.urlopen(f"{uri}/v1/namespaces")
         without_token = 200
     except urllib.error.HTTPError as e:
         without_token = e.code
-    print(json.dumps({"snapshots": snapshots, "without_token": without_token}))
+    print(json.dumps({"snapshots": snapshots, "duckdb_tables": duckdb_tables, "without_token": without_token}))
+
+
+def read_with_duckdb(uri, token, out):
+    """Every table of the catalog at `uri` as DuckDB reads it after
+    attaching it, written to `out`; returns their names."""
+    os.makedirs(out)
+    con = duckdb.connect(
+        config={
+            "allow_unsigned_extensions": "true",
+            "autoinstall_known_extensions": "false",
+            "autoload_known_extensions": "false",
+        }
+    )
+    # From PyPI (no network at test time), as read_tables.py loads them.
+    for module in (duckdb_extension_avro, duckdb_extension_httpfs, duckdb_extension_iceberg):
+        found = glob.glob(os.path.join(os.path.dirname(module.__file__), "extensions", "*", "*.duckdb_extension"))
+        if not found:
+            sys.exit(f"no .duckdb_extension file in {module.__name__}")
+        con.execute(f"LOAD '{found[0]}'")
+    con.execute(f"CREATE SECRET fovea (TYPE iceberg, TOKEN '{token}')")
+    con.execute(f"ATTACH 'pinned' AS lake (TYPE iceberg, SECRET fovea, ENDPOINT '{uri}')")
+    names = []
+    for db, schema, table, *_ in con.execute("SHOW ALL TABLES").fetchall():
+        if db != "lake":
+            continue
+        name = f"{schema}.{table}"
+        rows = con.execute(f'SELECT * FROM lake."{schema}"."{table}"').fetch_arrow_table()
+        pq.write_table(rows, os.path.join(out, f"{name}.parquet"))
+        names.append(name)
+    return sorted(names)
 
 
 if __name__ == "__main__":
