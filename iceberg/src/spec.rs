@@ -228,6 +228,12 @@ pub fn schema_of(
     file_columns: &std::collections::BTreeSet<String>,
 ) -> Result<TableSchema> {
     let current = previous.and_then(|m| m.schemas.iter().find(|s| s.schema_id == m.current_schema_id));
+    // A table created again under the name of a dropped one follows its
+    // last snapshot, which has no rows: no file of the old table is read
+    // under the new one's types, so any type goes.
+    let replaces_dropped = previous
+        .and_then(TableMetadata::current_snapshot)
+        .is_some_and(|s| s.summary.contains_key(crate::publish::DROPPED_PROPERTY));
     let mut fields = Vec::with_capacity(table.schema.fields().len());
     let mut key_valid = !table.primary_key.is_empty();
     // Names files without field ids hold at fovea's id (see above).
@@ -248,7 +254,10 @@ pub fn schema_of(
             message,
         })?;
         // The same field published before (its id and name).
-        if let Some(p) = current.and_then(|s| s.fields.iter().find(|p| p.id == id && &p.name == f.name())) {
+        if let Some(p) = current
+            .filter(|_| !replaces_dropped)
+            .and_then(|s| s.fields.iter().find(|p| p.id == id && &p.name == f.name()))
+        {
             let was = IcebergType::parse(&p.field_type).ok_or_else(|| PublishError::Schema {
                 table: table.name.clone(),
                 column: p.name.clone(),
@@ -619,6 +628,28 @@ mod tests {
         let t2 = table(&[("id", DataType::Int32, false), ("v", DataType::Utf8, true)], vec![0]);
         let err = schema_of(&t2, Some(&m), &Default::default()).unwrap_err().to_string();
         assert!(err.contains("public.t") && err.contains("column v") && err.contains("int to string"), "{err}");
+    }
+
+    #[test]
+    fn a_table_created_again_after_a_drop_takes_any_types() {
+        let t1 = table(&[("id", DataType::Int32, false), ("v", DataType::Int32, true)], vec![0]);
+        let mut m = metadata_with(&schema_of(&t1, None, &Default::default()).unwrap());
+        m.snapshots.push(Snapshot {
+            snapshot_id: 7,
+            parent_snapshot_id: None,
+            sequence_number: 1,
+            timestamp_ms: 0,
+            manifest_list: "l".into(),
+            summary: BTreeMap::from([(crate::publish::DROPPED_PROPERTY.to_owned(), "true".to_owned())]),
+            schema_id: 0,
+            first_row_id: None,
+            added_rows: None,
+        });
+        m.current_snapshot_id = Some(7);
+        let t2 = table(&[("id", DataType::Int32, false), ("v", DataType::Utf8, true)], vec![0]);
+        let s = schema_of(&t2, Some(&m), &Default::default()).unwrap();
+        assert!(s.is_new);
+        assert_eq!(s.schema.fields[1].field_type, "string");
     }
 
     #[test]
