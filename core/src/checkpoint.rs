@@ -30,7 +30,7 @@ use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::{Block, BlockData, FileKind, LakeFile};
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, Retired};
 use crate::error::{Error, Result};
 use crate::ids::{FileId, RowId, TableId, Ts};
 use crate::index::{ChangedKeys, ImageRun, ImageWriter, PrimaryIndex, upgrade_key};
@@ -935,6 +935,20 @@ impl Engine {
         m: &Manifest,
         vacuum: bool,
     ) -> Result<Arc<Engine>> {
+        Self::restore_with_grace(store, clock, m, vacuum, std::time::Duration::ZERO)
+    }
+
+    /// [`Engine::restore`] with a retire grace
+    /// ([`EngineConfig::retire_grace`]): lake files the vacuum finds that
+    /// are younger than it are retired, deleted once it has passed,
+    /// instead of at once.
+    pub fn restore_with_grace(
+        store: Arc<dyn object_store::ObjectStore>,
+        clock: Arc<Clock>,
+        m: &Manifest,
+        vacuum: bool,
+        retire_grace: std::time::Duration,
+    ) -> Result<Arc<Engine>> {
         if !(1..=MANIFEST_FORMAT).contains(&m.format) {
             return Err(corrupt(format!("format {} (this fovea reads 1 to {MANIFEST_FORMAT})", m.format)));
         }
@@ -945,8 +959,12 @@ impl Engine {
                 clock.latest()
             )));
         }
-        let config =
-            EngineConfig { shards: m.shards.len(), block_rows: m.block_rows, blocks_per_file: m.blocks_per_file };
+        let config = EngineConfig {
+            shards: m.shards.len(),
+            block_rows: m.block_rows,
+            blocks_per_file: m.blocks_per_file,
+            retire_grace,
+        };
         let engine = Engine::open(store, clock, config)?;
         let mut key_types: HashMap<u32, Vec<DataType>> = HashMap::new();
         for t in &m.tables {
@@ -1058,7 +1076,7 @@ impl Engine {
         // since are what it writes.
         *lock(&engine.last_checkpoint) = Some(Arc::new(to_extend));
         if vacuum {
-            engine.vacuum(&named)?;
+            engine.vacuum(&named, Some(m))?;
         }
         engine.checkpointing.store(true, Ordering::Release);
         Ok(engine)
@@ -1074,14 +1092,33 @@ impl Engine {
     /// backup), an error, and nothing is deleted. Objects fovea does not
     /// name so are left alone. Without a lease (epoch 0) every unnamed
     /// object of fovea's is litter.
-    pub(crate) fn vacuum(&self, named: &HashSet<String>) -> Result<usize> {
+    ///
+    /// Lake files younger than the retire grace, left out of `restored`
+    /// (the checkpoint restored), are retired instead: deleted once the
+    /// grace has passed since they were written — a reader of a published
+    /// Iceberg snapshot from before the restart may read them (files that
+    /// combine or storage GC replaced while their retire grace ran).
+    pub(crate) fn vacuum(&self, named: &HashSet<String>, restored: Option<&Manifest>) -> Result<usize> {
         let epoch = self.clock.epoch();
+        let grace = lock(&self.retired).grace;
+        let now_ms = crate::catalog::now_us() / 1000;
         let mut litter = Vec::new();
+        let mut young = Vec::new();
         for prefix in [TABLES_PREFIX, CHECKPOINTS_PREFIX] {
             for meta in self.lake.list(&Path::from(prefix))? {
                 let path = meta.location;
                 if named.contains(path.as_ref()) {
                     continue;
+                }
+                let age = std::time::Duration::from_millis(
+                    u64::try_from(now_ms - meta.last_modified.timestamp_millis()).unwrap_or_default(),
+                );
+                if prefix == TABLES_PREFIX && restored.is_some() && age < grace {
+                    // (Its epoch is checked below as for any other.)
+                    if crate::lake::writer_epoch(&path).is_some_and(|e| epoch == 0 || e < epoch) {
+                        young.push((path, age));
+                        continue;
+                    }
                 }
                 match crate::lake::writer_epoch(&path) {
                     // (Epoch 0: no lease, an engine of its own; nothing to tell apart.)
@@ -1095,6 +1132,15 @@ impl Engine {
                     Some(_) => litter.push(path),
                     None => tracing::warn!("{path} is not an object fovea names: recovery leaves it alone"),
                 }
+            }
+        }
+        if let (Some(m), false) = (restored, young.is_empty()) {
+            let started = std::time::Instant::now();
+            let mut retired = lock(&self.retired);
+            for (path, age) in young {
+                // Its grace runs from when it was written.
+                let written = started.checked_sub(age).unwrap_or(started);
+                retired.entries.push(Retired::left_out(vec![path], (m.checkpoint_ts, m.next_file_id), written));
             }
         }
         for path in &litter {

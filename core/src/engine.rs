@@ -59,6 +59,13 @@ pub struct EngineConfig {
     pub block_rows: usize,
     /// Blocks per virtual file.
     pub blocks_per_file: usize,
+    /// How long objects no checkpoint names any more stay for readers the
+    /// engine does not know of (see [`Engine::set_retire_grace`]; default
+    /// none): those combine and storage GC replace, and the lake files a
+    /// restart finds left out of the checkpoint it restores that are
+    /// younger than this (a published Iceberg snapshot from before the
+    /// restart may name them).
+    pub retire_grace: std::time::Duration,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +74,7 @@ impl Default for EngineConfig {
             shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
             block_rows: DEFAULT_BLOCK_ROWS,
             blocks_per_file: DEFAULT_BLOCKS_PER_FILE,
+            retire_grace: std::time::Duration::ZERO,
         }
     }
 }
@@ -82,6 +90,12 @@ impl EngineConfig {
     pub fn with_blocks(mut self, block_rows: usize, blocks_per_file: usize) -> Self {
         self.block_rows = block_rows;
         self.blocks_per_file = blocks_per_file;
+        self
+    }
+
+    /// Sets the retire grace ([`EngineConfig::retire_grace`]).
+    pub fn with_retire_grace(mut self, grace: std::time::Duration) -> Self {
+        self.retire_grace = grace;
         self
     }
 
@@ -179,6 +193,13 @@ impl Retired {
     /// `begun_before` checkpoints had begun.
     pub(crate) fn new(seq: u64, paths: Vec<Path>, begun_before: u64) -> Self {
         Retired { seq, paths, begun_before, left_out_at: None, left_out_when: None }
+    }
+
+    /// Objects already left out of the committed checkpoint at `(c,
+    /// next_file_id)` since `when`, which no reader registered now needs:
+    /// deleted once the grace has passed since `when`.
+    pub(crate) fn left_out(paths: Vec<Path>, at: (u64, u64), when: std::time::Instant) -> Self {
+        Retired { seq: 0, paths, begun_before: 0, left_out_at: Some(at), left_out_when: Some(when) }
     }
 }
 
@@ -383,7 +404,7 @@ impl Engine {
             flusher,
             flush_tx: Mutex::new(Some(tx)),
             flush_thread: Mutex::new(Some(thread)),
-            retired: Mutex::new(RetiredObjects::default()),
+            retired: Mutex::new(RetiredObjects { grace: config.retire_grace, ..RetiredObjects::default() }),
             committed_checkpoint: AtomicU64::new(0),
             last_checkpoint: Mutex::new(None),
             image: Mutex::new(false),

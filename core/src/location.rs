@@ -144,7 +144,7 @@ pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_
         clock.set_epoch(l.epoch());
     }
     let engine = match &checkpoint {
-        Some(c) => Engine::restore(store, clock, &c.manifest, vacuum).map_err(|e| match e {
+        Some(c) => Engine::restore_with_grace(store, clock, &c.manifest, vacuum, config.retire_grace).map_err(|e| match e {
             Error::ObjectStore(object_store::Error::NotFound { path, .. }) => Error::WrongState(format!(
                 "the state's checkpoint (ts {}) names {path}, which the lake no longer holds: the state is older than \
                  the lake (restored from an earlier backup?) or the lake lost objects. Nothing was deleted. Help: use \
@@ -158,7 +158,7 @@ pub fn open(backends: LakeBackends, config: EngineConfig, mode: OpenMode, lease_
             // Objects without a checkpoint were written by a run that died
             // before its first one: nothing references them.
             let engine = Engine::open(store, clock, config)?;
-            engine.vacuum(&HashSet::new())?;
+            engine.vacuum(&HashSet::new(), None)?;
             engine
         }
     };

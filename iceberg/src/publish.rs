@@ -1225,6 +1225,14 @@ mod tests {
         assert_eq!(ids, vec![Some(100), Some(3), Some(110), Some(117), Some(0)]);
     }
 
+    /// Writes and commits `engine`'s checkpoint and publishes it.
+    fn publish_checkpoint(engine: &Arc<fovea_core::Engine>, publisher: &Publisher) -> Published {
+        let manifest = engine.write_checkpoint().unwrap();
+        engine.checkpoint_committed(&manifest);
+        let record = CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
+        publisher.publish(&record).unwrap()
+    }
+
     /// The live entries of a table's current snapshot as its manifests in
     /// the store have them (what a fresh publisher starts from).
     fn entries_in_store(p: &Publisher, table: &str) -> (HashMap<String, Entry>, HashMap<String, Entry>) {
@@ -1264,15 +1272,7 @@ mod tests {
                 if round == 2 {
                     engine.combine().unwrap();
                 }
-                let manifest = engine.write_checkpoint().unwrap();
-                engine.checkpoint_committed(&manifest);
-                let record = CheckpointRecord {
-                    manifest,
-                    input: "test".into(),
-                    position: Default::default(),
-                    source_state: None,
-                };
-                let published = publisher.publish(&record).unwrap();
+                let published = publish_checkpoint(&engine, &publisher);
                 assert!(published.refused.is_empty(), "{:?}", published.refused);
                 let (data, deletes) = entries_in_store(&publisher, "s.t");
                 let tables = publisher.tables.lock().unwrap();
@@ -1309,11 +1309,7 @@ mod tests {
             let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
             let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, FormatVersion::V2);
             let publish = |engine: &Arc<Engine>| {
-                let manifest = engine.write_checkpoint().unwrap();
-                engine.checkpoint_committed(&manifest);
-                let record =
-                    CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
-                let p = publisher.publish(&record).unwrap();
+                let p = publish_checkpoint(engine, &publisher);
                 assert!(p.refused.is_empty(), "{case}: {:?}", p.refused);
             };
             let evolve = |schema: &Arc<ArrowSchema>, row: Vec<Value>| {
@@ -1357,14 +1353,9 @@ mod tests {
             .with_readers(Arc::clone(&store));
         let publish = |k: i64| {
             engine.apply(vec![Op::Insert { table: t.id, row: vec![Value::Int(k)] }]).unwrap();
-            let manifest = engine.write_checkpoint().unwrap();
-            engine.checkpoint_committed(&manifest);
-            let ts = manifest.checkpoint_ts;
-            let record =
-                CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
-            assert!(publisher.publish(&record).unwrap().refused.is_empty());
+            assert!(publish_checkpoint(&engine, &publisher).refused.is_empty());
             let (_, m) = publisher.current_metadata(&format!("{}/metadata", table_dir("s.t"))).unwrap().unwrap();
-            (ts, m)
+            (m.current_snapshot().unwrap().snapshot_id as u64, m)
         };
         let (first, _) = publish(1);
         // A reader at a ts between the first checkpoint and the second.
@@ -1397,13 +1388,7 @@ mod tests {
         engine.apply([rows(&kept), rows(&gone)].concat()).unwrap();
         let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
         let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, FormatVersion::V2);
-        let publish = |engine: &Arc<Engine>| {
-            let manifest = engine.write_checkpoint().unwrap();
-            engine.checkpoint_committed(&manifest);
-            let record =
-                CheckpointRecord { manifest, input: "t".into(), position: Default::default(), source_state: None };
-            publisher.publish(&record).unwrap()
-        };
+        let publish = |engine: &Arc<Engine>| publish_checkpoint(engine, &publisher);
         assert_eq!(publish(&engine).tables, 2);
         let ts = engine.begin().unwrap();
         engine.drop_table_at("s.gone", ts).unwrap();

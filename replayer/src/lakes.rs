@@ -66,6 +66,17 @@ pub struct IcebergArgs {
 }
 
 impl IcebergArgs {
+    /// How long the engine keeps lake files no checkpoint names for
+    /// readers of published snapshots: the publication retention when
+    /// publishing, none otherwise (also across a restart: see
+    /// [`fovea_core::EngineConfig::retire_grace`]).
+    pub fn retire_grace(&self) -> std::time::Duration {
+        match self.iceberg {
+            Some(_) => fovea_iceberg::DEFAULT_RETENTION,
+            None => std::time::Duration::ZERO,
+        }
+    }
+
     /// The publisher `--iceberg` asks for, over the lake of `engine`; the
     /// engine then keeps the files combine and storage GC replace for as
     /// long as published metadata may name them
@@ -80,7 +91,7 @@ impl IcebergArgs {
         let publisher =
             iceberg_publisher(lake, Arc::clone(engine.lake().store()), format, self.iceberg_catalog.as_deref())?
                 .with_readers(Arc::clone(engine.clock().store()));
-        engine.set_retire_grace(fovea_iceberg::DEFAULT_RETENTION);
+        engine.set_retire_grace(self.retire_grace());
         Ok(Some(Arc::new(publisher)))
     }
 }

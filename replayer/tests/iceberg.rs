@@ -576,8 +576,9 @@ fn schema_changes_publish_as_iceberg_schema_evolution_and_read_exactly() {
     // The stream grows one transaction at a time, each replay publishing
     // the table after it: every schema change lands in its own snapshot.
     let stream = dir.path().join("changes.jsonl");
-    for upto in 1..=txns.len() {
-        std::fs::write(&stream, debezium_stream(&txns[..upto])).unwrap();
+    // Transactions `txns` as the stream, replayed into the lake.
+    let replay_upto = |txns: &[Vec<(char, i64, Option<String>)>]| {
+        std::fs::write(&stream, debezium_stream(txns)).unwrap();
         ok(fovea()
             .args(["replay", "--lake"])
             .arg(&lake)
@@ -588,6 +589,9 @@ fn schema_changes_publish_as_iceberg_schema_evolution_and_read_exactly() {
             .args(["--iceberg", "v3"])
             .output()
             .unwrap());
+    };
+    for upto in 1..=txns.len() {
+        replay_upto(&txns[..upto]);
         let summaries = assert_iceberg_reads_as_fovea(&lake);
         assert_eq!(summaries.len(), 1);
     }
@@ -613,17 +617,7 @@ fn schema_changes_publish_as_iceberg_schema_evolution_and_read_exactly() {
     // 5 (written before it came back); a file holds "five" under the name,
     // with the dropped field's id: Iceberg readers read NULL there too.
     txns.push(vec![('u', 7, Some(r#""id":7,"n":7,"price":"7.25","note":"seven","memo":"back""#.into()))]);
-    std::fs::write(&stream, debezium_stream(&txns)).unwrap();
-    ok(fovea()
-        .args(["replay", "--lake"])
-        .arg(&lake)
-        .arg("--input")
-        .arg(&stream)
-        .arg("--schema-file")
-        .arg(&schema_file)
-        .args(["--iceberg", "v3"])
-        .output()
-        .unwrap());
+    replay_upto(&txns);
     assert_iceberg_reads_as_fovea(&lake);
     let memo = String::from_utf8_lossy(
         &fovea()

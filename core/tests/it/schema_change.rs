@@ -566,16 +566,7 @@ fn a_dropped_table_is_gone_from_later_snapshots_and_restarts_and_its_name_is_fre
     .unwrap();
     let listed: Vec<String> = checkpoint_reader.reader.tables().iter().map(|t| t.name.clone()).collect();
     assert_eq!(listed, vec!["public.c".to_owned()]);
-    let scanned: Vec<Vec<Value>> = checkpoint_reader
-        .reader
-        .scan("public.c", ScanOptions::default())
-        .unwrap()
-        .collect_batches()
-        .unwrap()
-        .iter()
-        .flat_map(|b| rows_from_batch(b).unwrap())
-        .collect();
-    assert_eq!(scanned, expected);
+    assert_eq!(scanned(checkpoint_reader.reader.as_ref(), "public.c", ScanOptions::default()), expected);
     drop(checkpoint_reader);
     // A restart of the writer: the same.
     drop(lake);

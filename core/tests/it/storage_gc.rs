@@ -305,6 +305,37 @@ fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
     assert_exact(&engine, &oracle, "after recovery");
 }
 
+/// With a retire grace (a replayer that publishes Iceberg snapshots, which
+/// may name files its checkpoint no longer does), recovery retires the
+/// young files it finds unnamed instead of deleting them: they go once the
+/// grace has passed since they were written.
+#[test]
+fn recovery_with_a_retire_grace_keeps_young_unnamed_files_that_long() {
+    let (engine, store, mut oracle) = engine();
+    three_quarters_stale(&engine, &mut oracle);
+    let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
+    let (_, files) = regular_files(&store);
+    let dir = files[0].as_ref().rsplit_once('/').unwrap().0;
+    let young = Path::from(format!("{dir}/{:016x}-{:016x}.parquet", 0xabc, 0xfffff));
+    lake.put(&young, lake.get(&files[0]).unwrap()).unwrap();
+    let manifest = engine.write_checkpoint().unwrap();
+    engine.checkpoint_committed(&manifest);
+    let clock = Arc::clone(engine.clock());
+    drop(engine);
+    let grace = std::time::Duration::from_millis(1500);
+    let engine = Engine::restore_with_grace(Arc::clone(&store), clock, &manifest, true, grace).unwrap();
+    assert!(regular_files(&store).1.contains(&young), "deleted at recovery, within its grace");
+    let manifest = engine.write_checkpoint().unwrap();
+    engine.checkpoint_committed(&manifest);
+    engine.gc().unwrap();
+    assert!(regular_files(&store).1.contains(&young), "deleted by GC within its grace");
+    assert_exact(&engine, &oracle, "after recovery");
+    std::thread::sleep(grace);
+    engine.gc().unwrap();
+    assert!(!regular_files(&store).1.contains(&young), "kept past its grace");
+    assert_exact(&engine, &oracle, "after its grace");
+}
+
 /// A worker running up to four rewrites at once, each in this process.
 #[derive(Debug)]
 struct Parallel(LocalRewrites, std::sync::atomic::AtomicUsize);

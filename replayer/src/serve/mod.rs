@@ -141,7 +141,9 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
         _ => None,
     };
-    let mut config = EngineConfig::default().with_blocks(args.block_rows, args.blocks_per_file);
+    let mut config = EngineConfig::default()
+        .with_blocks(args.block_rows, args.blocks_per_file)
+        .with_retire_grace(args.iceberg.retire_grace());
     if let Some(s) = args.shards {
         config = config.with_shards(s);
     }

@@ -15,7 +15,6 @@ snapshot checkpoint timestamp as pyiceberg read it, the tables DuckDB
 listed, and what a request without the token got.
 """
 
-import glob
 import json
 import os
 import sys
@@ -23,12 +22,9 @@ import time
 import urllib.error
 import urllib.request
 
-import duckdb
-import duckdb_extension_avro
-import duckdb_extension_httpfs
-import duckdb_extension_iceberg
 import pyarrow.parquet as pq
 from pyiceberg.catalog.rest import RestCatalog
+from read_tables import duckdb_connection
 
 
 def tables(catalog):
@@ -72,19 +68,7 @@ def read_with_duckdb(uri, token, out):
     """Every table of the catalog at `uri` as DuckDB reads it after
     attaching it, written to `out`; returns their names."""
     os.makedirs(out)
-    con = duckdb.connect(
-        config={
-            "allow_unsigned_extensions": "true",
-            "autoinstall_known_extensions": "false",
-            "autoload_known_extensions": "false",
-        }
-    )
-    # From PyPI (no network at test time), as read_tables.py loads them.
-    for module in (duckdb_extension_avro, duckdb_extension_httpfs, duckdb_extension_iceberg):
-        found = glob.glob(os.path.join(os.path.dirname(module.__file__), "extensions", "*", "*.duckdb_extension"))
-        if not found:
-            sys.exit(f"no .duckdb_extension file in {module.__name__}")
-        con.execute(f"LOAD '{found[0]}'")
+    con = duckdb_connection()
     con.execute(f"CREATE SECRET fovea (TYPE iceberg, TOKEN '{token}')")
     con.execute(f"ATTACH 'pinned' AS lake (TYPE iceberg, SECRET fovea, ENDPOINT '{uri}')")
     names = []
