@@ -1110,16 +1110,6 @@ impl Engine {
                 if named.contains(path.as_ref()) {
                     continue;
                 }
-                let age = std::time::Duration::from_millis(
-                    u64::try_from(now_ms - meta.last_modified.timestamp_millis()).unwrap_or_default(),
-                );
-                if prefix == TABLES_PREFIX && restored.is_some() && age < grace {
-                    // (Its epoch is checked below as for any other.)
-                    if crate::lake::writer_epoch(&path).is_some_and(|e| epoch == 0 || e < epoch) {
-                        young.push((path, age));
-                        continue;
-                    }
-                }
                 match crate::lake::writer_epoch(&path) {
                     // (Epoch 0: no lease, an engine of its own; nothing to tell apart.)
                     Some(e) if epoch > 0 && e >= epoch => {
@@ -1129,7 +1119,16 @@ impl Engine {
                              was deleted. Help: use the state the lake was last written with"
                         )));
                     }
-                    Some(_) => litter.push(path),
+                    Some(_) => {
+                        let age = std::time::Duration::from_millis(
+                            u64::try_from(now_ms - meta.last_modified.timestamp_millis()).unwrap_or_default(),
+                        );
+                        if prefix == TABLES_PREFIX && restored.is_some() && age < grace {
+                            young.push((path, age));
+                        } else {
+                            litter.push(path);
+                        }
+                    }
                     None => tracing::warn!("{path} is not an object fovea names: recovery leaves it alone"),
                 }
             }

@@ -821,6 +821,14 @@ pub(crate) fn project_stored(
         })?),
         Err(_) => None,
     };
+    // The rows' create_ts range, from the batch where it holds them (once,
+    // and only if a projected column was added to the table).
+    let bounds = match create_ts {
+        Some(ts) if columns.iter().any(|&c| table.column_since(c) != Ts::ZERO) => {
+            (Ts(arrow::compute::min(ts).unwrap_or(0) as u64), Ts(arrow::compute::max(ts).unwrap_or(0) as u64))
+        }
+        _ => bounds,
+    };
     let how = crate::schema::StoredColumns::of(&stored);
     for &c in columns {
         // As the table declares it (without the field id files carry).
@@ -866,22 +874,18 @@ pub(crate) fn project_stored(
 /// column `column`, are of that column: NULL in the row versions created
 /// before the transaction that added it (`None`: all of them), the stored
 /// values in the others. The rows' create_ts are `create_ts` where the
-/// batch has them, else within `bounds`.
+/// batch has them, and within `(min, max)`.
 fn added_since(
     table: &TableDef,
     column: usize,
     stored: &arrow::array::ArrayRef,
     create_ts: Option<&Int64Array>,
-    bounds: (Ts, Ts),
+    (min, max): (Ts, Ts),
 ) -> Result<Option<arrow::array::ArrayRef>> {
     let since = table.column_since(column);
     if since == Ts::ZERO {
         return Ok(Some(Arc::clone(stored)));
     }
-    let (min, max) = match create_ts {
-        Some(ts) => (Ts(arrow::compute::min(ts).unwrap_or(0) as u64), Ts(arrow::compute::max(ts).unwrap_or(0) as u64)),
-        None => bounds,
-    };
     if max < since {
         return Ok(None);
     }

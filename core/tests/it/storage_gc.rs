@@ -284,6 +284,18 @@ fn a_rewrite_that_dies_at_any_phase_changes_nothing_and_leaves_no_object() {
     }
 }
 
+/// Writes, beside the first regular file, a copy of it under a name of
+/// fovea's that nothing names (a file id and round of an earlier epoch):
+/// what a rewrite that finished after the replayer gave up leaves.
+fn put_stray_file(store: &Arc<dyn ObjectStore>) -> Path {
+    let lake = fovea_core::lake::Lake::new(Arc::clone(store));
+    let (_, files) = regular_files(store);
+    let dir = files[0].as_ref().rsplit_once('/').unwrap().0;
+    let stray = Path::from(format!("{dir}/{:016x}-{:016x}.parquet", 0xabc, 0xfffff));
+    lake.put(&stray, lake.get(&files[0]).unwrap()).unwrap();
+    stray
+}
+
 #[test]
 fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
     let (engine, store, mut oracle) = engine();
@@ -291,11 +303,7 @@ fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
     // A timed-out invocation that finishes after the replayer gave up:
     // its output (named by a round nothing names) appears after the
     // clean-up.
-    let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
-    let (_, files) = regular_files(&store);
-    let dir = files[0].as_ref().rsplit_once('/').unwrap().0;
-    let stray = Path::from(format!("{dir}/{:016x}-{:016x}.parquet", 0xabc, 0xfffff));
-    lake.put(&stray, lake.get(&files[0]).unwrap()).unwrap();
+    let stray = put_stray_file(&store);
     assert_exact(&engine, &oracle, "beside a stray object");
     let manifest = engine.write_checkpoint().unwrap();
     let clock = Arc::clone(engine.clock());
@@ -313,11 +321,7 @@ fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
 fn recovery_with_a_retire_grace_keeps_young_unnamed_files_that_long() {
     let (engine, store, mut oracle) = engine();
     three_quarters_stale(&engine, &mut oracle);
-    let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
-    let (_, files) = regular_files(&store);
-    let dir = files[0].as_ref().rsplit_once('/').unwrap().0;
-    let young = Path::from(format!("{dir}/{:016x}-{:016x}.parquet", 0xabc, 0xfffff));
-    lake.put(&young, lake.get(&files[0]).unwrap()).unwrap();
+    let young = put_stray_file(&store);
     let manifest = engine.write_checkpoint().unwrap();
     engine.checkpoint_committed(&manifest);
     let clock = Arc::clone(engine.clock());
