@@ -790,12 +790,7 @@ fn write_part(
                                 break;
                             }
                             let (min_ts, max_ts) = crate::lake::ts_range(create_ts_column(&cut)?);
-                            let p = Path::from(format!(
-                                "tables/{}/blocks/{:016x}-{index:05}-c{}.parquet",
-                                part.table.0,
-                                f.id.0,
-                                c.get()
-                            ));
+                            let p = crate::lake::checkpoint_block_path(part.table, f.id, index, c.get());
                             lake.put(&p, encode_block(std::slice::from_ref(&cut), cut.num_rows())?)?;
                             (p, cut.num_rows(), min_ts, max_ts)
                         }

@@ -59,6 +59,22 @@ pub fn block_path(table: TableId, file: FileId, block: u32, writer: u64) -> Path
     Path::from(format!("tables/{}/blocks/{:016x}-{block:05}-e{writer}.parquet", table.0, file.0))
 }
 
+/// Path of the rows of block `block` of virtual file `file` a checkpoint at
+/// `checkpoint` holds that no flushed block does yet (the open block, or
+/// the prefix of a block up to the checkpoint): written for that
+/// checkpoint alone, so the next checkpoint names another object.
+pub fn checkpoint_block_path(table: TableId, file: FileId, block: u32, checkpoint: u64) -> Path {
+    Path::from(format!("tables/{}/blocks/{:016x}-{block:05}-c{checkpoint}.parquet", table.0, file.0))
+}
+
+/// Whether `path` (an object path or a URI ending in one) names a
+/// [`checkpoint_block_path`].
+pub fn is_checkpoint_block(path: &str) -> bool {
+    path.strip_suffix(".parquet")
+        .and_then(|p| p.rsplit_once("-c"))
+        .is_some_and(|(head, ts)| head.contains("/blocks/") && !ts.is_empty() && ts.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Path of a regular file.
 pub fn file_path(table: TableId, file: FileId) -> Path {
     Path::from(format!("tables/{}/files/{:016x}.parquet", table.0, file.0))
@@ -754,6 +770,24 @@ mod tests {
     use super::*;
     use crate::metered::{MeteredStore, StoreMeter};
     use object_store::memory::InMemory;
+
+    #[test]
+    fn checkpoint_blocks_are_told_from_flushed_blocks_and_files_by_name() {
+        let (t, f) = (TableId(3), FileId(0x2a));
+        let c = checkpoint_block_path(t, f, 7, 1234);
+        assert!(is_checkpoint_block(c.as_ref()));
+        assert!(is_checkpoint_block(&format!("s3://bucket/lake/{c}")));
+        for other in [
+            block_path(t, f, 7, 3).to_string(),
+            file_path(t, f).to_string(),
+            combined_path(t, f, FileId(9)).to_string(),
+            "tables/3/files/x-c12.parquet".into(),
+            "tables/3/blocks/000000000000002a-00007-c.parquet".into(),
+            "tables/3/blocks/000000000000002a-00007-c12x.parquet".into(),
+        ] {
+            assert!(!is_checkpoint_block(&other), "{other}");
+        }
+    }
 
     #[test]
     fn writer_epochs_come_from_the_names_fovea_gives() {

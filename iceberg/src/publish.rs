@@ -12,11 +12,17 @@
 //!              ─▶ metadata/version-hint.text = N+1
 //! ```
 //!
-//! Incremental: a data file or delete file of the snapshot before keeps its
-//! manifest entry (`EXISTING`, its snapshot and sequence numbers); new ones
-//! are `ADDED`; gone ones (blocks combined into a regular file, files storage
-//! GC rewrote, delete files replaced) are `DELETED`. A delete file's name is
-//! a hash of its data file and positions, so an unchanged set of deletes is
+//! Incremental: a manifest of the snapshot before whose files are all still
+//! in this one is listed again as it is (at most 16 of each content; past
+//! that the smaller half is folded into the new manifest); one new manifest
+//! of each content lists the rest — new files `ADDED`, files of manifests
+//! not carried `EXISTING` (their snapshot and sequence numbers kept) —
+//! and the blocks a checkpoint wrote for itself alone (replaced at the next
+//! one) are in a manifest of their own with the files this snapshot
+//! removes, `DELETED` (blocks combined into a regular file, files storage
+//! GC rewrote, delete files replaced). So a checkpoint writes manifests
+//! for what changed, not for the whole table. A delete file's name is a
+//! hash of its data file and positions, so an unchanged set of deletes is
 //! the same file.
 //!
 //! Readers only ever follow metadata files: everything a snapshot names is
@@ -75,6 +81,10 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(600);
 
 /// Publications [`Publisher::view_at`] answers at most.
 pub const RECENT_VIEWS_KEPT: usize = 256;
+
+/// Manifests of each content a snapshot carries unchanged from the one
+/// before, at most (see `carried_manifests`).
+const MANIFESTS_CARRIED: usize = 16;
 
 /// Earlier metadata files the metadata log lists.
 const METADATA_LOG_KEPT: usize = 10;
@@ -204,11 +214,30 @@ struct TableCache {
     version: u64,
     metadata: TableMetadata,
     json: Arc<str>,
-    /// Live entries of the current snapshot, by path.
-    data: HashMap<String, Entry>,
-    deletes: HashMap<String, Entry>,
+    /// The current snapshot's files and manifests.
+    live: LiveFiles,
     /// When objects no kept snapshot names were last looked for.
     cleaned_at: Option<Instant>,
+}
+
+/// The files of a snapshot as its manifests list them (removed ones left
+/// out), and the manifests.
+#[derive(Debug, Default, PartialEq)]
+struct LiveFiles {
+    /// Data files by path.
+    data: HashMap<String, Entry>,
+    /// Delete files by path.
+    deletes: HashMap<String, Entry>,
+    /// Every manifest of the snapshot, in manifest list order.
+    manifests: Vec<LiveManifest>,
+}
+
+/// A manifest of a snapshot and the files it lists as live: the next
+/// snapshot lists it again as it is while all of them still are.
+#[derive(Clone, Debug, PartialEq)]
+struct LiveManifest {
+    file: ManifestFile,
+    paths: Vec<String>,
 }
 
 impl Publisher {
@@ -436,11 +465,12 @@ impl Publisher {
             table.def(id).map_err(|e| PublishError::Corrupt { what: table.name.clone(), reason: e.to_string() })?;
         // The snapshot before: its live entries by path.
         let cleaned_at = cached.as_ref().and_then(|t| t.cleaned_at);
-        let (prev_data, prev_deletes) = match (cached, &prev_snapshot) {
-            (Some(t), _) => (t.data, t.deletes),
-            (None, Some(s)) => self.live_entries(s)?,
-            (None, None) => Default::default(),
-        };
+        let LiveFiles { data: prev_data, deletes: prev_deletes, manifests: prev_manifests } =
+            match (cached, &prev_snapshot) {
+                (Some(t), _) => t.live,
+                (None, Some(s)) => self.live_entries(s)?,
+                (None, None) => LiveFiles::default(),
+            };
 
         // Files new to the table: their sizes and the columns they hold
         // from their footers (a column added and dropped again between
@@ -482,10 +512,11 @@ impl Publisher {
         let mut delete_bytes_written = 0u64;
         let mut live_deletes = HashSet::new();
         let mut live_data = HashSet::new();
+        let mut checkpoint_blocks = HashSet::new();
         for file in files {
             let uri = self.uri(&file.path);
             let entry = match prev_data.get(&uri) {
-                Some(e) => Entry { status: Status::Existing, ..e.clone() },
+                Some(e) => e.clone(),
                 None => {
                     let size = new_sizes[&uri];
                     added(DataFile {
@@ -501,6 +532,9 @@ impl Publisher {
                     })
                 }
             };
+            if fovea_core::lake::is_checkpoint_block(file.path.as_ref()) {
+                checkpoint_blocks.insert(uri.clone());
+            }
             data_entries.push(entry);
             live_data.insert(uri.clone());
             let positions = self.positions(&file, c, used)?;
@@ -515,7 +549,7 @@ impl Publisher {
             let delete_uri = self.uri(&Path::from(name.as_str()));
             live_deletes.insert(delete_uri.clone());
             match prev_deletes.get(&delete_uri) {
-                Some(e) => delete_entries.push(Entry { status: Status::Existing, ..e.clone() }),
+                Some(e) => delete_entries.push(e.clone()),
                 None => {
                     // Format 3 forbids new position delete files: a
                     // deletion vector (which replaces any delete file of
@@ -558,13 +592,6 @@ impl Publisher {
         };
         let mut removed_data = gone(prev_data, &live_data);
         let removed_deletes = gone(prev_deletes, &live_deletes);
-        let lineage = (self.format >= FormatVersion::V3).then(|| {
-            row_lineage(
-                previous.as_ref().and_then(|(_, m)| m.next_row_id).unwrap_or(0),
-                &mut data_entries,
-                &mut removed_data,
-            )
-        });
         let operation = if table.dropped {
             "delete"
         } else if removed_data.is_empty() && removed_deletes.is_empty() && delete_files_written == 0 {
@@ -581,75 +608,142 @@ impl Publisher {
         if table.dropped {
             summary.insert(DROPPED_PROPERTY.to_owned(), "true".to_owned());
         }
-        let count = |entries: &[Entry], status: Status| entries.iter().filter(|e| e.status == status).count();
-        let rows = |entries: &[Entry], status: Option<Status>| -> i64 {
-            entries.iter().filter(|e| status.is_none_or(|s| e.status == s)).map(|e| e.file.record_count).sum()
-        };
-        let (live_data_count, live_delete_count) = (data_entries.len(), delete_entries.len());
-        summary.insert("added-data-files".into(), count(&data_entries, Status::Added).to_string());
-        summary.insert("added-records".into(), rows(&data_entries, Some(Status::Added)).to_string());
+        // Entries of the snapshot before keep their status (a manifest
+        // listed again as it is says what it said); the ones added now
+        // are this snapshot's.
+        let added_now = |e: &&Entry| e.status == Status::Added && e.snapshot_id == snapshot_id;
+        let rows = |entries: &mut dyn Iterator<Item = &Entry>| -> i64 { entries.map(|e| e.file.record_count).sum() };
+        summary.insert("added-data-files".into(), data_entries.iter().filter(added_now).count().to_string());
+        summary.insert("added-records".into(), rows(&mut data_entries.iter().filter(added_now)).to_string());
         summary.insert("deleted-data-files".into(), removed_data.len().to_string());
-        summary.insert("added-delete-files".into(), count(&delete_entries, Status::Added).to_string());
-        summary.insert("added-position-deletes".into(), rows(&delete_entries, Some(Status::Added)).to_string());
+        summary.insert("added-delete-files".into(), delete_entries.iter().filter(added_now).count().to_string());
+        summary.insert("added-position-deletes".into(), rows(&mut delete_entries.iter().filter(added_now)).to_string());
         summary.insert("removed-delete-files".into(), removed_deletes.len().to_string());
         summary.insert("total-data-files".into(), data_entries.len().to_string());
         summary.insert("total-delete-files".into(), delete_entries.len().to_string());
-        summary.insert("total-records".into(), rows(&data_entries, None).to_string());
-        summary.insert("total-position-deletes".into(), rows(&delete_entries, None).to_string());
+        summary.insert("total-records".into(), rows(&mut data_entries.iter()).to_string());
+        summary.insert("total-position-deletes".into(), rows(&mut delete_entries.iter()).to_string());
         summary.insert("total-equality-deletes".into(), "0".into());
         summary.insert("total-files-size".into(), {
             let bytes: i64 = data_entries.iter().chain(&delete_entries).map(|e| e.file.size).sum();
             bytes.to_string()
         });
-        data_entries.extend(removed_data);
-        delete_entries.extend(removed_deletes);
 
-        // Manifests, the manifest list, the metadata file.
+        // The manifests of the snapshot before whose files are all still
+        // live are listed again as they are; one new manifest per content
+        // lists the rest: added files, files of the manifests not carried
+        // (as existing), and removed files. A table upgraded to another
+        // format gets all its manifests written again.
+        let carry = previous.as_ref().is_some_and(|(_, m)| m.format_version == self.format.number());
+        let (carried_data, carried_deletes) = if carry {
+            (
+                carried_manifests(&prev_manifests, Content::Data, &live_data),
+                carried_manifests(&prev_manifests, Content::PositionDeletes, &live_deletes),
+            )
+        } else {
+            Default::default()
+        };
+        let (carried_data_entries, mut new_data_entries) = split_carried(data_entries, &carried_data, snapshot_id);
+        let (carried_delete_entries, mut new_delete_entries) =
+            split_carried(delete_entries, &carried_deletes, snapshot_id);
+        let lineage = (self.format >= FormatVersion::V3).then(|| {
+            row_lineage(
+                previous.as_ref().and_then(|(_, m)| m.next_row_id).unwrap_or(0),
+                &mut new_data_entries,
+                &mut removed_data,
+            )
+        });
+        // Blocks a checkpoint wrote for itself alone are replaced at the
+        // next one: a manifest of their own, so the one of settled files
+        // is carried.
+        // The files this snapshot removes are listed there too (a manifest
+        // no later snapshot lists).
+        let (mut tail_entries, settled_entries): (Vec<Entry>, Vec<Entry>) =
+            new_data_entries.into_iter().partition(|e| checkpoint_blocks.contains(&e.file.path));
+        let (settled_live, tail_live) = (settled_entries.len(), tail_entries.len());
+        tail_entries.extend(removed_data);
+        let deletes_live = new_delete_entries.len();
+        new_delete_entries.extend(removed_deletes);
+
+        // The new manifests, the manifest list, the metadata file.
         let version = previous.as_ref().map_or(0, |(v, _)| *v) + 1;
         let schema_json = schema.to_json();
         let format = self.format.number();
-        let mut manifests = Vec::new();
-        for (content, entries, suffix) in
-            [(Content::Data, &data_entries, "data"), (Content::PositionDeletes, &delete_entries, "deletes")]
-        {
-            if entries.is_empty() {
-                continue;
-            }
-            let header = ManifestHeader {
-                schema_json: &schema_json,
-                schema_id: schema.schema_id,
-                format_version: format,
-                content,
-            };
-            let bytes = write_manifest(&header, entries)?;
-            let path = format!("{meta_dir}/{snapshot_id}-v{version}-{suffix}.avro");
-            let length = bytes.len() as i64;
-            self.lake.put(&Path::from(path.as_str()), Bytes::from(bytes))?;
-            let live = |s: Status| entries.iter().filter(move |e| e.status == s);
-            manifests.push(ManifestFile {
-                path: self.uri(&Path::from(path.as_str())),
-                length,
-                content,
-                sequence_number,
-                min_sequence_number: entries
-                    .iter()
-                    .filter(|e| e.status != Status::Deleted)
-                    .map(|e| e.sequence_number)
-                    .min()
-                    .unwrap_or(sequence_number),
-                added_snapshot_id: snapshot_id,
-                added_files: live(Status::Added).count() as i32,
-                existing_files: live(Status::Existing).count() as i32,
-                deleted_files: live(Status::Deleted).count() as i32,
-                added_rows: live(Status::Added).map(|e| e.file.record_count).sum(),
-                existing_rows: live(Status::Existing).map(|e| e.file.record_count).sum(),
-                deleted_rows: live(Status::Deleted).map(|e| e.file.record_count).sum(),
+        let mut manifests: Vec<LiveManifest> = Vec::new();
+        let mut manifest_bytes_written = 0u64;
+        // What the next publication starts from: the live files of this
+        // snapshot as a reader of its manifests has them (added data files
+        // with the row ids they inherit).
+        let mut live = LiveFiles::default();
+        let mut next_row_id = lineage.map(|l| l.manifest_first_row_id);
+        for (content, mut entries, live_count, carried, suffix) in [
+            (Content::Data, settled_entries, settled_live, carried_data, "data"),
+            (Content::Data, tail_entries, tail_live, Vec::new(), "tail"),
+            (Content::PositionDeletes, new_delete_entries, deletes_live, carried_deletes, "deletes"),
+        ] {
+            if !entries.is_empty() {
+                let header = ManifestHeader {
+                    schema_json: &schema_json,
+                    schema_id: schema.schema_id,
+                    format_version: format,
+                    content,
+                };
+                let bytes = write_manifest(&header, &entries)?;
+                let path = format!("{meta_dir}/{snapshot_id}-v{version}-{suffix}.avro");
+                let length = bytes.len() as i64;
+                self.lake.put(&Path::from(path.as_str()), Bytes::from(bytes))?;
+                manifest_bytes_written += length as u64;
+                let live_of = |s: Status| entries.iter().filter(move |e| e.status == s);
+                let added_rows: i64 = live_of(Status::Added).map(|e| e.file.record_count).sum();
                 // Format 3: the data files it adds get their row ids from here.
-                first_row_id: lineage.filter(|_| content == Content::Data).map(|l| l.manifest_first_row_id),
-            });
+                let first_row_id = match (content, next_row_id.as_mut()) {
+                    (Content::Data, Some(next)) => {
+                        let first = *next;
+                        *next += added_rows;
+                        Some(first)
+                    }
+                    _ => None,
+                };
+                let file = ManifestFile {
+                    path: self.uri(&Path::from(path.as_str())),
+                    length,
+                    content,
+                    sequence_number,
+                    min_sequence_number: entries
+                        .iter()
+                        .filter(|e| e.status != Status::Deleted)
+                        .map(|e| e.sequence_number)
+                        .min()
+                        .unwrap_or(sequence_number),
+                    added_snapshot_id: snapshot_id,
+                    added_files: live_of(Status::Added).count() as i32,
+                    existing_files: live_of(Status::Existing).count() as i32,
+                    deleted_files: live_of(Status::Deleted).count() as i32,
+                    added_rows,
+                    existing_rows: live_of(Status::Existing).map(|e| e.file.record_count).sum(),
+                    deleted_rows: live_of(Status::Deleted).map(|e| e.file.record_count).sum(),
+                    first_row_id,
+                };
+                entries.truncate(live_count);
+                if let Some(first) = first_row_id {
+                    inherit_row_ids(first, &mut entries);
+                }
+                let paths = entries.iter().map(|e| e.file.path.clone()).collect();
+                manifests.push(LiveManifest { file, paths });
+                let into = match content {
+                    Content::Data => &mut live.data,
+                    Content::PositionDeletes => &mut live.deletes,
+                };
+                into.extend(entries.into_iter().map(|e| (e.file.path.clone(), e)));
+            }
+            manifests.extend(carried);
         }
+        let by_path = |entries: Vec<Entry>| entries.into_iter().map(|e| (e.file.path.clone(), e));
+        live.data.extend(by_path(carried_data_entries));
+        live.deletes.extend(by_path(carried_delete_entries));
         let parent = prev_snapshot.as_ref().map(|s| s.snapshot_id);
-        let list = write_manifest_list(format, snapshot_id, parent, sequence_number, &manifests)?;
+        let listed: Vec<ManifestFile> = manifests.iter().map(|m| m.file.clone()).collect();
+        let list = write_manifest_list(format, snapshot_id, parent, sequence_number, &listed)?;
         let list_bytes = list.len() as u64;
         let list_path = format!("{meta_dir}/snap-{snapshot_id}-v{version}.avro");
         self.lake.put(&Path::from(list_path.as_str()), Bytes::from(list))?;
@@ -743,7 +837,7 @@ impl Publisher {
         // Objects no kept snapshot names any more.
         let list_uri = self.uri(&Path::from(list_path.as_str()));
         let mut this_snapshot = vec![list_path];
-        this_snapshot.extend(manifests.iter().filter_map(|m| self.object_of(&m.path)));
+        this_snapshot.extend(manifests.iter().filter_map(|m| self.object_of(&m.file.path)));
         this_snapshot.extend(live_deletes.iter().filter_map(|d| self.object_of(d)));
         self.snapshot_objects.lock().expect("not poisoned").insert(list_uri.clone(), Arc::new(this_snapshot));
         let mut named: HashSet<String> = HashSet::new();
@@ -762,40 +856,29 @@ impl Publisher {
             metadata_location: self.uri(&metadata_path(&meta_dir, version)),
             metadata: Arc::clone(&json),
         };
-        // What the next publication starts from: the live files of this
-        // snapshot as a reader of its manifests has them (added data files
-        // with the row ids they inherit).
-        data_entries.truncate(live_data_count);
-        delete_entries.truncate(live_delete_count);
-        if let Some(l) = lineage {
-            inherit_row_ids(l.manifest_first_row_id, &mut data_entries);
-        }
-        let data = data_entries.into_iter().map(|e| (e.file.path.clone(), e)).collect();
-        let deletes = delete_entries.into_iter().map(|e| (e.file.path.clone(), e)).collect();
-        self.tables
-            .lock()
-            .expect("not poisoned")
-            .insert(dir, TableCache { version, metadata, json, data, deletes, cleaned_at });
-        let bytes_written =
-            delete_bytes_written + manifests.iter().map(|m| m.length as u64).sum::<u64>() + list_bytes + metadata_bytes;
+        live.manifests = manifests;
+        self.tables.lock().expect("not poisoned").insert(dir, TableCache { version, metadata, json, live, cleaned_at });
+        let bytes_written = delete_bytes_written + manifest_bytes_written + list_bytes + metadata_bytes;
         Ok(TableOutcome::Published { delete_files_written, bytes_written, objects_deleted, current })
     }
 
-    /// The data and delete files of snapshot `s`, by path, as its manifests
-    /// list them (removed ones left out).
-    fn live_entries(&self, s: &Snapshot) -> Result<(HashMap<String, Entry>, HashMap<String, Entry>)> {
-        let (mut data, mut deletes) = (HashMap::new(), HashMap::new());
+    /// The files and manifests of snapshot `s` as the store has them.
+    fn live_entries(&self, s: &Snapshot) -> Result<LiveFiles> {
+        let mut live = LiveFiles::default();
         let list = self.get_uri(&s.manifest_list)?;
         for m in read_manifest_list(&s.manifest_list, &list)? {
             let bytes = self.get_uri(&m.path)?;
+            let mut paths = Vec::new();
             for e in read_manifest(&m, &bytes)?.into_iter().filter(|e| e.status != Status::Deleted) {
+                paths.push(e.file.path.clone());
                 match e.file.content {
-                    Content::Data => data.insert(e.file.path.clone(), e),
-                    Content::PositionDeletes => deletes.insert(e.file.path.clone(), e),
+                    Content::Data => live.data.insert(e.file.path.clone(), e),
+                    Content::PositionDeletes => live.deletes.insert(e.file.path.clone(), e),
                 };
             }
+            live.manifests.push(LiveManifest { file: m, paths });
         }
-        Ok((data, deletes))
+        Ok(live)
     }
 
     /// The objects under the lake's root snapshot `s` names besides data
@@ -1108,6 +1191,39 @@ fn expire_snapshots(m: &mut TableMetadata, cutoff: i64, held: Option<u64>) {
     m.snapshot_log.retain(|e| kept.contains(&e.snapshot_id));
 }
 
+/// The manifests of `content` of the snapshot before that the next one
+/// lists again as they are: those whose files are all `live` (and that
+/// list a live file: one of only removed files is its snapshot's), at most
+/// [`MANIFESTS_CARRIED`] — past that, only the half with the most files
+/// (the others' files go into the new manifest), so a reader opens few
+/// manifests and a file is written into a new one about log(n) times.
+fn carried_manifests(prev: &[LiveManifest], content: Content, live: &HashSet<String>) -> Vec<LiveManifest> {
+    let mut carried: Vec<&LiveManifest> = prev
+        .iter()
+        .filter(|m| m.file.content == content && !m.paths.is_empty() && m.paths.iter().all(|p| live.contains(p)))
+        .collect();
+    if carried.len() > MANIFESTS_CARRIED {
+        let mut by_size: Vec<usize> = (0..carried.len()).collect();
+        by_size.sort_by_key(|&i| std::cmp::Reverse(carried[i].paths.len()));
+        let kept: HashSet<usize> = by_size.into_iter().take(MANIFESTS_CARRIED / 2).collect();
+        carried = carried.into_iter().enumerate().filter(|(i, _)| kept.contains(i)).map(|(_, m)| m).collect();
+    }
+    carried.into_iter().cloned().collect()
+}
+
+/// Splits a snapshot's live `entries` into those the `carried` manifests
+/// list and the rest, which the new manifest lists (as existing, where
+/// they were in the snapshot before).
+fn split_carried(entries: Vec<Entry>, carried: &[LiveManifest], snapshot_id: i64) -> (Vec<Entry>, Vec<Entry>) {
+    let listed: HashSet<&str> = carried.iter().flat_map(|m| m.paths.iter().map(String::as_str)).collect();
+    let (carried, mut listed_again): (Vec<Entry>, Vec<Entry>) =
+        entries.into_iter().partition(|e| listed.contains(e.file.path.as_str()));
+    for e in listed_again.iter_mut().filter(|e| e.snapshot_id != snapshot_id) {
+        e.status = Status::Existing;
+    }
+    (carried, listed_again)
+}
+
 /// Format 3 row ids of one snapshot.
 #[derive(Clone, Copy, Debug)]
 struct RowLineage {
@@ -1235,9 +1351,20 @@ mod tests {
 
     /// The live entries of a table's current snapshot as its manifests in
     /// the store have them (what a fresh publisher starts from).
-    fn entries_in_store(p: &Publisher, table: &str) -> (HashMap<String, Entry>, HashMap<String, Entry>) {
+    fn entries_in_store(p: &Publisher, table: &str) -> LiveFiles {
         let (_, m) = p.current_metadata(&format!("{}/metadata", table_dir(table))).unwrap().unwrap();
         p.live_entries(m.current_snapshot().unwrap()).unwrap()
+    }
+
+    /// Whether what `p` remembers of `table` is what its manifests say.
+    fn assert_cache_is_store(p: &Publisher, table: &str, case: &str) -> LiveFiles {
+        let live = entries_in_store(p, table);
+        let tables = p.tables.lock().unwrap();
+        let cached = &tables.get(&table_dir(table)).unwrap().live;
+        assert_eq!(cached.data, live.data, "{case}");
+        assert_eq!(cached.deletes, live.deletes, "{case}");
+        assert_eq!(cached.manifests, live.manifests, "{case}");
+        live
     }
 
     #[test]
@@ -1274,15 +1401,88 @@ mod tests {
                 }
                 let published = publish_checkpoint(&engine, &publisher);
                 assert!(published.refused.is_empty(), "{:?}", published.refused);
-                let (data, deletes) = entries_in_store(&publisher, "s.t");
-                let tables = publisher.tables.lock().unwrap();
-                let cached = tables.get(&table_dir("s.t")).unwrap();
-                assert_eq!(cached.data, data, "{format:?}, round {round}");
-                assert_eq!(cached.deletes, deletes, "{format:?}, round {round}");
+                let live = assert_cache_is_store(&publisher, "s.t", &format!("{format:?}, round {round}"));
                 if format == FormatVersion::V3 {
-                    assert!(data.values().all(|e| e.file.first_row_id.is_some()));
+                    assert!(live.data.values().all(|e| e.file.first_row_id.is_some()));
                 }
             }
+        }
+    }
+
+    /// A snapshot lists the manifests of the one before whose files are
+    /// all still live as they are, writes one new manifest per content for
+    /// the rest, and never lists more than the carried bound plus that
+    /// one; the files they list are the table's rows at every checkpoint.
+    #[test]
+    fn unchanged_manifests_are_listed_again_and_their_number_stays_bounded() {
+        use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+        use fovea_core::{Engine, EngineConfig, Op, Value};
+        for format in [FormatVersion::V2, FormatVersion::V3] {
+            let dir = tempfile::tempdir().unwrap();
+            // Blocks of 8 rows: some are flushed in every round or two,
+            // the rest is written by each checkpoint for itself.
+            let config = EngineConfig { block_rows: 8, blocks_per_file: 4, ..EngineConfig::default() };
+            let engine = Engine::open_dir(dir.path(), config).unwrap();
+            let schema = Arc::new(ArrowSchema::new(vec![Field::new("id", DataType::Int64, false)]));
+            let t = engine.create_table("s.t", schema, vec![0]).unwrap();
+            let root = format!("file://{}", dir.path().canonicalize().unwrap().display());
+            let publisher = Publisher::new(Arc::clone(engine.lake().store()), &root, format);
+            let mut rows = 0i64;
+            let mut previous: Option<LiveFiles> = None;
+            let (mut folded, mut tails) = (false, false);
+            for round in 0..3 * MANIFESTS_CARRIED as i64 {
+                let case = format!("{format:?}, round {round}");
+                let mut ops: Vec<Op> =
+                    (0..10).map(|k| Op::Insert { table: t.id, row: vec![Value::Int(round * 10 + k)] }).collect();
+                rows += 10;
+                // Now and then a row of an early file goes: that file's
+                // deletes change, its data manifest does not.
+                let deletes = round % 5 == 4;
+                if deletes {
+                    ops.push(Op::Delete { table: t.id, key: vec![Value::Int(round / 5)] });
+                    rows -= 1;
+                }
+                engine.apply(ops).unwrap();
+                engine.flush().unwrap();
+                let published = publish_checkpoint(&engine, &publisher);
+                assert!(published.refused.is_empty(), "{case}: {:?}", published.refused);
+                let live = assert_cache_is_store(&publisher, "s.t", &case);
+                let of = |live: &LiveFiles, content: Content| -> Vec<ManifestFile> {
+                    live.manifests.iter().filter(|m| m.file.content == content).map(|m| m.file.clone()).collect()
+                };
+                // The carried ones, and the new one (data: and the tail's).
+                for (content, new) in [(Content::Data, 2), (Content::PositionDeletes, 1)] {
+                    assert!(of(&live, content).len() <= MANIFESTS_CARRIED + new, "{case}: {:?}", live.manifests);
+                }
+                // The rows its files hold less the deleted ones: the table's.
+                let count = |m: &HashMap<String, Entry>| m.values().map(|e| e.file.record_count).sum::<i64>();
+                assert_eq!(count(&live.data) - count(&live.deletes), rows, "{case}");
+                // The manifests of flushed blocks (the checkpoint's own
+                // blocks, and the files a snapshot removes, are in one of
+                // their own that no later snapshot lists).
+                let settled = |live: &LiveFiles| -> Vec<ManifestFile> {
+                    let all = of(live, Content::Data);
+                    all.into_iter().filter(|m| !m.path.ends_with("-tail.avro")).collect()
+                };
+                tails |= live.data.keys().any(|p| fovea_core::lake::is_checkpoint_block(p));
+                if let Some(before) = &previous {
+                    let (now, then) = (settled(&live), settled(before));
+                    if then.len() <= MANIFESTS_CARRIED {
+                        // No flushed block went: every manifest of them is
+                        // listed again, and a new one lists only blocks
+                        // flushed since.
+                        assert!(then.iter().all(|m| now.contains(m)), "{case}: {then:?} {now:?}");
+                        let new: Vec<&ManifestFile> = now.iter().filter(|m| !then.contains(m)).collect();
+                        assert!(new.len() <= 1, "{case}");
+                        assert!(new.iter().all(|m| (m.existing_files, m.deleted_files) == (0, 0)), "{case}");
+                    } else {
+                        folded = true;
+                        assert!(now.len() <= MANIFESTS_CARRIED / 2 + 1, "{case}: {now:?}");
+                    }
+                }
+                previous = Some(live);
+            }
+            assert!(folded && tails, "{format:?}: manifests were never folded ({folded}), or no tail ({tails})");
         }
     }
 

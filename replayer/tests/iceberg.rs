@@ -237,6 +237,7 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
         summaries.iter().any(|s| s["operation"] == "overwrite"),
         "no snapshot replaced or deleted anything: {summaries:?}"
     );
+    assert_manifests_carried(&summaries);
     // Rows appended later, published in format 3: the tables are upgraded
     // (their position delete files replaced by deletion vectors) and newer
     // snapshots published, incrementally, still exact.
@@ -245,6 +246,7 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
     replay_small_files(&lake, &more, "v3");
     let summaries = assert_iceberg_reads_as_fovea(&lake);
     assert!(summaries.iter().all(|s| s["format_version"] == 3), "{summaries:?}");
+    assert_manifests_carried(&summaries);
     // Time travel: the snapshot of the first replay's last checkpoint reads
     // what fovea read then, though files it names were combined and
     // rewritten since.
@@ -253,6 +255,24 @@ fn combined_and_rewritten_files_publish_as_replacements_and_read_exactly() {
         assert_eq!(s["summary"]["fovea.checkpoint-ts"].as_str(), Some(first.0.to_string().as_str()), "{s}");
         assert!(s["snapshots"].as_array().unwrap().len() > 1, "no earlier snapshot kept: {s}");
     }
+}
+
+/// Publication is incremental in what readers read: some table's current
+/// snapshot lists manifests an earlier snapshot added, and none lists more
+/// than the carried bound plus the new one of each content.
+fn assert_manifests_carried(summaries: &[serde_json::Value]) {
+    let mut carried = false;
+    for s in summaries {
+        let id: i64 = s["summary"]["fovea.checkpoint-ts"].as_str().unwrap().parse().unwrap();
+        let manifests = s["manifests"].as_array().unwrap();
+        carried |= manifests.iter().any(|m| m["added_snapshot_id"].as_i64() != Some(id));
+        // 16 carried, a new one, and for data the checkpoint's own blocks'.
+        for (content, most) in [(0, 18), (1, 17)] {
+            let n = manifests.iter().filter(|m| m["content"] == content).count();
+            assert!(n <= most, "{n} manifests of content {content}: {s}");
+        }
+    }
+    assert!(carried, "every current snapshot wrote all its manifests again: {summaries:?}");
 }
 
 /// `glue_catalog.py ARGS…` with the AWS environment of `moto`.

@@ -119,6 +119,10 @@ def main():
                     "operation": snapshot.summary.operation.value,
                     "format_version": static.metadata.format_version,
                     "snapshots": [s.snapshot_id for s in static.metadata.snapshots],
+                    "manifests": [
+                        {"content": int(m.content), "added_snapshot_id": m.added_snapshot_id}
+                        for m in snapshot.manifests(io)
+                    ],
                 }
             )
         )
