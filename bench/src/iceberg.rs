@@ -243,9 +243,10 @@ fn replay_with_and_without(txns: u64, runs: usize, checkpoint_txns: u64) -> CliR
         let args = fovea_replayer::replay::ReplayArgs {
             lake: fovea_replayer::lakes::LakeArgs::local(&lake),
             functions: Default::default(),
-            iceberg: fovea_replayer::lakes::IcebergArgs {
-                iceberg: publish.then_some(FormatVersion::V3),
-                iceberg_catalog: None,
+            iceberg: if publish {
+                fovea_replayer::lakes::IcebergArgs::format(FormatVersion::V3)
+            } else {
+                fovea_replayer::lakes::IcebergArgs::off()
             },
             backends: None,
             input: input.display().to_string(),

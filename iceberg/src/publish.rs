@@ -205,6 +205,9 @@ pub struct Publisher {
     /// Where the lake's readers register (the timestamp store): a snapshot
     /// a registered reader reads is kept past the retention.
     readers: Option<Arc<dyn fovea_core::mvcc::TxnStore>>,
+    /// A table published in a newer format than `format` stays in it
+    /// (instead of being refused).
+    keep_newer_format: bool,
 }
 
 /// A table as this publisher last published it: the next publication
@@ -257,7 +260,16 @@ impl Publisher {
             tables: Mutex::new(HashMap::new()),
             registry: None,
             readers: None,
+            keep_newer_format: false,
         }
+    }
+
+    /// Publishes a table already published in a newer format than the
+    /// publisher's in that one (format 3 stays 3), instead of refusing it:
+    /// for a publisher whose format is a default, not a user's choice.
+    pub fn keeping_newer_formats(mut self) -> Self {
+        self.keep_newer_format = true;
+        self
     }
 
     /// Keeps, past the retention, the snapshot each reader registered in
@@ -408,8 +420,16 @@ impl Publisher {
             Some(t) => Some((t.version, t.metadata.clone())),
             None => self.current_metadata(&meta_dir)?,
         };
+        // The format of this snapshot: the publisher's, or the newer one the
+        // table is published in already when the publisher keeps it.
+        let table_format = match &previous {
+            Some((_, m)) if self.keep_newer_format && m.format_version == FormatVersion::V3.number() => {
+                FormatVersion::V3.max(self.format)
+            }
+            _ => self.format,
+        };
         if let Some((_, m)) = &previous
-            && m.format_version > self.format.number()
+            && m.format_version > table_format.number()
         {
             return Err(PublishError::Corrupt {
                 what: format!("table {}", table.name),
@@ -417,7 +437,7 @@ impl Publisher {
                     "it is published in Iceberg format {}, and a table cannot go back to format {} (publish it \
                      with --iceberg v{})",
                     m.format_version,
-                    self.format.number(),
+                    table_format.number(),
                     m.format_version
                 ),
             });
@@ -541,7 +561,7 @@ impl Publisher {
             if positions.is_empty() {
                 continue;
             }
-            let extension = match self.format {
+            let extension = match table_format {
                 FormatVersion::V2 => "parquet",
                 FormatVersion::V3 => "puffin",
             };
@@ -555,7 +575,7 @@ impl Publisher {
                     // deletion vector (which replaces any delete file of
                     // the data file before, as a format 2 table's upgrade
                     // requires).
-                    let (bytes, format, content_offset, content_size) = match self.format {
+                    let (bytes, format, content_offset, content_size) = match table_format {
                         FormatVersion::V2 => (position_delete_file(&uri, &positions)?, "PARQUET", None, None),
                         FormatVersion::V3 => {
                             let dv = deletion_vector_file(&uri, &positions)?;
@@ -634,7 +654,7 @@ impl Publisher {
         // lists the rest: added files, files of the manifests not carried
         // (as existing), and removed files. A table upgraded to another
         // format gets all its manifests written again.
-        let carry = previous.as_ref().is_some_and(|(_, m)| m.format_version == self.format.number());
+        let carry = previous.as_ref().is_some_and(|(_, m)| m.format_version == table_format.number());
         let (carried_data, carried_deletes) = if carry {
             (
                 carried_manifests(&prev_manifests, Content::Data, &live_data),
@@ -646,7 +666,7 @@ impl Publisher {
         let (carried_data_entries, mut new_data_entries) = split_carried(data_entries, &carried_data, snapshot_id);
         let (carried_delete_entries, mut new_delete_entries) =
             split_carried(delete_entries, &carried_deletes, snapshot_id);
-        let lineage = (self.format >= FormatVersion::V3).then(|| {
+        let lineage = (table_format >= FormatVersion::V3).then(|| {
             row_lineage(
                 previous.as_ref().and_then(|(_, m)| m.next_row_id).unwrap_or(0),
                 &mut new_data_entries,
@@ -668,7 +688,7 @@ impl Publisher {
         // The new manifests, the manifest list, the metadata file.
         let version = previous.as_ref().map_or(0, |(v, _)| *v) + 1;
         let schema_json = schema.to_json();
-        let format = self.format.number();
+        let format = table_format.number();
         let mut manifests: Vec<LiveManifest> = Vec::new();
         let mut manifest_bytes_written = 0u64;
         // What the next publication starts from: the live files of this

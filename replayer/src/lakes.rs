@@ -47,31 +47,88 @@ impl FunctionsArgs {
     }
 }
 
-/// `--iceberg`: publish every checkpoint as Iceberg tables.
+/// `--iceberg`: publish every checkpoint as Iceberg tables (by default).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct IcebergArgs {
     /// Publish every checkpoint as one Iceberg snapshot per table, under
     /// LAKE/iceberg/SCHEMA/TABLE (file metadata: any Iceberg reader opens a
     /// table by that path): v2 (position delete files: every reader,
-    /// Athena included) or v3 (deletion vectors: Spark with Iceberg 1.8+,
-    /// Trino, DuckDB, Snowflake). Default: not published.
-    #[arg(long, value_name = "FORMAT", value_parser = fovea_iceberg::FormatVersion::parse)]
-    pub iceberg: Option<fovea_iceberg::FormatVersion>,
+    /// Athena included), v3 (deletion vectors: Spark with Iceberg 1.8+,
+    /// Trino, DuckDB, Snowflake) or off. Default: v2, and a table published
+    /// in v3 already stays in v3.
+    #[arg(long, value_name = "FORMAT", value_parser = IcebergPublishing::parse)]
+    pub iceberg: Option<IcebergPublishing>,
     /// Also register the published tables in a catalog after every
     /// publication: glue://DATABASE (the AWS Glue Data Catalog, where
     /// Athena finds tables; the database must exist). The Glue table of
     /// `schema.table` is `schema_table`.
-    #[arg(long, value_name = "CATALOG", requires = "iceberg")]
+    #[arg(long, value_name = "CATALOG")]
     pub iceberg_catalog: Option<String>,
 }
 
+/// What `--iceberg` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IcebergPublishing {
+    /// Publish in this format.
+    Format(fovea_iceberg::FormatVersion),
+    /// Do not publish.
+    Off,
+}
+
+impl IcebergPublishing {
+    /// Parses `v2`, `v3` (or `2`, `3`) or `off`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self::Off),
+            other => fovea_iceberg::FormatVersion::parse(other).map(Self::Format).map_err(|_| {
+                format!("--iceberg {other}: expected v2 (position deletes), v3 (deletion vectors) or off")
+            }),
+        }
+    }
+}
+
 impl IcebergArgs {
+    /// Publishing in `format` (as `--iceberg FORMAT` asks).
+    pub fn format(format: fovea_iceberg::FormatVersion) -> Self {
+        IcebergArgs { iceberg: Some(IcebergPublishing::Format(format)), iceberg_catalog: None }
+    }
+
+    /// Not publishing (as `--iceberg off` asks).
+    pub fn off() -> Self {
+        IcebergArgs { iceberg: Some(IcebergPublishing::Off), iceberg_catalog: None }
+    }
+
+    /// Whether `--iceberg off` was given.
+    pub fn is_off(&self) -> bool {
+        self.publishing().is_none()
+    }
+
+    /// Refuses options that contradict each other, before anything opens.
+    pub fn check(&self) -> CliResult<()> {
+        match &self.iceberg_catalog {
+            Some(catalog) if self.is_off() => {
+                Err(format!("--iceberg-catalog {catalog}: nothing is published with --iceberg off").into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The format tables are published in (`None`: off), and whether the
+    /// user chose it.
+    fn publishing(&self) -> Option<(fovea_iceberg::FormatVersion, bool)> {
+        match self.iceberg {
+            None => Some((fovea_iceberg::FormatVersion::V2, false)),
+            Some(IcebergPublishing::Format(f)) => Some((f, true)),
+            Some(IcebergPublishing::Off) => None,
+        }
+    }
+
     /// How long the engine keeps lake files no checkpoint names for
     /// readers of published snapshots: the publication retention when
     /// publishing, none otherwise (also across a restart: see
     /// [`fovea_core::EngineConfig::retire_grace`]).
     pub fn retire_grace(&self) -> std::time::Duration {
-        match self.iceberg {
+        match self.publishing() {
             Some(_) => fovea_iceberg::DEFAULT_RETENTION,
             None => std::time::Duration::ZERO,
         }
@@ -87,10 +144,14 @@ impl IcebergArgs {
         lake: &LakeArgs,
         engine: &fovea_core::Engine,
     ) -> CliResult<Option<Arc<fovea_iceberg::Publisher>>> {
-        let Some(format) = self.iceberg else { return Ok(None) };
-        let publisher =
+        self.check()?;
+        let Some((format, chosen)) = self.publishing() else { return Ok(None) };
+        let mut publisher =
             iceberg_publisher(lake, Arc::clone(engine.lake().store()), format, self.iceberg_catalog.as_deref())?
                 .with_readers(Arc::clone(engine.clock().store()));
+        if !chosen {
+            publisher = publisher.keeping_newer_formats();
+        }
         engine.set_retire_grace(self.retire_grace());
         Ok(Some(Arc::new(publisher)))
     }

@@ -109,6 +109,7 @@ pub struct ReplaySummary {
 
 /// Replays `input` into the lake to its end and makes everything durable.
 pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
+    args.iceberg.check()?;
     let ddl = read_schema_file(args.schema_file.as_deref())?;
     let mut config = EngineConfig::default().with_retire_grace(args.iceberg.retire_grace());
     if let Some(s) = args.shards {

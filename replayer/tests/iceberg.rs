@@ -207,6 +207,39 @@ fn pg_tiny_published_reads_exactly(format: &str) -> tempfile::TempDir {
     dir
 }
 
+/// Publishing is the default: v2 unless told otherwise, a table published
+/// in v3 stays in v3 under the default (not refused), and `--iceberg off`
+/// publishes nothing (the tables stay at the checkpoint before).
+#[test]
+fn replay_publishes_iceberg_v2_by_default_keeps_v3_tables_and_stops_when_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let replay = |txns: u64, iceberg: &[&str]| -> String {
+        let input = dir.path().join(format!("hybench-{txns}.jsonl"));
+        hybench(&input, txns, 5);
+        let out = fovea().args(["replay", "--lake"]).arg(&lake).arg("--input").arg(&input).args(iceberg).output();
+        let out = out.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        ok(out);
+        stderr
+    };
+    let format_of = |summaries: &[serde_json::Value]| -> Vec<u64> {
+        summaries.iter().map(|s| s["format_version"].as_u64().unwrap()).collect()
+    };
+    replay(300, &[]);
+    let summaries = assert_iceberg_reads_as_fovea(&lake);
+    assert!(format_of(&summaries).iter().all(|&f| f == 2), "{summaries:?}");
+    replay(600, &["--iceberg", "v3"]);
+    assert!(format_of(&assert_iceberg_reads_as_fovea(&lake)).iter().all(|&f| f == 3));
+    let stderr = replay(900, &[]);
+    assert!(!stderr.contains("not published"), "{stderr}");
+    let published = fovea_tables(&lake);
+    assert!(format_of(&assert_iceberg_reads_as_fovea(&lake)).iter().all(|&f| f == 3));
+    replay(1200, &["--iceberg", "off"]);
+    assert!(fovea_tables(&lake).0 > published.0, "no newer checkpoint");
+    assert_iceberg_reads(&lake, &published, false);
+}
+
 /// Replays `input` into `lake` publishing Iceberg `format`, with small
 /// blocks and files: blocks are combined into regular files and files with
 /// many stale rows rewritten while checkpoints publish.
@@ -363,7 +396,29 @@ fn a_bad_iceberg_format_is_refused_by_name() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--iceberg v4: expected v2 (position deletes) or v3 (deletion vectors)"), "{err}");
+    assert!(err.contains("--iceberg v4: expected v2 (position deletes), v3 (deletion vectors) or off"), "{err}");
+    // Options that need publishing, with publishing off: refused by name
+    // before the lake is opened.
+    let lake = dir.path().join("lake");
+    for (command, option) in
+        [("replay", ["--iceberg-catalog", "glue://db"]), ("serve", ["--iceberg-rest", "127.0.0.1:0"])]
+    {
+        let out = fovea()
+            .args([command, "--lake"])
+            .arg(&lake)
+            .args(["--input", "-", "--iceberg", "off"])
+            .args(option)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{} {}: ", option[0], option[1])) && err.contains("--iceberg is off")
+                || err.contains("nothing is published with --iceberg off"),
+            "{command}: {err}"
+        );
+        assert!(!lake.exists(), "{command} opened the lake");
+    }
 }
 
 #[test]

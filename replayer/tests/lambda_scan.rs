@@ -174,9 +174,8 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
     let lambda = self::lambda(&moto, 1);
     let files = moto.list_keys("lake", "pg-tiny/tables").unwrap();
     assert!(!files.is_empty());
-    for key in files.iter().filter(|k| k.ends_with(".parquet")) {
-        moto.delete_object("lake", key).unwrap();
-    }
+    let parquet: Vec<&String> = files.iter().filter(|k| k.ends_with(".parquet")).collect();
+    moto.delete_objects("lake", &parquet).unwrap();
     let out = sql(&moto, Some((&lambda, "?timeout_s=30")), count);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");

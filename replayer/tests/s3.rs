@@ -164,9 +164,7 @@ fn a_lake_refuses_a_state_that_is_not_its_own() {
         assert_eq!(export(&moto, &shop, &t), expected, "{t}");
     }
     // The other lake's objects deleted under its live state.
-    for key in moto.list_keys("lake", "other/").unwrap() {
-        moto.delete_object("lake", &key).unwrap();
-    }
+    moto.delete_objects("lake", &moto.list_keys("lake", "other/").unwrap()).unwrap();
     refused(&[&["replay"][..], &other[..], &["--input", input.to_str().unwrap()]].concat(), "has no identity");
     assert!(moto.list_keys("lake", "other/").unwrap().is_empty());
 }

@@ -107,15 +107,25 @@ impl Moto {
     /// Deletes object `key` of `bucket` (as a retired file is deleted),
     /// with boto3 from moto's interpreter (moto wants deletes signed).
     pub fn delete_object(&self, bucket: &str, key: &str) -> std::io::Result<()> {
+        self.delete_objects(bucket, &[key])
+    }
+
+    /// Deletes the objects `keys` of `bucket`, with one boto3 call per
+    /// thousand keys from one interpreter.
+    pub fn delete_objects(&self, bucket: &str, keys: &[impl AsRef<str>]) -> std::io::Result<()> {
+        const DELETE: &str = "import sys, boto3\n\
+            s3, keys = boto3.client('s3'), sys.argv[2:]\n\
+            for i in range(0, len(keys), 1000):\n\
+            \x20   s3.delete_objects(Bucket=sys.argv[1], Delete={'Objects': [{'Key': k} for k in keys[i:i + 1000]]})";
         let out = Command::new(python())
             .envs(self.env())
-            .args(["-c", "import sys, boto3; boto3.client('s3').delete_object(Bucket=sys.argv[1], Key=sys.argv[2])"])
-            .args([bucket, key])
+            .args(["-c", DELETE, bucket])
+            .args(keys.iter().map(AsRef::as_ref))
             .output()?;
         if out.status.success() {
             Ok(())
         } else {
-            Err(std::io::Error::other(format!("deleting {key}: {}", String::from_utf8_lossy(&out.stderr))))
+            Err(std::io::Error::other(format!("deleting from {bucket}: {}", String::from_utf8_lossy(&out.stderr))))
         }
     }
 

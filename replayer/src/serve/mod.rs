@@ -40,10 +40,11 @@ pub struct ServeArgs {
     pub functions: crate::lakes::FunctionsArgs,
     #[command(flatten)]
     pub iceberg: crate::lakes::IcebergArgs,
-    /// Serve an Iceberg REST catalog of the published tables here (needs
-    /// --iceberg): every table it answers is at the same checkpoint. Off
-    /// loopback it needs --token (requests carry `Authorization: Bearer`).
-    #[arg(long, value_name = "ADDR", requires = "iceberg")]
+    /// Serve an Iceberg REST catalog of the published tables here (not
+    /// with --iceberg off): every table it answers is at the same
+    /// checkpoint. Off loopback it needs --token (requests carry
+    /// `Authorization: Bearer`).
+    #[arg(long, value_name = "ADDR")]
     pub iceberg_rest: Option<SocketAddr>,
     /// file:PATH, postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true],
     /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
@@ -129,6 +130,10 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
             args.listen
         )
         .into());
+    }
+    args.iceberg.check()?;
+    if let (Some(addr), true) = (args.iceberg_rest, args.iceberg.is_off()) {
+        return Err(format!("--iceberg-rest {addr}: the catalog serves published tables, and --iceberg is off").into());
     }
     if let Some(addr) = args.iceberg_rest.filter(|a| !a.ip().is_loopback() && args.token.is_none()) {
         return Err(format!(
@@ -228,7 +233,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     tracing::info!(%flight_addr, input = %input_name, "serving");
     // Tests and scripts wait for this line.
     if let Some(addr) = args.iceberg_rest {
-        let publisher = publisher.clone().expect("--iceberg-rest requires --iceberg");
+        let publisher = publisher.clone().expect("checked first: --iceberg-rest is not given with --iceberg off");
         let l = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
         println!("fovea serve: Iceberg REST catalog on http://{}", l.local_addr()?);
         runtime.spawn(iceberg_rest::serve_catalog(l, publisher, args.token.clone()));
