@@ -164,9 +164,10 @@ enum Command {
         #[command(flatten)]
         lake: lakes::LakeArgs,
         /// Iceberg format: v2 (position delete files) or v3 (deletion
-        /// vectors).
-        #[arg(long, value_name = "FORMAT", default_value = "v2", value_parser = fovea_iceberg::FormatVersion::parse)]
-        format: fovea_iceberg::FormatVersion,
+        /// vectors). Default: v2, and a table published in v3 already
+        /// stays in v3.
+        #[arg(long, value_name = "FORMAT", value_parser = fovea_iceberg::FormatVersion::parse)]
+        format: Option<fovea_iceberg::FormatVersion>,
         /// Also register the tables in a catalog: glue://DATABASE (the AWS
         /// Glue Data Catalog; the database must exist).
         #[arg(long, value_name = "CATALOG")]

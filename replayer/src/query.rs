@@ -324,14 +324,22 @@ pub fn plan(
 /// `fovea iceberg`: publishes the lake's newest checkpoint as Iceberg
 /// tables, registered as a reader meanwhile (the writer keeps the files
 /// it names), and says what it published.
-pub fn publish_iceberg(lake: &LakeArgs, format: fovea_iceberg::FormatVersion, catalog: Option<&str>) -> CliResult<()> {
+pub fn publish_iceberg(
+    lake: &LakeArgs,
+    format: Option<fovea_iceberg::FormatVersion>,
+    catalog: Option<&str>,
+) -> CliResult<()> {
     let open = lake.open_read()?;
     let Some(checkpoint) = &open.checkpoint else {
         return Err(format!("the lake {} has no checkpoint yet: nothing to publish", lake.lake).into());
     };
     let store = std::sync::Arc::clone(open.reader.lake().store());
-    let publisher =
-        crate::lakes::iceberg_publisher(lake, store, format, catalog)?.with_readers(std::sync::Arc::clone(&open.txn));
+    let mut publisher =
+        crate::lakes::iceberg_publisher(lake, store, format.unwrap_or(fovea_iceberg::FormatVersion::V2), catalog)?
+            .with_readers(std::sync::Arc::clone(&open.txn));
+    if format.is_none() {
+        publisher = publisher.keeping_newer_formats();
+    }
     let p = publisher.publish(checkpoint)?;
     println!(
         "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} bytes written, {} old objects deleted",

@@ -166,6 +166,9 @@ fn pg_tiny_published_with_deletion_vectors_reads_exactly_in_duckdb_and_pyiceberg
     let names: Vec<String> =
         std::fs::read_dir(&deletes).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(!names.is_empty() && names.iter().all(|n| n.ends_with(".puffin")), "{names:?}");
+    // Without a format it stays in format 3.
+    let kept = ok(fovea().args(["iceberg", "--lake"]).arg(&lake).output().unwrap());
+    assert!(kept.contains(" 0 tables published, 13 already current"), "{kept}");
     // A format 3 table cannot go back to format 2: refused, naming it.
     let out = fovea().args(["iceberg", "--lake"]).arg(&lake).args(["--format", "v2"]).output().unwrap();
     assert!(!out.status.success());
