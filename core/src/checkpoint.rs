@@ -68,6 +68,10 @@ pub struct Manifest {
     pub tables: Vec<TableManifest>,
     /// Shards, by id.
     pub shards: Vec<ShardManifest>,
+    /// Source commit time (µs since the Unix epoch) of the newest replayed
+    /// transaction the image holds, when the input gives commit times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_commit_us: Option<i64>,
 }
 
 impl Manifest {
@@ -546,6 +550,7 @@ impl PendingCheckpoint {
                 .map(|(t, dropped)| TableManifest { dropped: *dropped, ..TableManifest::of(t) })
                 .collect(),
             shards,
+            source_commit_us: engine.source_commit_at(c).map(|(_, us)| us),
         })
     }
 

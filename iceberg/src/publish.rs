@@ -73,6 +73,12 @@ pub const DROPPED_PROPERTY: &str = "fovea.dropped";
 /// Snapshot summary property: the checkpoint's mirror timestamp.
 pub const CHECKPOINT_TS_PROPERTY: &str = "fovea.checkpoint-ts";
 
+/// Snapshot summary property: when the newest source transaction the
+/// snapshot holds committed in the source (ms since the Unix epoch; absent
+/// when the input gives no commit times). A snapshot's freshness is its
+/// `timestamp-ms` minus this.
+pub const SOURCE_COMMIT_PROPERTY: &str = "fovea.source-commit-ms";
+
 /// How long objects no current snapshot names stay (and, in a replayer
 /// that publishes, lake files combine and storage GC replaced: see
 /// `Engine::set_retire_grace`): a reader that loaded the metadata before
@@ -625,6 +631,9 @@ impl Publisher {
             ("fovea.input".to_owned(), checkpoint.input.clone()),
             ("fovea.source-position".to_owned(), checkpoint.position.to_string()),
         ]);
+        if let Some(us) = manifest.source_commit_us {
+            summary.insert(SOURCE_COMMIT_PROPERTY.to_owned(), us.div_euclid(1000).to_string());
+        }
         if table.dropped {
             summary.insert(DROPPED_PROPERTY.to_owned(), "true".to_owned());
         }

@@ -197,6 +197,17 @@ fn pg_tiny_published_reads_exactly(format: &str) -> tempfile::TempDir {
     let summaries = assert_iceberg_reads_as_fovea(&lake);
     let format_number: u64 = format[1..].parse().unwrap();
     assert!(summaries.iter().all(|s| s["format_version"] == format_number), "{summaries:?}");
+    // Every snapshot names when its newest transaction committed in
+    // PostgreSQL: the stream's last commit (to the millisecond).
+    let last_commit_us = gunzip(&data.join("debezium_events.jsonl.gz"))
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["value"]["source"]["ts_us"].as_i64())
+        .max()
+        .unwrap();
+    for s in &summaries {
+        let ms: i64 = s["summary"]["fovea.source-commit-ms"].as_str().expect("a source commit time").parse().unwrap();
+        assert!((ms - last_commit_us / 1000).abs() <= 1, "{ms} vs {last_commit_us} µs: {s}");
+    }
     // PostgreSQL's own counts, as the engines read them.
     let counts = std::fs::read_to_string(data.join("final_tables/row_counts.txt")).unwrap();
     let (_, tables) = fovea_tables(&lake);
