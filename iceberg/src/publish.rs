@@ -92,6 +92,10 @@ pub const RECENT_VIEWS_KEPT: usize = 256;
 /// before, at most (see `carried_manifests`).
 const MANIFESTS_CARRIED: usize = 16;
 
+/// Snapshots a table's metadata keeps at most besides those registered
+/// readers read (see `expire_snapshots`).
+pub const SNAPSHOTS_KEPT: usize = 100;
+
 /// Earlier metadata files the metadata log lists.
 const METADATA_LOG_KEPT: usize = 10;
 
@@ -1202,14 +1206,19 @@ fn cutoff_ms(retention: Duration) -> i64 {
 /// (ms): a snapshot is kept while the one after it is younger than the
 /// retention — the time a publishing replayer keeps the data files it
 /// names that combine and storage GC replaced — so time travel to a kept
-/// snapshot reads exactly what it read when it was current. The snapshot
-/// a reader registered at ts `held` reads (the newest of a checkpoint at
-/// or below it) is kept too, and every one after it.
+/// snapshot reads exactly what it read when it was current; the newest
+/// [`SNAPSHOTS_KEPT`] at most. The snapshot a reader registered at ts
+/// `held` reads (the newest of a checkpoint at or below it) is kept too,
+/// and every one after it.
 fn expire_snapshots(m: &mut TableMetadata, cutoff: i64, held: Option<u64>) {
     let mut first_kept = 0;
     while first_kept + 1 < m.snapshots.len() && m.snapshots[first_kept + 1].timestamp_ms <= cutoff {
         first_kept += 1;
     }
+    // At most SNAPSHOTS_KEPT (frequent checkpoints would make every
+    // metadata file long): a reader of a dropped one still finds what it
+    // names for the retention, it only cannot travel back to it anew.
+    first_kept = first_kept.max(m.snapshots.len().saturating_sub(SNAPSHOTS_KEPT));
     if let Some(held) = held {
         // Snapshot ids are checkpoint timestamps, ascending.
         let read = m.snapshots.iter().rposition(|s| s.snapshot_id as u64 <= held).unwrap_or(0);
@@ -1690,5 +1699,18 @@ mod tests {
         // The current snapshot is never expired.
         expire_snapshots(&mut m, 10_000, None);
         assert_eq!(ids(&m), vec![4]);
+        // Within the retention, the newest SNAPSHOTS_KEPT; a reader's
+        // snapshot and those after it however many they are.
+        let n = SNAPSHOTS_KEPT as i64 + 50;
+        for id in 5..5 + n {
+            m.snapshots.push(snapshot(id, 1_000 + id));
+            m.snapshot_log.push(SnapshotLogEntry { timestamp_ms: 1_000 + id, snapshot_id: id });
+        }
+        let mut kept = m.clone();
+        expire_snapshots(&mut kept, 0, Some(10));
+        assert_eq!(ids(&kept), (10..5 + n).collect::<Vec<_>>());
+        expire_snapshots(&mut m, 0, None);
+        assert_eq!(ids(&m), (5 + n - SNAPSHOTS_KEPT as i64..5 + n).collect::<Vec<_>>());
+        assert_eq!(m.snapshot_log.len(), SNAPSHOTS_KEPT);
     }
 }
