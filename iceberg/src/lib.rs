@@ -22,7 +22,8 @@ pub mod publish;
 pub mod spec;
 
 pub use publish::{
-    CatalogView, DEFAULT_RETENTION, FormatVersion, Published, Publisher, TableRegistry, ViewTable, table_dir,
+    CatalogView, DEFAULT_RETENTION, FormatVersion, Published, PublishedSnapshot, Publisher, TableRegistry, ViewTable,
+    table_dir,
 };
 
 /// Why a table was not published.

@@ -147,6 +147,18 @@ pub struct Published {
     pub bytes_written: u64,
 }
 
+/// What a table's Iceberg metadata names now ([`Publisher::published`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedSnapshot {
+    /// The metadata file's version (`vN.metadata.json`).
+    pub metadata_version: u64,
+    /// Its Iceberg format.
+    pub format_version: u8,
+    /// The checkpoint its current snapshot holds (`None`: no snapshot, or
+    /// not one fovea published).
+    pub checkpoint_ts: Option<u64>,
+}
+
 /// Every table of one publication, all at one checkpoint: what an Iceberg
 /// catalog serves (`fovea serve --iceberg-rest`), so an engine that loads
 /// several tables sees one consistent state of all of them.
@@ -327,6 +339,20 @@ impl Publisher {
     pub fn with_registry(mut self, registry: Arc<dyn TableRegistry>) -> Self {
         self.registry = Some(registry);
         self
+    }
+
+    /// What the Iceberg metadata of the table named `table` names now, as
+    /// the store has it (`None`: never published).
+    pub fn published(&self, table: &str) -> Result<Option<PublishedSnapshot>> {
+        let meta_dir = format!("{}/metadata", table_dir(table));
+        Ok(self.current_metadata(&meta_dir)?.map(|(version, m)| PublishedSnapshot {
+            metadata_version: version,
+            format_version: m.format_version,
+            checkpoint_ts: m
+                .current_snapshot()
+                .and_then(|s| s.summary.get(CHECKPOINT_TS_PROPERTY))
+                .and_then(|v| v.parse().ok()),
+        }))
     }
 
     /// The absolute location of the table named `table` (`schema.name`).

@@ -288,7 +288,7 @@ impl LakeArgs {
 
     /// The backends of an existing lake: a local folder that is not a lake
     /// is an error.
-    fn existing_lake(&self) -> CliResult<LakeBackends> {
+    pub(crate) fn existing_lake(&self) -> CliResult<LakeBackends> {
         if let Some(dir) = self.dir()
             && self.state.is_none()
             && !dir.join(METADATA_DIR).is_dir()

@@ -10,6 +10,7 @@ pub mod latency;
 pub mod query;
 pub mod replay;
 pub mod serve;
+pub mod status;
 pub mod tls;
 
 /// What [`process_settings`] names from the binary that invokes it.

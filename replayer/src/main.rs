@@ -1,6 +1,6 @@
 //! `fovea`: the replayer service and command line.
 
-use fovea_replayer::{demo, lakes, query, replay, serve, tls};
+use fovea_replayer::{demo, lakes, query, replay, serve, status, tls};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -173,6 +173,22 @@ enum Command {
         #[arg(long, value_name = "CATALOG")]
         iceberg_catalog: Option<String>,
     },
+    /// How the lake stands, from its state store and catalog alone (no
+    /// engine restored, no reader registered): the writer's lease, the
+    /// watermarks, the newest replayed transaction and checkpoint,
+    /// registered readers, and per table its files, deleted rows,
+    /// storage-GC backlog and Iceberg publication.
+    Status {
+        #[command(flatten)]
+        lake: lakes::LakeArgs,
+        /// A file with at least this share of its rows deleted counts as
+        /// storage-GC backlog (serve's --storage-gc-threshold).
+        #[arg(long, default_value_t = 0.3)]
+        storage_gc_threshold: f64,
+        /// One JSON object instead of the screen.
+        #[arg(long)]
+        json: bool,
+    },
     /// Replayed source transactions and catalog operations, newest first.
     History {
         #[command(flatten)]
@@ -292,6 +308,12 @@ fn main() -> ExitCode {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             query::history(&lake, table.as_deref(), limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
+        }
+        Command::Status { lake, storage_gc_threshold, json } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            status::status(&lake, storage_gc_threshold, json, &mut out)
+                .and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
         Command::Iceberg { lake, format, iceberg_catalog } => {
             query::publish_iceberg(&lake, format, iceberg_catalog.as_deref())

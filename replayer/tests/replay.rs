@@ -604,3 +604,58 @@ fn a_state_older_than_its_lake_is_refused_and_nothing_is_deleted() {
     ok(replay(&reference, &all, &[]));
     assert_eq!(all_exports(&lake), all_exports(&reference));
 }
+
+/// `fovea status` tells how a lake stands from its state alone: after a
+/// replay of pg-tiny, no writer (its lease released), the newest replayed
+/// transaction within HWM, the checkpoint with its source commit time,
+/// each table's live rows (stored less deleted) as PostgreSQL counted them
+/// and its Iceberg snapshot at the checkpoint; the screen says the same; a
+/// folder that is not a lake is refused.
+#[test]
+fn status_tells_how_a_lake_stands_from_its_state_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let schema = data().join("schema.sql");
+    ok(replay(&lake, &data().join("debezium_events.jsonl.gz"), &["--schema-file", schema.to_str().unwrap()]));
+    let status =
+        |extra: &[&str]| -> String { ok(fovea().args(["status", "--lake"]).arg(&lake).args(extra).output().unwrap()) };
+    let s: serde_json::Value = serde_json::from_str(&status(&["--json"])).unwrap();
+    assert_eq!(s["writer"]["state"], "released", "{s}");
+    let (hwm, newest) = (s["hwm"].as_u64().unwrap(), s["newest_replayed"]["ts"].as_u64().unwrap());
+    let checkpoint = s["checkpoint"]["checkpoint_ts"].as_u64().unwrap();
+    assert!(newest < hwm && checkpoint <= hwm && s["lwm"].as_u64().unwrap() <= hwm, "{s}");
+    assert!(s["checkpoint"]["source_commit_us"].as_i64().is_some(), "{s}");
+    assert!(s["readers"].as_array().unwrap().is_empty(), "{s}");
+    let counts = std::fs::read_to_string(data().join("final_tables/row_counts.txt")).unwrap();
+    let tables = s["tables"].as_array().unwrap();
+    assert_eq!(tables.len(), counts.lines().count(), "{s}");
+    for line in counts.lines() {
+        let (name, n) = line.split_once(' ').unwrap();
+        let t = tables.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("{name} missing: {s}"));
+        let live = t["rows_stored"].as_u64().unwrap() - t["rows_deleted"].as_u64().unwrap();
+        assert_eq!(live, n.trim().parse::<u64>().unwrap(), "{name}: {t}");
+        assert_eq!(t["iceberg"]["checkpoint_ts"].as_u64(), Some(checkpoint), "{name}: {t}");
+        assert_eq!(t["iceberg"]["format_version"], 2, "{name}: {t}");
+    }
+    // Every file with a deleted row is backlog at threshold 0+, none past 1.
+    let backlog = |threshold: &str| -> u64 {
+        let s: serde_json::Value =
+            serde_json::from_str(&status(&["--json", "--storage-gc-threshold", threshold])).unwrap();
+        s["tables"].as_array().unwrap().iter().map(|t| t["files_past_gc_threshold"].as_u64().unwrap()).sum()
+    };
+    assert!(backlog("0.000001") > 0);
+    assert_eq!(backlog("1.01"), 0);
+    let screen = status(&[]);
+    for line in [
+        "writer      none (lease epoch 1 of ",
+        &format!("checkpoint  mirror ts {checkpoint} of "),
+        "readers     none registered",
+    ] {
+        assert!(screen.contains(line), "{line:?} not in:\n{screen}");
+    }
+    assert_eq!(screen.matches("Iceberg v2 at the checkpoint").count(), counts.lines().count(), "{screen}");
+    // Not a lake: refused by name, nothing created.
+    let out = fovea().args(["status", "--lake"]).arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a fovea lake"), "{out:?}");
+}

@@ -1,0 +1,282 @@
+//! `fovea status`: how a lake stands, in one screen or as JSON — from its
+//! state store, its catalog and the objects they name alone: no engine is
+//! restored and no reader registered, so it is cheap beside a running
+//! replayer and works while none runs.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use fovea_core::catalog::{CheckpointRecord, now_us};
+use fovea_core::checkpoint::Manifest;
+use fovea_core::identity::Access;
+use fovea_core::mvcc::{Lease, PersistedClock, ReaderLease};
+use serde_json::{Value, json};
+
+use crate::lakes::LakeArgs;
+use crate::replay::CliResult;
+
+/// Everything `fovea status` reports, gathered first and then shown.
+struct LakeStatus {
+    lake: String,
+    lake_id: Option<String>,
+    now_us: i64,
+    clock: PersistedClock,
+    lease: Option<Lease>,
+    readers: Vec<ReaderLease>,
+    checkpoint: Option<CheckpointRecord>,
+    /// Newest replayed transaction: mirror ts, source commit µs.
+    newest: Option<(u64, Option<i64>)>,
+    tables: Vec<TableStatus>,
+}
+
+/// One table at the lake's newest checkpoint.
+struct TableStatus {
+    name: String,
+    dropped: bool,
+    /// Files (regular and virtual).
+    files: usize,
+    /// Regular (combined) files among them.
+    regular_files: usize,
+    /// Flushed blocks of virtual files.
+    blocks: usize,
+    rows_stored: u64,
+    /// Rows deleted as of the checkpoint (files whose count the checkpoint
+    /// records).
+    rows_deleted: u64,
+    /// Files whose deleted share is at least the storage-GC threshold.
+    files_past_gc_threshold: usize,
+    /// The Iceberg snapshot its metadata names now, if published.
+    iceberg: Option<fovea_iceberg::PublishedSnapshot>,
+}
+
+/// Prints the status of `lake` (as one JSON object with `json`); a file's
+/// stale share at or past `gc_threshold` counts it as storage-GC backlog.
+pub fn status(lake: &LakeArgs, gc_threshold: f64, json: bool, out: &mut dyn Write) -> CliResult<()> {
+    let status = gather(lake, gc_threshold)?;
+    if json {
+        writeln!(out, "{}", to_json(&status))?;
+    } else {
+        write_text(&status, gc_threshold, out)?;
+    }
+    Ok(())
+}
+
+fn gather(lake: &LakeArgs, gc_threshold: f64) -> CliResult<LakeStatus> {
+    let backends = lake.existing_lake()?;
+    let lake_id =
+        fovea_core::identity::check(&backends.store, backends.txn.as_ref(), backends.catalog.as_ref(), Access::Read)?;
+    let now = now_us();
+    let clock = backends.txn.load()?;
+    let lease = backends.txn.lease()?;
+    let readers = backends.txn.readers(now)?;
+    let checkpoint = backends.catalog.latest_checkpoint()?;
+    let newest = backends.catalog.history(None, 1)?.into_iter().next().map(|h| (h.ts.get(), h.commit_us));
+    let publisher = fovea_iceberg::Publisher::new(
+        std::sync::Arc::clone(&backends.store),
+        &lake.root_uri()?,
+        fovea_iceberg::FormatVersion::V2,
+    );
+    let mut tables = Vec::new();
+    if let Some(record) = &checkpoint {
+        for (id, t) in record.manifest.tables.iter().enumerate() {
+            let mut table = table_status(&record.manifest, id as u32, gc_threshold);
+            table.name = t.name.clone();
+            table.dropped = t.dropped;
+            table.iceberg = publisher.published(&t.name)?;
+            tables.push(table);
+        }
+    }
+    Ok(LakeStatus { lake: lake.lake.clone(), lake_id, now_us: now, clock, lease, readers, checkpoint, newest, tables })
+}
+
+/// The files of table `id` in `manifest`, counted.
+fn table_status(manifest: &Manifest, id: u32, gc_threshold: f64) -> TableStatus {
+    let mut t = TableStatus {
+        name: String::new(),
+        dropped: false,
+        files: 0,
+        regular_files: 0,
+        blocks: 0,
+        rows_stored: 0,
+        rows_deleted: 0,
+        files_past_gc_threshold: 0,
+        iceberg: None,
+    };
+    for shard in &manifest.shards {
+        let slots: BTreeMap<u64, &fovea_core::checkpoint::SlotManifest> =
+            shard.slots.iter().map(|s| (s.file, s)).collect();
+        for f in shard.parts.iter().filter(|p| p.table == id).flat_map(|p| &p.files) {
+            t.files += 1;
+            let rows: u64 = match &f.regular {
+                Some(r) => {
+                    t.regular_files += 1;
+                    r.row_groups.iter().map(|g| g[1]).sum()
+                }
+                None => {
+                    t.blocks += f.blocks.len();
+                    f.blocks.iter().map(|b| b.rows as u64).sum()
+                }
+            };
+            t.rows_stored += rows;
+            let deleted = slots.get(&f.id).and_then(|s| s.deleted_rows).unwrap_or(0) as u64;
+            t.rows_deleted += deleted;
+            if rows > 0 && deleted as f64 / rows as f64 >= gc_threshold {
+                t.files_past_gc_threshold += 1;
+            }
+        }
+    }
+    t
+}
+
+/// The lease as a writer's state: held (and for how long yet), released,
+/// or expired (and since when).
+fn writer_state(lease: Option<&Lease>, now: i64) -> (&'static str, Option<f64>) {
+    match lease {
+        None => ("none", None),
+        Some(l) if l.expires_us == 0 => ("released", None),
+        Some(l) if l.expires_us > now => ("held", Some((l.expires_us - now) as f64 / 1e6)),
+        Some(l) => ("expired", Some((now - l.expires_us) as f64 / 1e6)),
+    }
+}
+
+fn to_json(s: &LakeStatus) -> Value {
+    let (state, secs) = writer_state(s.lease.as_ref(), s.now_us);
+    let checkpoint = s.checkpoint.as_ref().map(|c| {
+        json!({
+            "checkpoint_ts": c.manifest.checkpoint_ts,
+            "input": c.input,
+            "position": c.position.to_string(),
+            "source_commit_us": c.manifest.source_commit_us,
+        })
+    });
+    let tables: Vec<Value> = s
+        .tables
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "dropped": t.dropped,
+                "files": t.files,
+                "regular_files": t.regular_files,
+                "blocks": t.blocks,
+                "rows_stored": t.rows_stored,
+                "rows_deleted": t.rows_deleted,
+                "files_past_gc_threshold": t.files_past_gc_threshold,
+                "iceberg": t.iceberg.as_ref().map(|i| json!({
+                    "format_version": i.format_version,
+                    "metadata_version": i.metadata_version,
+                    "checkpoint_ts": i.checkpoint_ts,
+                })),
+            })
+        })
+        .collect();
+    json!({
+        "lake": s.lake,
+        "lake_id": s.lake_id,
+        "now_us": s.now_us,
+        "writer": {
+            "state": state,
+            "owner": s.lease.as_ref().map(|l| l.owner.clone()),
+            "epoch": s.lease.as_ref().map(|l| l.epoch),
+            "expires_us": s.lease.as_ref().map(|l| l.expires_us),
+            "seconds": secs,
+        },
+        "hwm": s.clock.hwm.get(),
+        "lwm": s.clock.lwm.get(),
+        "reserved": s.clock.reserved.get(),
+        "checkpoint": checkpoint,
+        "newest_replayed": s.newest.map(|(ts, commit)| json!({"ts": ts, "source_commit_us": commit})),
+        "readers": s.readers.iter().map(|r| json!({"id": r.id, "ts": r.qts.get(), "expires_us": r.expires_us})).collect::<Vec<_>>(),
+        "tables": tables,
+    })
+}
+
+fn write_text(s: &LakeStatus, gc_threshold: f64, out: &mut dyn Write) -> CliResult<()> {
+    let time = fovea_core::cdc::types::format_timestamp;
+    let ago = |us: i64| format!("{} ago", duration((s.now_us - us) as f64 / 1e6));
+    writeln!(out, "lake        {} (id {})", s.lake, s.lake_id.as_deref().unwrap_or("not bound yet"))?;
+    let writer = match (writer_state(s.lease.as_ref(), s.now_us), &s.lease) {
+        ((_, _), None) => "no writer yet".to_owned(),
+        (("held", Some(left)), Some(l)) => {
+            format!("lease epoch {} held by {}, {} left unless renewed", l.epoch, l.owner, duration(left))
+        }
+        (("released", _), Some(l)) => format!("none (lease epoch {} of {} released)", l.epoch, l.owner),
+        ((_, since), Some(l)) => {
+            format!("lease epoch {} of {} expired {} ago", l.epoch, l.owner, duration(since.unwrap_or(0.0)))
+        }
+    };
+    writeln!(out, "writer      {writer}")?;
+    writeln!(
+        out,
+        "watermarks  HWM {}  LWM {}  reserved below {}",
+        s.clock.hwm.get(),
+        s.clock.lwm.get(),
+        s.clock.reserved.get()
+    )?;
+    match &s.newest {
+        Some((ts, Some(commit))) => {
+            writeln!(out, "replayed    up to mirror ts {ts}: source commit {} UTC ({})", time(*commit), ago(*commit))?
+        }
+        Some((ts, None)) => writeln!(out, "replayed    up to mirror ts {ts} (no source commit time known)")?,
+        None => writeln!(out, "replayed    nothing yet")?,
+    }
+    match &s.checkpoint {
+        Some(c) => {
+            let commit =
+                c.manifest.source_commit_us.map_or_else(String::new, |us| format!(", source commit {} UTC", time(us)));
+            writeln!(
+                out,
+                "checkpoint  mirror ts {} of {} at {}{commit}",
+                c.manifest.checkpoint_ts, c.input, c.position
+            )?;
+        }
+        None => writeln!(out, "checkpoint  none yet")?,
+    }
+    match s.readers.iter().min_by_key(|r| r.qts) {
+        Some(oldest) => writeln!(
+            out,
+            "readers     {} registered; the oldest reads ts {} ({})",
+            s.readers.len(),
+            oldest.qts.get(),
+            oldest.id
+        )?,
+        None => writeln!(out, "readers     none registered")?,
+    }
+    let live: Vec<&TableStatus> = s.tables.iter().filter(|t| !t.dropped).collect();
+    writeln!(
+        out,
+        "tables      {} ({} dropped); storage-GC backlog: {} files with ≥ {:.0}% of their rows deleted",
+        live.len(),
+        s.tables.len() - live.len(),
+        live.iter().map(|t| t.files_past_gc_threshold).sum::<usize>(),
+        gc_threshold * 100.0
+    )?;
+    let checkpoint_ts = s.checkpoint.as_ref().map(|c| c.manifest.checkpoint_ts);
+    for t in live {
+        let share = if t.rows_stored == 0 { 0.0 } else { t.rows_deleted as f64 * 100.0 / t.rows_stored as f64 };
+        let iceberg = match &t.iceberg {
+            None => "not published".to_owned(),
+            Some(i) => match (i.checkpoint_ts, checkpoint_ts) {
+                (Some(p), Some(c)) if p == c => format!("Iceberg v{} at the checkpoint", i.format_version),
+                (Some(p), _) => format!("Iceberg v{} at checkpoint {p} (behind)", i.format_version),
+                (None, _) => format!("Iceberg v{}, no snapshot", i.format_version),
+            },
+        };
+        writeln!(
+            out,
+            "  {:<32} {:>4} files ({} combined) {:>5} blocks {:>12} rows stored {:>5.1}% deleted {:>3} past GC  {iceberg}",
+            t.name, t.files, t.regular_files, t.blocks, t.rows_stored, share, t.files_past_gc_threshold
+        )?;
+    }
+    Ok(())
+}
+
+/// `secs` as people read it: seconds, minutes, hours or days.
+fn duration(secs: f64) -> String {
+    match secs {
+        s if s < 120.0 => format!("{s:.1} s"),
+        s if s < 7_200.0 => format!("{:.1} min", s / 60.0),
+        s if s < 172_800.0 => format!("{:.1} h", s / 3_600.0),
+        s => format!("{:.1} days", s / 86_400.0),
+    }
+}
