@@ -25,6 +25,22 @@ fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]
     // A pauses; more changes arrive; B starts on the same lake, waits for
     // A's lease to expire, takes over and replays everything.
     signal(&a, "-STOP");
+    // On the embedded state store, a pause inside a write transaction
+    // keeps SQLite's lock, which no successor can take (a lease cannot
+    // help: the lock is the paused process's): pause A between its writes.
+    if let [flag, lake] = lake_args
+        && flag == "--lake"
+    {
+        let state = std::path::Path::new(lake).join(fovea_core::engine::METADATA_DIR);
+        let mut tries = 0;
+        while sqlite_write_locked(&state) {
+            tries += 1;
+            assert!(tries < 200, "A holds its state's write lock whenever it is paused");
+            signal(&a, "-CONT");
+            std::thread::sleep(Duration::from_millis(10));
+            signal(&a, "-STOP");
+        }
+    }
     append_txns(&input, 21..41);
     let b = serve(dir.path(), lake_args, env, &spec, &opts);
     assert!(b.log().contains("waiting for the lake's lease"), "{}", b.log());
@@ -48,6 +64,16 @@ fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]
     assert!(!c.log().contains("waiting for the lake's lease"), "{}", c.log());
     assert_eq!(count_and_sum(&c).unwrap(), expected(51));
     assert_eq!(c.sql("SELECT count(DISTINCT v) FROM public.t").unwrap(), "50\n");
+}
+
+/// Whether a write transaction holds one of the SQLite files of the lake
+/// state in `dir` (asked without waiting).
+fn sqlite_write_locked(dir: &std::path::Path) -> bool {
+    ["txn.sqlite", "catalog.sqlite"].iter().any(|file| {
+        let conn = rusqlite::Connection::open(dir.join(file)).unwrap();
+        conn.busy_timeout(Duration::ZERO).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").is_err()
+    })
 }
 
 #[test]
