@@ -460,7 +460,7 @@ impl Publisher {
         // table is published in already when the publisher keeps it.
         let table_format = match &previous {
             Some((_, m)) if self.keep_newer_format && m.format_version == FormatVersion::V3.number() => {
-                FormatVersion::V3.max(self.format)
+                FormatVersion::V3
             }
             _ => self.format,
         };
@@ -1242,8 +1242,9 @@ fn expire_snapshots(m: &mut TableMetadata, cutoff: i64, held: Option<u64>) {
         first_kept += 1;
     }
     // At most SNAPSHOTS_KEPT (frequent checkpoints would make every
-    // metadata file long): a reader of a dropped one still finds what it
-    // names for the retention, it only cannot travel back to it anew.
+    // metadata file long): what a dropped one names stays for the
+    // retention since it was written (`delete_unnamed`), so its readers
+    // still find it; only time travel back to it is gone.
     first_kept = first_kept.max(m.snapshots.len().saturating_sub(SNAPSHOTS_KEPT));
     if let Some(held) = held {
         // Snapshot ids are checkpoint timestamps, ascending.

@@ -100,7 +100,7 @@ impl IcebergArgs {
 
     /// Whether `--iceberg off` was given.
     pub fn is_off(&self) -> bool {
-        self.publishing().is_none()
+        self.iceberg == Some(IcebergPublishing::Off)
     }
 
     /// Refuses options that contradict each other, before anything opens.
@@ -113,25 +113,12 @@ impl IcebergArgs {
         }
     }
 
-    /// The format tables are published in (`None`: off), and whether the
-    /// user chose it.
-    fn publishing(&self) -> Option<(fovea_iceberg::FormatVersion, bool)> {
-        match self.iceberg {
-            None => Some((fovea_iceberg::FormatVersion::V2, false)),
-            Some(IcebergPublishing::Format(f)) => Some((f, true)),
-            Some(IcebergPublishing::Off) => None,
-        }
-    }
-
     /// How long the engine keeps lake files no checkpoint names for
     /// readers of published snapshots: the publication retention when
     /// publishing, none otherwise (also across a restart: see
     /// [`fovea_core::EngineConfig::retire_grace`]).
     pub fn retire_grace(&self) -> std::time::Duration {
-        match self.publishing() {
-            Some(_) => fovea_iceberg::DEFAULT_RETENTION,
-            None => std::time::Duration::ZERO,
-        }
+        if self.is_off() { std::time::Duration::ZERO } else { fovea_iceberg::DEFAULT_RETENTION }
     }
 
     /// The publisher `--iceberg` asks for, over the lake of `engine`; the
@@ -145,27 +132,33 @@ impl IcebergArgs {
         engine: &fovea_core::Engine,
     ) -> CliResult<Option<Arc<fovea_iceberg::Publisher>>> {
         self.check()?;
-        let Some((format, chosen)) = self.publishing() else { return Ok(None) };
-        let mut publisher =
+        let format = match self.iceberg {
+            Some(IcebergPublishing::Off) => return Ok(None),
+            Some(IcebergPublishing::Format(f)) => Some(f),
+            None => None,
+        };
+        let publisher =
             iceberg_publisher(lake, Arc::clone(engine.lake().store()), format, self.iceberg_catalog.as_deref())?
                 .with_readers(Arc::clone(engine.clock().store()));
-        if !chosen {
-            publisher = publisher.keeping_newer_formats();
-        }
         engine.set_retire_grace(self.retire_grace());
         Ok(Some(Arc::new(publisher)))
     }
 }
 
-/// A publisher of the lake `lake` (its `store`) in `format`, registering
-/// the tables in `catalog` (`glue://DATABASE`) when given.
+/// A publisher of the lake `lake` (its `store`) in `format` (`None`, the
+/// default: v2, and a table published in v3 already stays in v3),
+/// registering the tables in `catalog` (`glue://DATABASE`) when given.
 pub fn iceberg_publisher(
     lake: &LakeArgs,
     store: Arc<dyn object_store::ObjectStore>,
-    format: fovea_iceberg::FormatVersion,
+    format: Option<fovea_iceberg::FormatVersion>,
     catalog: Option<&str>,
 ) -> CliResult<fovea_iceberg::Publisher> {
-    let publisher = fovea_iceberg::Publisher::new(store, &lake.root_uri()?, format);
+    let chosen = format.unwrap_or(fovea_iceberg::FormatVersion::V2);
+    let mut publisher = fovea_iceberg::Publisher::new(store, &lake.root_uri()?, chosen);
+    if format.is_none() {
+        publisher = publisher.keeping_newer_formats();
+    }
     match catalog {
         None => Ok(publisher),
         Some(url) if url.starts_with("glue://") => {

@@ -334,12 +334,8 @@ pub fn publish_iceberg(
         return Err(format!("the lake {} has no checkpoint yet: nothing to publish", lake.lake).into());
     };
     let store = std::sync::Arc::clone(open.reader.lake().store());
-    let mut publisher =
-        crate::lakes::iceberg_publisher(lake, store, format.unwrap_or(fovea_iceberg::FormatVersion::V2), catalog)?
-            .with_readers(std::sync::Arc::clone(&open.txn));
-    if format.is_none() {
-        publisher = publisher.keeping_newer_formats();
-    }
+    let publisher =
+        crate::lakes::iceberg_publisher(lake, store, format, catalog)?.with_readers(std::sync::Arc::clone(&open.txn));
     let p = publisher.publish(checkpoint)?;
     println!(
         "checkpoint at mirror ts {}: {} tables published, {} already current, {} delete files written, {} bytes written, {} old objects deleted",

@@ -634,6 +634,7 @@ fn status_tells_how_a_lake_stands_from_its_state_alone() {
         let t = tables.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("{name} missing: {s}"));
         let live = t["rows_stored"].as_u64().unwrap() - t["rows_deleted"].as_u64().unwrap();
         assert_eq!(live, n.trim().parse::<u64>().unwrap(), "{name}: {t}");
+        assert_eq!(t["files_deleted_unknown"], 0, "{name}: {t}");
         assert_eq!(t["iceberg"]["checkpoint_ts"].as_u64(), Some(checkpoint), "{name}: {t}");
         assert_eq!(t["iceberg"]["format_version"], 2, "{name}: {t}");
     }
