@@ -17,13 +17,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use aws_sdk_lambda::Client;
 use fovea_core::Result;
 use fovea_core::lake::block_on_io;
 use fovea_core::rewrite::{RewriteAnswer, RewriteRequest, RewriteWorker};
 use fovea_core::scan_worker::{SplitFailure, SplitFailureKind};
 
 use crate::lambda::{LambdaUrl, invoke_function, lambda_client};
+use crate::signed_http::ServiceClient;
 
 /// Rewrites one replayer runs at once unless `concurrency=` says.
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -84,7 +84,7 @@ pub struct FunctionStats {
 /// Runs rewrites as invocations of the combine and GC functions.
 #[derive(Clone)]
 pub struct LambdaRewrites {
-    client: Client,
+    client: ServiceClient,
     target: FunctionsTarget,
     /// The lake's URL, sent with every request (a function pinned to
     /// another lake refuses it).
@@ -158,7 +158,7 @@ impl LambdaRewrites {
 
 impl RewriteWorker for LambdaRewrites {
     fn rewrite(&self, request: &RewriteRequest) -> std::result::Result<RewriteAnswer, SplitFailure> {
-        // The SDK's connections live on the IO runtime; this (maintenance)
+        // The client's connections live on the IO runtime; this (maintenance)
         // thread waits for the answer.
         block_on_io(self.clone().run(request.clone())).map_err(|e| SplitFailure::of(&e)).and_then(|outcome| outcome)
     }

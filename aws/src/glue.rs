@@ -13,17 +13,24 @@
 //! newer (a newer replayer registered it) is left alone. A table dropped in
 //! the source is deleted from the database (its Iceberg table stays, its
 //! last snapshot empty).
+//!
+//! The five operations (`GetDatabase`, `GetTable`, `CreateTable`,
+//! `UpdateTable`, `DeleteTable`) are AWS JSON 1.1 calls signed by
+//! [`crate::signed_http`], retried there as the SDK would.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use aws_sdk_glue::Client;
-use aws_sdk_glue::error::{DisplayErrorContext, SdkError};
-use aws_sdk_glue::operation::get_table::GetTableError;
-use aws_sdk_glue::types::{Column, StorageDescriptor, TableInput};
 use fovea_core::lake::block_on_io;
 use fovea_iceberg::spec::{IcebergType, TableMetadata};
 use fovea_iceberg::{CatalogView, PublishError, TableRegistry, ViewTable};
+use serde_json::{Value, json};
+
+use crate::config::Deadlines;
+use crate::signed_http::{GLUE, ServiceClient};
+
+/// The JSON 1.1 target prefix of Glue's operations.
+const TARGET: &str = "AWSGlue";
 
 /// Glue's parameter naming the current metadata file.
 const METADATA_LOCATION: &str = "metadata_location";
@@ -33,7 +40,7 @@ const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
 /// The Glue database a lake's Iceberg tables are registered in.
 #[derive(Debug)]
 pub struct GlueRegistry {
-    client: Client,
+    client: ServiceClient,
     database: String,
     /// Metadata location each Glue table was last pointed at by this
     /// process (no call while it has not moved; empty: deleted).
@@ -46,23 +53,22 @@ impl GlueRegistry {
     /// it, not a new database).
     pub fn open(url: &str) -> fovea_core::Result<Self> {
         let database = parse_url(url)?;
-        let config = crate::config::sdk_config()?;
-        let client = Client::new(&config);
+        let client = ServiceClient::new(GLUE, Deadlines::from_env()?)?;
         let got = block_on_io({
             let client = client.clone();
-            let database = database.clone();
-            async move { client.get_database().name(database).send().await }
+            let input = json!({ "Name": database });
+            async move { client.call_json(TARGET, "GetDatabase", &input).await }
         })?;
         match got {
             Ok(_) => Ok(GlueRegistry { client, database, registered: Mutex::new(HashMap::new()) }),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_entity_not_found_exception()) => Err(error(
+            Err(e) if e.code() == "EntityNotFoundException" => Err(error(
                 url,
                 format!(
                     "the Glue database {database} does not exist (the template creates it; or `aws glue \
                      create-database --database-input Name={database}`)"
                 ),
             )),
-            Err(e) => Err(error(url, format!("GetDatabase {database}: {}", DisplayErrorContext(&e)))),
+            Err(e) => Err(error(url, format!("GetDatabase {database} at {}: {e}", client.endpoint()))),
         }
     }
 
@@ -74,33 +80,38 @@ impl GlueRegistry {
 /// Points the Glue table `name` of `database` at `location` (the metadata
 /// file of `metadata`), creating it when absent.
 async fn register_table(
-    client: &Client,
+    client: &ServiceClient,
     database: &str,
     name: &str,
     location: &str,
     metadata: &TableMetadata,
 ) -> Result<(), String> {
     for _attempt in 0..3 {
-        let got = client.get_table().database_name(database).name(name).send().await;
+        let got = client.call_json(TARGET, "GetTable", &json!({ "DatabaseName": database, "Name": name })).await;
         let (current, version_id) = match got {
             Ok(out) => {
-                let table = out.table.ok_or("GetTable answered no table")?;
-                let current = table.parameters.as_ref().and_then(|p| p.get(METADATA_LOCATION)).cloned();
-                (Some(current), table.version_id)
+                let table = out.get("Table").ok_or("GetTable answered no table")?;
+                let current = table
+                    .get("Parameters")
+                    .and_then(|p| p.get(METADATA_LOCATION))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                (Some(current), table.get("VersionId").and_then(Value::as_str).map(str::to_owned))
             }
-            Err(SdkError::ServiceError(e)) if matches!(e.err(), GetTableError::EntityNotFoundException(_)) => {
-                (None, None)
-            }
-            Err(e) => return Err(format!("GetTable {name}: {}", DisplayErrorContext(&e))),
+            Err(e) if e.code() == "EntityNotFoundException" => (None, None),
+            Err(e) => return Err(format!("GetTable {name}: {e}")),
         };
         let input = table_input(name, location, metadata, current.clone().flatten())?;
         match current {
-            None => match client.create_table().database_name(database).table_input(input).send().await {
-                Ok(_) => return Ok(()),
-                // Created meanwhile: update it.
-                Err(e) if e.as_service_error().is_some_and(|s| s.is_already_exists_exception()) => continue,
-                Err(e) => return Err(format!("CreateTable {name}: {}", DisplayErrorContext(&e))),
-            },
+            None => {
+                let create = json!({ "DatabaseName": database, "TableInput": input });
+                match client.call_json(TARGET, "CreateTable", &create).await {
+                    Ok(_) => return Ok(()),
+                    // Created meanwhile: update it.
+                    Err(e) if e.code() == "AlreadyExistsException" => continue,
+                    Err(e) => return Err(format!("CreateTable {name}: {e}")),
+                }
+            }
             Some(current) => {
                 if let Some(current) = &current {
                     if current == location {
@@ -111,17 +122,15 @@ async fn register_table(
                         return Ok(());
                     }
                 }
-                let mut update = client.update_table().database_name(database).table_input(input).skip_archive(true);
+                let mut update = json!({ "DatabaseName": database, "TableInput": input, "SkipArchive": true });
                 if let Some(v) = version_id {
-                    update = update.version_id(v);
+                    update["VersionId"] = Value::String(v);
                 }
-                match update.send().await {
+                match client.call_json(TARGET, "UpdateTable", &update).await {
                     Ok(_) => return Ok(()),
                     // Another writer moved it meanwhile: look again.
-                    Err(e) if e.as_service_error().is_some_and(|s| s.is_concurrent_modification_exception()) => {
-                        continue;
-                    }
-                    Err(e) => return Err(format!("UpdateTable {name}: {}", DisplayErrorContext(&e))),
+                    Err(e) if e.code() == "ConcurrentModificationException" => continue,
+                    Err(e) => return Err(format!("UpdateTable {name}: {e}")),
                 }
             }
         }
@@ -167,12 +176,11 @@ impl TableRegistry for GlueRegistry {
                 }
             }
             for name in dropped {
-                match client.delete_table().database_name(&database).name(&name).send().await {
+                let input = json!({ "DatabaseName": database, "Name": name });
+                match client.call_json(TARGET, "DeleteTable", &input).await {
                     Ok(_) => done.push((name, String::new())),
-                    Err(e) if e.as_service_error().is_some_and(|s| s.is_entity_not_found_exception()) => {
-                        done.push((name, String::new()));
-                    }
-                    Err(e) => failed.push(format!("DeleteTable {name}: {}", DisplayErrorContext(&e))),
+                    Err(e) if e.code() == "EntityNotFoundException" => done.push((name, String::new())),
+                    Err(e) => failed.push(format!("DeleteTable {name}: {e}")),
                 }
             }
             (done, failed)
@@ -223,33 +231,34 @@ fn newer_than(a: &str, b: &str) -> bool {
     matches!((split(a), split(b)), (Some((da, na)), Some((db, nb))) if da == db && na > nb)
 }
 
-/// The Glue table input of an Iceberg table: its location, its columns in
-/// Hive types (for consoles; engines read the schema from the metadata),
-/// and the metadata pointer.
+/// The Glue table input (`TableInput`) of an Iceberg table: its location,
+/// its columns in Hive types (for consoles; engines read the schema from
+/// the metadata), and the metadata pointer.
 fn table_input(
     name: &str,
     location: &str,
     metadata: &TableMetadata,
     previous: Option<String>,
-) -> Result<TableInput, String> {
+) -> Result<Value, String> {
     let schema = metadata.current_schema().ok_or("the metadata has no current schema")?;
     let mut columns = Vec::with_capacity(schema.fields.len());
     for f in &schema.fields {
         let t = IcebergType::parse(&f.field_type)
             .ok_or_else(|| format!("column {} has type {}, which fovea does not publish", f.name, f.field_type))?;
-        columns.push(Column::builder().name(&f.name).r#type(t.hive_type()).build().map_err(|e| e.to_string())?);
+        columns.push(json!({ "Name": f.name, "Type": t.hive_type() }));
     }
-    let storage = StorageDescriptor::builder().location(&metadata.location).set_columns(Some(columns)).build();
-    let mut input = TableInput::builder()
-        .name(name)
-        .table_type("EXTERNAL_TABLE")
-        .parameters("table_type", "ICEBERG")
-        .parameters(METADATA_LOCATION, location)
-        .storage_descriptor(storage);
+    let mut parameters = serde_json::Map::new();
+    parameters.insert("table_type".into(), "ICEBERG".into());
+    parameters.insert(METADATA_LOCATION.into(), location.into());
     if let Some(previous) = previous {
-        input = input.parameters(PREVIOUS_METADATA_LOCATION, previous);
+        parameters.insert(PREVIOUS_METADATA_LOCATION.into(), previous.into());
     }
-    input.build().map_err(|e| e.to_string())
+    Ok(json!({
+        "Name": name,
+        "TableType": "EXTERNAL_TABLE",
+        "Parameters": parameters,
+        "StorageDescriptor": { "Location": metadata.location, "Columns": columns },
+    }))
 }
 
 #[cfg(test)]

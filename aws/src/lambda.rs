@@ -1,8 +1,9 @@
 //! Scans fanned out to the Lambda scan function (`functions/scan`):
 //! `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
 //!
-//! Each split of a query is one synchronous invocation (aws-sdk-lambda,
-//! `AWS_ENDPOINT_URL_LAMBDA` honoured, e.g. `cargo lambda watch`). An
+//! Each split of a query is one synchronous invocation (Lambda's `Invoke`,
+//! signed by [`crate::signed_http`]; `AWS_ENDPOINT_URL_LAMBDA` honoured,
+//! e.g. `cargo lambda watch`). An
 //! invocation Lambda throttles (429) is sent again with backoff and jitter
 //! until the invocation's deadline; one that fails with a retryable error
 //! or times out is retried once, under a new spill prefix; a second failure, or a failure that
@@ -17,11 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_sdk_lambda::Client;
-use aws_sdk_lambda::error::SdkError;
-use aws_sdk_lambda::primitives::Blob;
 use futures::future::BoxFuture;
 use object_store::ObjectStore;
 
@@ -31,6 +27,9 @@ use fovea_core::scan_worker::{
 };
 use fovea_core::split::SplitTask;
 use fovea_core::{Error, Result};
+
+use crate::config::Deadlines;
+use crate::signed_http::{CallError, LAMBDA, ServiceClient};
 
 /// Invocations one query runs at once unless `concurrency=` says.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -142,7 +141,7 @@ pub struct InvocationStats {
 /// Runs split tasks as invocations of the scan function.
 #[derive(Clone)]
 pub struct LambdaScan {
-    client: Client,
+    client: ServiceClient,
     target: LambdaTarget,
     /// The lake's URL, sent with every request (a function pinned to
     /// another lake refuses it).
@@ -164,7 +163,7 @@ impl LambdaScan {
     pub fn new(target: LambdaTarget, lake_url: &str, store: Arc<dyn ObjectStore>) -> Result<Self> {
         Ok(LambdaScan {
             // One attempt per call: the retry policy is this module's
-            // (once, with a new spill prefix), not the SDK's.
+            // (once, with a new spill prefix), not a generic one.
             client: lambda_client(target.timeout)?,
             target,
             lake_url: lake_url.to_owned(),
@@ -263,63 +262,61 @@ impl LambdaScan {
     }
 }
 
+/// The path of `Invoke` for `function` (a name, a partial or a full ARN,
+/// a qualifier after `:`), the name percent-encoded as one path segment.
+pub(crate) fn invoke_path(function: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    format!("/2015-03-31/functions/{}/invocations", percent_encoding::utf8_percent_encode(function, SEGMENT))
+}
+
 /// One synchronous invocation of `function` with `payload`: the answer's
 /// body, or the failure (the function's typed error, a timeout after
 /// `timeout`, or Lambda's own error).
 pub(crate) async fn invoke_function(
-    client: &Client,
+    client: &ServiceClient,
     function: &str,
     payload: Vec<u8>,
     timeout: Duration,
 ) -> std::result::Result<Vec<u8>, SplitFailure> {
-    let sent = client.invoke().function_name(function).payload(Blob::new(payload)).send().await;
-    let out = match sent {
-        Ok(out) => out,
-        Err(SdkError::ServiceError(e)) => {
-            // A runtime emulator (cargo lambda watch) answers a
-            // function error with HTTP 500 and Lambda's error body.
-            let raw = e.raw();
-            if let Some(failure) = raw.body().bytes().and_then(function_failure) {
+    let sent = client.send(reqwest::Method::POST, &invoke_path(function), &[], payload, timeout).await;
+    match sent {
+        Ok(answer) => {
+            if let Some(kind) = answer.header("x-amz-function-error") {
+                return Err(function_failure(&answer.body).unwrap_or_else(|| {
+                    SplitFailure::new(
+                        SplitFailureKind::Failed,
+                        format!("{kind}: {}", String::from_utf8_lossy(&answer.body)),
+                    )
+                }));
+            }
+            Ok(answer.body.to_vec())
+        }
+        Err(CallError::Service { status, code, message, body }) => {
+            // A runtime emulator (cargo lambda watch) answers a function
+            // error with HTTP 500 and Lambda's error body.
+            if let Some(failure) = function_failure(&body) {
                 return Err(failure);
             }
-            if raw.status().as_u16() == 429 || e.err().is_too_many_requests_exception() {
-                return Err(SplitFailure::new(SplitFailureKind::Throttled, format!("Lambda throttled: {}", e.err())));
-            }
-            return Err(SplitFailure::new(
-                SplitFailureKind::Unavailable,
-                format!("Lambda answered HTTP {}: {}", raw.status().as_u16(), e.err()),
-            ));
+            let kind = if status == 429 || code == "TooManyRequestsException" {
+                SplitFailureKind::Throttled
+            } else {
+                SplitFailureKind::Unavailable
+            };
+            let code = if code.is_empty() { String::new() } else { format!("{code}: ") };
+            Err(SplitFailure::new(kind, format!("Lambda answered HTTP {status}: {code}{message}")))
         }
-        Err(SdkError::TimeoutError(_)) => {
-            return Err(SplitFailure::new(
-                SplitFailureKind::Unavailable,
-                format!("no answer within {} s", timeout.as_secs()),
-            ));
+        Err(CallError::Timeout(_)) => {
+            Err(SplitFailure::new(SplitFailureKind::Unavailable, format!("no answer within {} s", timeout.as_secs())))
         }
-        Err(e) => {
-            return Err(SplitFailure::new(SplitFailureKind::Unavailable, crate::dynamo::describe(&e)));
-        }
-    };
-    let body = out.payload().map(|b| b.as_ref()).unwrap_or_default();
-    if let Some(kind) = out.function_error() {
-        return Err(function_failure(body).unwrap_or_else(|| {
-            SplitFailure::new(SplitFailureKind::Failed, format!("{kind}: {}", String::from_utf8_lossy(body)))
-        }));
+        Err(e @ CallError::Transport(_)) => Err(SplitFailure::new(SplitFailureKind::Unavailable, e.to_string())),
     }
-    Ok(body.to_vec())
 }
 
-/// An SDK client for invocations of at most `timeout` each, one attempt
+/// A Lambda client for invocations of at most `timeout` each, one attempt
 /// per call (the callers' retry policy is their own).
-pub(crate) fn lambda_client(timeout: Duration) -> Result<Client> {
-    let config = crate::config::sdk_config()?
-        .into_builder()
-        .retry_config(RetryConfig::standard().with_max_attempts(1))
-        .timeout_config(
-            TimeoutConfig::builder().connect_timeout(Duration::from_secs(5)).operation_attempt_timeout(timeout).build(),
-        )
-        .build();
-    Ok(Client::new(&config))
+pub(crate) fn lambda_client(timeout: Duration) -> Result<ServiceClient> {
+    ServiceClient::new(LAMBDA, Deadlines { attempt: timeout, operation: timeout })
 }
 
 /// Lambda's error body (`{"errorType": …, "errorMessage": …}`) as a failure.
@@ -332,7 +329,7 @@ fn function_failure(body: &[u8]) -> Option<SplitFailure> {
 
 impl SplitWorker for LambdaScan {
     fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
-        // The SDK's connections live on the IO runtime.
+        // The client's connections live on the IO runtime.
         let run = spawn_io(self.clone().run_task(query.to_owned(), n, task));
         Box::pin(async move { run.await? })
     }

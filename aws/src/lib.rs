@@ -10,6 +10,7 @@
 //! | combine and storage GC run by the Lambda functions (`--functions lambda://PREFIX`) | [`functions`] | [`fovea_core::rewrite::RewriteWorker`] |
 //! | what the function binaries share (start-up, lakes, the rewrite handler) | [`function`] | |
 //! | published Iceberg tables in the Glue Data Catalog (`glue://DATABASE`, feature `glue`) | `glue` | `fovea_iceberg::TableRegistry` |
+//! | Lambda's and Glue's few calls as signed HTTPS requests (no SDK crate) | [`signed_http`] | |
 //!
 //! Everything is configured from one AWS configuration ([`config`]: region,
 //! credential chain with profiles and SSO, deadlines; `AWS_ENDPOINT_URL` and the per-service
@@ -29,6 +30,7 @@ pub mod glue;
 pub mod kinesis;
 pub mod lambda;
 pub mod s3;
+pub mod signed_http;
 
 /// Attempts (first try included) of a request the SDK retries.
 pub const RETRY_ATTEMPTS: u32 = 8;

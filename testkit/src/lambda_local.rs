@@ -1,6 +1,6 @@
 //! A local Lambda endpoint for tests and benchmarks, without Docker:
 //! `cargo lambda watch --only-lambda-apis` serves the Lambda invoke API
-//! (what aws-sdk-lambda and boto3 call, at `AWS_ENDPOINT_URL_LAMBDA`) and
+//! (what fovea and boto3 call, at `AWS_ENDPOINT_URL_LAMBDA`) and
 //! the runtime API; this module starts it and then `instances` processes
 //! of a function binary that poll it, as Lambda's execution environments
 //! do (one invocation at a time each). `scripts/test-deps.sh` installs
