@@ -6,6 +6,9 @@
 //! Configuration (environment): `FOVEA_LAKE=s3://BUCKET/PREFIX` pins the
 //! lake (requests naming another are refused); without it each request
 //! names its lake. AWS settings as every AWS client reads them.
+//! Every invocation writes one metrics line in CloudWatch's embedded
+//! metric format ([`crate::emf`], dimension `Function`: invocations,
+//! failures, rows, bytes, milliseconds) unless `FOVEA_EMF=off`.
 //! `FOVEA_KILL_AT` (tests only, with the `faults` feature) aborts a rewrite
 //! function at a phase; a build without it refuses to start with it set.
 
@@ -17,6 +20,8 @@ use fovea_core::lake::Lake;
 use fovea_core::rewrite::{KillPhase, RewriteAnswer, RewriteRequest};
 use fovea_core::scan_worker::{SplitFailure, SplitFailureKind};
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+
+use crate::emf::{Record, Unit};
 
 /// A failed invocation, as Lambda reports it (`errorType`, `errorMessage`).
 #[derive(Debug)]
@@ -65,6 +70,30 @@ pub fn start(function: &str) -> Result<Instant, lambda_runtime::Error> {
         .into());
     }
     Ok(started)
+}
+
+/// Writes the metrics line of one invocation of `function` (`scan`,
+/// `combine`, `gc`) begun at `began`: `invocations` 1, `failures` 0 or 1
+/// (the failure's kind as the line's `errorType`), `duration_ms`, and the
+/// answer's `values` when it succeeded. Nothing when `FOVEA_EMF` is `off`.
+pub fn emit_invocation(function: &str, began: Instant, outcome: Result<&[(&str, Unit, f64)], &SplitFailure>) {
+    if matches!(std::env::var("FOVEA_EMF").as_deref(), Ok("off" | "0" | "false")) {
+        return;
+    }
+    let mut record = Record::new(&crate::emf::namespace(), &[("Function", function)]);
+    record
+        .metric("invocations", Unit::Count, 1.0)
+        .metric("failures", Unit::Count, if outcome.is_err() { 1.0 } else { 0.0 })
+        .metric("duration_ms", Unit::Milliseconds, began.elapsed().as_secs_f64() * 1e3);
+    match outcome {
+        Ok(values) => {
+            for (name, unit, value) in values {
+                record.metric(name, *unit, *value);
+            }
+        }
+        Err(failure) => record.property("errorType", failure.kind.as_str()),
+    }
+    record.emit();
 }
 
 /// The lakes this instance opened, by URL (opening one probes its bucket).
@@ -142,7 +171,19 @@ pub async fn serve_rewrites(function: &'static str, accepts: &'static str) -> Re
     tracing::info!(init_ms = started.elapsed().as_secs_f64() * 1e3, lake = ?lakes.pinned(), "{function} ready");
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let lakes = Arc::clone(&lakes);
-        async move { handle_rewrite(&lakes, accepts, kill, event.payload).await }
+        async move {
+            let began = Instant::now();
+            let outcome = handle_rewrite(&lakes, accepts, kill, event.payload).await;
+            let values = outcome.as_ref().map(|a| {
+                [
+                    ("rows", Unit::Count, a.rows as f64),
+                    ("bytes_written", Unit::Bytes, a.bytes() as f64),
+                    ("rewrite_ms", Unit::Milliseconds, a.micros as f64 / 1e3),
+                ]
+            });
+            emit_invocation(accepts, began, values.as_ref().map(|v| &v[..]).map_err(|f| &f.0));
+            outcome
+        }
     }))
     .await
 }

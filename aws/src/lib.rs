@@ -10,6 +10,7 @@
 //! | combine and storage GC run by the Lambda functions (`--functions lambda://PREFIX`) | [`functions`] | [`fovea_core::rewrite::RewriteWorker`] |
 //! | what the function binaries share (start-up, lakes, the rewrite handler) | [`function`] | |
 //! | published Iceberg tables in the Glue Data Catalog (`glue://DATABASE`, feature `glue`) | `glue` | `fovea_iceberg::TableRegistry` |
+//! | metrics as CloudWatch log lines (embedded metric format) | [`emf`] | |
 //! | Lambda's and Glue's few calls as signed HTTPS requests (no SDK crate) | [`signed_http`] | |
 //!
 //! Everything is configured from one AWS configuration ([`config`]: region,
@@ -23,6 +24,7 @@
 pub mod catalog;
 pub mod config;
 pub mod dynamo;
+pub mod emf;
 pub mod function;
 pub mod functions;
 #[cfg(feature = "glue")]

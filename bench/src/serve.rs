@@ -176,6 +176,7 @@ pub fn serve_bench(args: &ServeBenchArgs) -> CliResult<()> {
         ),
         listen: format!("127.0.0.1:{}", free_port()?).parse()?,
         metrics: Some(metrics_addr.parse()?),
+        emf_secs: None,
         token: None,
         tls_cert: None,
         tls_key: None,

@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -413,6 +414,8 @@ fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
     let mut cmd = aws.fovea();
     cmd.args(["serve", "--lake", lake.to_str().unwrap(), "--input", "kinesis://bank?poll_ms=5"])
         .args(["--listen", &format!("127.0.0.1:{port}"), "--checkpoint-secs", "1", "--metrics", &metrics])
+        .args(["--emf-secs", "0.5"])
+        .env_remove("FOVEA_METRICS_NAMESPACE")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap());
     let server = common::Server::spawn(cmd, dir.path().join("serve.log"), Some(metrics));
@@ -452,8 +455,169 @@ fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
         text.contains("fovea_shard_millis_behind_latest{") && text.contains("fovea_input_held_transactions "),
         "{text}"
     );
+    // A line after the scrape, then the last one when stopping.
+    let lines_before = server.emf().len();
+    common::eventually(Duration::from_secs(10), "an EMF line after the scrape", || {
+        (server.emf().len() > lines_before).then_some(())
+    });
+    let stdout = std::sync::Arc::clone(&server.stdout);
     let log = server.stop();
     assert!(!log.contains("ERROR"), "{log}");
+    let emf = common::emf_records(&stdout.lock().unwrap().join("\n"));
+    assert_emf_carries_the_metrics(&emf, &text, lake.to_str().unwrap());
+}
+
+/// The EMF lines of a whole `fovea serve` run (`emf`) against a scrape of
+/// `/metrics` (`scraped`) taken once everything was applied: counters
+/// summed over the lines equal the scraped ones, and the template's alarms
+/// and dashboard and the Grafana dashboard name only metrics that exist.
+fn assert_emf_carries_the_metrics(emf: &[Json], scraped: &str, lake: &str) {
+    let value = |name: &str| -> f64 {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in\n{scraped}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let directives = |r: &Json| r["_aws"]["CloudWatchMetrics"].as_array().unwrap().clone();
+    let lake_lines: Vec<&Json> =
+        emf.iter().filter(|r| directives(r).iter().all(|d| d["Dimensions"] == serde_json::json!([["Lake"]]))).collect();
+    let shard_lines: Vec<&Json> = emf
+        .iter()
+        .filter(|r| directives(r).iter().all(|d| d["Dimensions"] == serde_json::json!([["Lake", "Shard"]])))
+        .collect();
+    assert_eq!(lake_lines.len() + shard_lines.len(), emf.len(), "lines of other dimensions");
+    assert!(lake_lines.len() >= 3, "{} lines", lake_lines.len());
+    for r in emf {
+        assert_eq!(r["Lake"], lake);
+        assert!(directives(r).iter().all(|d| d["Namespace"] == "fovea"));
+    }
+    let sum = |lines: &[&Json], name: &str| lines.iter().map(|r| r[name].as_f64().unwrap_or(0.0)).sum::<f64>();
+    // Counters: the lines carry changes, which add up to the process's totals.
+    for counter in ["rows", "transactions", "checkpoints"] {
+        let scraped = value(&format!("fovea_{counter}_total"));
+        assert!(scraped > 0.0);
+        // Checkpoints go on after the scrape (and one more at the stop).
+        if counter == "checkpoints" {
+            assert!(sum(&lake_lines, counter) >= scraped, "{counter}");
+        } else {
+            assert_eq!(sum(&lake_lines, counter), scraped, "{counter}");
+        }
+    }
+    assert_eq!(
+        sum(&lake_lines, "transaction_freshness_count"),
+        value("fovea_transaction_freshness_seconds_count"),
+        "freshness observations"
+    );
+    let last = lake_lines.last().unwrap();
+    // Gauges: as the scrape said once nothing changes any more.
+    for gauge in ["hwm", "lwm", "lease_epoch", "input_held_transactions"] {
+        assert_eq!(last[gauge].as_f64(), Some(value(&format!("fovea_{gauge}"))), "{gauge}: {last}");
+    }
+    // Percentiles per interval, ordered, bounded by the interval's largest
+    // value (the records' commit times are old: freshness is days here).
+    let mut intervals = 0;
+    for r in &lake_lines {
+        if let Some(p99) = r["transaction_freshness_p99_seconds"].as_f64() {
+            let (p50, max) = (
+                r["transaction_freshness_p50_seconds"].as_f64().unwrap(),
+                r["transaction_freshness_max_seconds"].as_f64().unwrap(),
+            );
+            assert!(0.0 <= p50 && p50 <= p99 && p99 <= max, "p50 {p50}, p99 {p99}, max {max}");
+            assert!(r["transaction_freshness_count"].as_f64().unwrap() >= 1.0);
+            intervals += 1;
+        }
+    }
+    assert!(intervals >= 1);
+    assert_eq!((sum(&lake_lines, "process_starts"), last["process_starts"].as_f64()), (1.0, Some(0.0)));
+    assert_eq!(last["stopped_by_error"].as_f64(), Some(0.0), "a clean stop: {last}");
+    assert!(lake_lines[..lake_lines.len() - 1].iter().all(|r| r.get("stopped_by_error").is_none()));
+    // Per shard: records read add up to the shard's counter.
+    for shard in 0..4 {
+        let name = format!("bank/shardId-{shard:012}");
+        let lines: Vec<&Json> = shard_lines.iter().copied().filter(|r| r["Shard"] == name.as_str()).collect();
+        assert!(!lines.is_empty(), "no line of {name}");
+        let scraped = value(&format!("fovea_shard_records_total{{shard=\"{name}\"}}"));
+        assert_eq!(sum(&lines, "shard_records"), scraped, "{name}");
+        assert!(lines.last().unwrap()["shard_millis_behind_latest"].is_number());
+    }
+    // What the template's alarms and dashboard and the Grafana dashboard
+    // name exists.
+    let emitted: std::collections::BTreeSet<String> = emf
+        .iter()
+        .flat_map(directives)
+        .flat_map(|d| {
+            d["Metrics"].as_array().unwrap().iter().map(|m| m["Name"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+        })
+        .collect();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let template = std::fs::read_to_string(root.join("template.yaml")).unwrap();
+    let named = lake_metrics_named_by_the_template(&template);
+    assert!(named.len() >= 20, "{named:?}");
+    for name in &named {
+        assert!(emitted.contains(name), "template.yaml names {name}, which no EMF line carries");
+    }
+    let grafana = std::fs::read_to_string(root.join("infra/grafana-dashboard.json")).unwrap();
+    let grafana: Json = serde_json::from_str(&grafana).expect("the Grafana dashboard is JSON");
+    let mut exprs = Vec::new();
+    for panel in grafana["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let samples: std::collections::BTreeSet<&str> =
+        scraped.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).collect();
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("fovea_") {
+            let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            // A family without samples yet (no error so far) shows its type.
+            let family = ["_total", "_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name);
+            let typed =
+                scraped.lines().any(|l| l.strip_prefix("# TYPE ").is_some_and(|t| t.split(' ').next() == Some(family)));
+            assert!(
+                samples.contains(name.as_str()) || typed,
+                "Grafana's {expr:?} names {name}, which /metrics does not show"
+            );
+            rest = &rest[at + name.len()..];
+        }
+    }
+}
+
+/// The metrics of dimension `Lake` template.yaml's alarms (`MetricName:`)
+/// and dashboard (`["${Ns}", "NAME", "Lake", …]`, `[".", "NAME", ".", …]`)
+/// name.
+fn lake_metrics_named_by_the_template(template: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    // The dimension of the dashboard's last metric line that named one.
+    let mut dimension = String::new();
+    let lines: Vec<&str> = template.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        if let Some(name) = t.strip_prefix("MetricName: ") {
+            // Function metrics are the functions' (their own test).
+            let dims = lines[i + 1..].iter().take(3).map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+            if !dims.contains("Name: Function") {
+                names.insert(name.to_owned());
+            }
+        }
+        let quoted: Vec<&str> = t.split('"').skip(1).step_by(2).collect();
+        if t.starts_with('[') && quoted.len() >= 3 {
+            if quoted[2] != "." {
+                dimension = quoted[2].to_owned();
+            }
+            if dimension == "Lake" {
+                names.insert(quoted[1].to_owned());
+            }
+        }
+    }
+    names
 }
 
 /// Table a's final rows as `fovea sql` prints them (CSV without header).

@@ -145,6 +145,27 @@ fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lak
     assert!(logs.contains("rewritten"), "{logs}");
     let log = server.stop();
     assert!(log.contains("rewrites run in Lambda functions"), "{log}");
+    // Each invocation logged one metrics line (CloudWatch EMF, dimension
+    // Function), which add up to what the replayer counted.
+    // (Read after the stop: no rewrite is in flight any more.)
+    let emf = common::emf_records(&lambda.instance_logs());
+    for r in &emf {
+        let d = &r["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(
+            (&d["Namespace"], &d["Dimensions"]),
+            (&serde_json::json!("fovea"), &serde_json::json!([["Function"]]))
+        );
+        assert!(r["Function"] == "combine" || r["Function"] == "gc", "{r}");
+        assert_eq!((r["invocations"].as_f64(), r["failures"].as_f64()), (Some(1.0), Some(0.0)), "{r}");
+        assert!(r["duration_ms"].as_f64().unwrap() >= r["rewrite_ms"].as_f64().unwrap() * 0.5, "{r}");
+        assert!(r["bytes_written"].as_f64().unwrap() > 0.0 && r["rows"].as_f64().is_some(), "{r}");
+    }
+    let count = |f: &str| emf.iter().filter(|r| r["Function"] == f).count() as f64;
+    assert!(count("combine") >= value("fovea_files_combined_total"), "{} lines", emf.len());
+    assert!(count("gc") >= value("fovea_files_rewritten_total"), "{} lines", emf.len());
+    assert!(count("combine") + count("gc") >= value("fovea_rewrites_total"), "{} lines", emf.len());
+    let rows: f64 = emf.iter().map(|r| r["rows"].as_f64().unwrap()).sum();
+    assert!(rows >= value("fovea_rewrite_rows_total"), "{rows}");
 
     let expected = reference(&moto, dir.path(), &input);
     assert_tables(&moto, "fn", &expected, "after the run");

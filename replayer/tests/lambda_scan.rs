@@ -183,6 +183,13 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
         stderr.contains("ObjectMissing") && stderr.contains("after 1 attempt(s)") && stderr.contains("run it again"),
         "{stderr}"
     );
+    // Each invocation logged one metrics line (CloudWatch EMF, dimension
+    // Function): the failed ones with the failure's kind.
+    let emf = common::emf_records(&lambda.instance_logs());
+    assert!(!emf.is_empty() && emf.iter().all(|r| r["Function"] == "scan" && r["invocations"] == 1.0), "{emf:?}");
+    let failed: Vec<_> = emf.iter().filter(|r| r["failures"] == 1.0).collect();
+    assert!(!failed.is_empty() && failed.iter().all(|r| r["errorType"] == "ObjectMissing"), "{emf:?}");
+    assert!(failed.iter().all(|r| r.get("rows").is_none()), "{failed:?}");
 }
 
 /// A bank as Debezium lines (one source transaction per transfer, grouped

@@ -360,7 +360,7 @@ fn sql_info() -> &'static SqlInfoData {
 /// stream (or the client dropping it).
 struct QueryTimer {
     began: Instant,
-    histogram: prometheus_client::metrics::histogram::Histogram,
+    histogram: super::metrics::Distribution,
 }
 
 impl Drop for QueryTimer {

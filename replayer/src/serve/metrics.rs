@@ -18,6 +18,96 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+/// A histogram of observations (seconds): the Prometheus histogram
+/// `/metrics` shows, and the same buckets counted where the EMF lines
+/// ([`super::emf`]) read them to give percentiles per interval, with the
+/// largest value observed since the last such read.
+#[derive(Clone, Debug)]
+pub struct Distribution(Arc<DistributionInner>);
+
+#[derive(Debug)]
+struct DistributionInner {
+    histogram: Histogram,
+    /// Upper bounds of the buckets (the last bucket, +Inf, has none).
+    bounds: Vec<f64>,
+    /// Observations per bucket (not cumulative), `bounds.len() + 1`.
+    counts: Vec<AtomicU64>,
+    /// Bits of the largest observation since [`Distribution::take_max`]
+    /// (observations are ≥ 0, whose bits order as the values do).
+    max_bits: AtomicU64,
+}
+
+impl Distribution {
+    /// Buckets with these upper bounds (and +Inf).
+    pub fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
+        let bounds: Vec<f64> = bounds.into_iter().collect();
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Distribution(Arc::new(DistributionInner {
+            histogram: Histogram::new(bounds.iter().copied()),
+            bounds,
+            counts,
+            max_bits: AtomicU64::new(0),
+        }))
+    }
+
+    /// Records one observation (negative ones as 0).
+    pub fn observe(&self, value: f64) {
+        let value = if value.is_nan() { 0.0 } else { value.max(0.0) };
+        let d = &self.0;
+        d.histogram.observe(value);
+        let bucket = d.bounds.iter().position(|b| value <= *b).unwrap_or(d.bounds.len());
+        // Relaxed: independent statistics (see `Metrics`).
+        d.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        d.max_bits.fetch_max(value.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Observations per bucket so far (not cumulative; the last is +Inf).
+    pub fn counts(&self) -> Vec<u64> {
+        self.0.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    /// The bucket bounds.
+    pub fn bounds(&self) -> &[f64] {
+        &self.0.bounds
+    }
+
+    /// The largest observation since the last call (0 when none).
+    pub fn take_max(&self) -> f64 {
+        f64::from_bits(self.0.max_bits.swap(0, Ordering::Relaxed))
+    }
+
+    /// The Prometheus histogram.
+    fn histogram(&self) -> Histogram {
+        self.0.histogram.clone()
+    }
+}
+
+/// The `q` quantile (0..=1) of observations counted per bucket in `counts`
+/// (bounds as [`Distribution::bounds`]): the upper bound of the bucket it
+/// falls in, or `max` (the largest observation) when that is lower or the
+/// quantile falls past the last bound; `None` without observations.
+pub fn bucket_quantile(bounds: &[f64], counts: &[u64], q: f64, max: f64) -> Option<f64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for (i, n) in counts.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            // Within (lower, upper]: no more than the largest observation
+            // (tighter when the interval's values sit low in the bucket).
+            let lower = if i == 0 { 0.0 } else { bounds[i - 1] };
+            return Some(match bounds.get(i) {
+                Some(upper) => upper.min(max).max(lower),
+                None => max.max(lower),
+            });
+        }
+    }
+    Some(max)
+}
+
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -66,11 +156,11 @@ pub struct Metrics {
     pub input: Mutex<Option<fovea_core::cdc::source::Lag>>,
     /// Freshness of each replayed transaction, seconds: its commit here
     /// minus its source commit (see [`Engine::observe_freshness`]).
-    pub freshness: Histogram,
+    pub freshness: Distribution,
     /// Checkpoint durations, seconds.
-    pub checkpoint_seconds: Histogram,
+    pub checkpoint_seconds: Distribution,
     /// Query durations (planning to the last batch sent), seconds.
-    pub query_seconds: Histogram,
+    pub query_seconds: Distribution,
     /// HWM held below committed transactions longer than this, ms, is a
     /// stalled replica (`/healthz` unhealthy, see [`Metrics::stall`]).
     pub stall_after_ms: AtomicU64,
@@ -79,7 +169,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         // 0.1 ms … ~3.3 s (freshness, checkpoints) and 1 ms … ~33 s (queries).
-        let short = || Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let short = || Distribution::new(exponential_buckets(0.0001, 2.0, 16));
         Metrics {
             rows: AtomicU64::default(),
             transactions: AtomicU64::default(),
@@ -97,20 +187,76 @@ impl Default for Metrics {
             rewritten_bytes_after: AtomicU64::default(),
             visibility_checkpoints: AtomicU64::default(),
             queries: AtomicU64::default(),
-            errors: Mutex::default(),
+            errors: Mutex::new(ERROR_KINDS.iter().map(|k| ((*k).to_owned(), 0)).collect()),
             input: Mutex::default(),
             freshness: short(),
             checkpoint_seconds: short(),
-            query_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            query_seconds: Distribution::new(exponential_buckets(0.001, 2.0, 16)),
             stall_after_ms: AtomicU64::new(DEFAULT_STALL_AFTER.as_millis() as u64),
         }
     }
 }
 
+/// The kinds of errors counted ([`Metrics::error`]), shown at 0 from the
+/// start (so `increase()` and alarms see the first one).
+pub const ERROR_KINDS: [&str; 10] = [
+    "input",
+    "checkpoint",
+    "fenced",
+    "postgres_connection",
+    "gc",
+    "combine",
+    "storage_gc",
+    "storage_gc_queue",
+    "visibility_checkpoint",
+    "unauthenticated",
+];
+
 /// How long HWM may stand below committed transactions before the
 /// replica counts as stalled, unless configured (`fovea serve
 /// --stall-secs`).
 pub const DEFAULT_STALL_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Whether a sample only grows (a counter) or goes up and down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKind {
+    /// Only grows while the process runs.
+    Counter,
+    /// Any value.
+    Gauge,
+}
+
+/// A sample's value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SampleValue {
+    /// A whole count.
+    Count(u64),
+    /// A real number (seconds, bytes as a gauge, ratios).
+    Real(f64),
+}
+
+impl SampleValue {
+    /// As a number.
+    pub fn get(self) -> f64 {
+        match self {
+            SampleValue::Count(n) => n as f64,
+            SampleValue::Real(v) => v,
+        }
+    }
+}
+
+/// One unlabelled metric's value (see [`Metrics::samples`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Its name (Prometheus: `fovea_` before it, `_total` after a counter).
+    pub name: &'static str,
+    /// What it is.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: SampleKind,
+    /// Its value.
+    pub value: SampleValue,
+}
 
 /// Labelled samples of one gauge family, built at scrape time.
 type GaugeFamily = Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>;
@@ -136,8 +282,10 @@ impl Metrics {
         *self.errors.lock().unwrap_or_else(|p| p.into_inner()).entry(kind.to_owned()).or_default() += 1;
     }
 
-    /// The OpenMetrics text exposition of these metrics and the engine's.
-    pub fn render(&self, engine: &Engine, started: std::time::Instant) -> String {
+    /// The unlabelled counters and gauges now: what `/metrics` shows and
+    /// the EMF lines carry (counters there as the change since the last
+    /// line).
+    pub fn samples(&self, engine: &Engine, started: std::time::Instant) -> Vec<Sample> {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let clock = engine.clock();
@@ -148,110 +296,136 @@ impl Metrics {
         let memory = engine.memory();
         let rewrites = engine.rewrite_stats();
         let rss = rss_bytes().map_or(f64::NAN, |b| b as f64);
-        let mut registry = Registry::with_prefix("fovea");
-        // Counters (the encoder appends `_total`).
-        for (name, help, value) in [
-            ("rows", "Row changes applied.", load(&self.rows)),
-            ("transactions", "Source transactions applied.", load(&self.transactions)),
-            ("checkpoints", "Checkpoints written.", load(&self.checkpoints)),
-            ("gc_rounds", "Memory GC rounds.", load(&self.gc_rounds)),
-            ("files_combined", "Flushed blocks combined into regular files.", load(&self.files_combined)),
-            ("files_rewritten", "Files storage GC rewrote without their stale rows.", load(&self.files_rewritten)),
-            (
+        let count =
+            |name, help, value| Sample { name, help, kind: SampleKind::Counter, value: SampleValue::Count(value) };
+        let seconds =
+            |name, help, value| Sample { name, help, kind: SampleKind::Counter, value: SampleValue::Real(value) };
+        let gauge = |name, help, value| Sample { name, help, kind: SampleKind::Gauge, value: SampleValue::Real(value) };
+        vec![
+            count("rows", "Row changes applied.", load(&self.rows)),
+            count("transactions", "Source transactions applied.", load(&self.transactions)),
+            count("checkpoints", "Checkpoints written.", load(&self.checkpoints)),
+            count("gc_rounds", "Memory GC rounds.", load(&self.gc_rounds)),
+            count("files_combined", "Flushed blocks combined into regular files.", load(&self.files_combined)),
+            count("files_rewritten", "Files storage GC rewrote without their stale rows.", load(&self.files_rewritten)),
+            count(
                 "stale_rows_dropped",
                 "Stale rows storage GC left out of the files it rewrote.",
                 load(&self.stale_rows_dropped),
             ),
-            ("storage_gc_bytes_before", "Bytes of the files storage GC rewrote.", load(&self.rewritten_bytes_before)),
-            (
+            count(
+                "storage_gc_bytes_before",
+                "Bytes of the files storage GC rewrote.",
+                load(&self.rewritten_bytes_before),
+            ),
+            count(
                 "storage_gc_bytes_after",
                 "Bytes of the files storage GC wrote in their place.",
                 load(&self.rewritten_bytes_after),
             ),
-            (
+            count(
                 "visibility_checkpoints",
                 "Visibility checkpoints written for long-running queries.",
                 load(&self.visibility_checkpoints),
             ),
-            ("queries", "Queries answered.", load(&self.queries)),
-            (
+            count("queries", "Queries answered.", load(&self.queries)),
+            count(
                 "rewrites",
                 "Combine and storage-GC rewrites asked of the rewrite worker (in process or the Lambda functions).",
                 load(&rewrites.started),
             ),
-            (
+            count(
                 "rewrites_failed",
                 "Rewrites that failed or timed out (after the worker's retry); their files were left as they were.",
                 load(&rewrites.failed),
             ),
-            ("rewrite_rows", "Rows written by rewrites.", load(&rewrites.rows_written)),
-        ] {
-            registry.register(name, help, ConstCounter::new(value));
-        }
-        for (name, help, value) in [
-            ("checkpoint_seconds", "Time spent writing checkpoints.", load(&self.checkpoint_us) as f64 / 1e6),
-            ("gc_seconds", "Time spent in memory GC.", load(&self.gc_us) as f64 / 1e6),
-            (
+            count("rewrite_rows", "Rows written by rewrites.", load(&rewrites.rows_written)),
+            seconds("checkpoint_seconds", "Time spent writing checkpoints.", load(&self.checkpoint_us) as f64 / 1e6),
+            seconds("gc_seconds", "Time spent in memory GC.", load(&self.gc_us) as f64 / 1e6),
+            seconds(
                 "rewrite_worker_seconds",
                 "Time the rewrite worker spent on rewrites (its own clock).",
                 load(&rewrites.worker_micros) as f64 / 1e6,
             ),
-        ] {
-            registry.register(name, help, ConstCounter::new(value));
-        }
-        for (name, help, value) in [
-            ("rows_per_second", "Average rows applied per second since start.", load(&self.rows) as f64 / secs),
-            ("input_lag_bytes", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes) as f64),
-            (
+            gauge("rows_per_second", "Average rows applied per second since start.", load(&self.rows) as f64 / secs),
+            gauge("input_lag_bytes", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes) as f64),
+            gauge(
                 "hwm",
                 "High watermark: every mirror ts below it is replayed (new queries read at HWM - 1).",
                 clock.hwm().get() as f64,
             ),
-            ("lwm", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
-            ("freshness_seconds", "Now minus the source commit time of the newest visible transaction.", freshness),
-            ("visibility_bits_per_tuple", "Tile visibility bits per stored tuple.", memory.visibility_bits_per_tuple()),
-            (
+            gauge("lwm", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
+            gauge(
+                "lease_epoch",
+                "Epoch of the lease this replayer writes under (a new writer takes a higher one).",
+                clock.epoch() as f64,
+            ),
+            gauge(
+                "freshness_seconds",
+                "Now minus the source commit time of the newest visible transaction.",
+                freshness,
+            ),
+            gauge(
+                "visibility_bits_per_tuple",
+                "Tile visibility bits per stored tuple.",
+                memory.visibility_bits_per_tuple(),
+            ),
+            gauge(
                 "last_checkpoint_seconds",
                 "Duration of the last checkpoint.",
                 load(&self.last_checkpoint_us) as f64 / 1e6,
             ),
-            (
+            gauge(
                 "storage_gc_queued",
                 "Files whose stale fraction passed the storage-GC threshold.",
                 load(&self.storage_gc_queued) as f64,
             ),
-            ("rss_bytes", "Resident set size of the process.", rss),
-            (
+            gauge("rss_bytes", "Resident set size of the process.", rss),
+            gauge(
                 "hwm_held_seconds",
                 "How long HWM has stood at an uncommitted ts with later transactions committed (0: it is not held).",
                 clock.stall().map_or(0.0, |s| s.held_for.as_secs_f64()),
             ),
-            (
+            gauge(
                 "stalled",
                 "1 while HWM has been held longer than --stall-secs: the replica stopped advancing.",
                 if self.stall(engine).is_some() { 1.0 } else { 0.0 },
             ),
-        ] {
-            registry.register(name, help, ConstGauge::new(value));
+        ]
+    }
+
+    /// The histograms: name, help, distribution.
+    pub fn distributions(&self) -> [(&'static str, &'static str, &Distribution); 3] {
+        [
+            (
+                "transaction_freshness",
+                "Freshness of each replayed transaction: its commit here minus its source commit.",
+                &self.freshness,
+            ),
+            ("checkpoint_duration", "Duration of each checkpoint.", &self.checkpoint_seconds),
+            ("query_duration", "Duration of each query, planning to its last batch.", &self.query_seconds),
+        ]
+    }
+
+    /// The OpenMetrics text exposition of these metrics and the engine's.
+    pub fn render(&self, engine: &Engine, started: std::time::Instant) -> String {
+        let memory = engine.memory();
+        let mut registry = Registry::with_prefix("fovea");
+        for sample in self.samples(engine, started) {
+            // Counters: the encoder appends `_total`.
+            match (sample.kind, sample.value) {
+                (SampleKind::Counter, SampleValue::Count(n)) => {
+                    registry.register(sample.name, sample.help, ConstCounter::new(n))
+                }
+                (SampleKind::Counter, SampleValue::Real(v)) => {
+                    registry.register(sample.name, sample.help, ConstCounter::new(v))
+                }
+                (SampleKind::Gauge, value) => registry.register(sample.name, sample.help, ConstGauge::new(value.get())),
+            }
         }
-        registry.register_with_unit(
-            "transaction_freshness",
-            "Freshness of each replayed transaction: its commit here minus its source commit.",
-            Unit::Seconds,
-            self.freshness.clone(),
-        );
-        registry.register_with_unit(
-            "checkpoint_duration",
-            "Duration of each checkpoint.",
-            Unit::Seconds,
-            self.checkpoint_seconds.clone(),
-        );
-        registry.register_with_unit(
-            "query_duration",
-            "Duration of each query, planning to its last batch.",
-            Unit::Seconds,
-            self.query_seconds.clone(),
-        );
+        for (name, help, distribution) in self.distributions() {
+            registry.register_with_unit(name, help, Unit::Seconds, distribution.histogram());
+        }
         let labelled = |label: &str, samples: Vec<(String, f64)>| {
             let family = GaugeFamily::default();
             for (value, sample) in samples {

@@ -4,13 +4,15 @@
 //!  input (file:PATH followed, postgres://…?slot=…&publication=…, kinesis://STREAM…)
 //!    └─▶ this thread: the input loop (crate::input) ─▶ Sink ─▶ shard workers
 //!          checkpoint every --checkpoint-secs, then confirm to the source (slot, shards)
-//!  tokio runtime: Flight SQL + visibility RPC (--listen), Prometheus (--metrics)
+//!  tokio runtime: Flight SQL + visibility RPC (--listen), Prometheus (--metrics),
+//!                 CloudWatch EMF lines on stdout (--emf-secs)
 //!  maintenance thread: memory GC, combine, storage-GC queue, visibility checkpoints of long queries
 //! ```
 //!
 //! SIGINT / SIGTERM stop the input loop; a final checkpoint is written and
 //! confirmed before the process exits.
 
+pub mod emf;
 pub mod flight;
 pub mod http;
 pub mod iceberg_rest;
@@ -56,6 +58,12 @@ pub struct ServeArgs {
     /// Prometheus metrics address (GET /metrics).
     #[arg(long)]
     pub metrics: Option<SocketAddr>,
+    /// Write the metrics to stdout every this many seconds as CloudWatch
+    /// embedded-metric-format lines (on ECS with the awslogs driver they
+    /// become CloudWatch metrics; namespace `fovea` or
+    /// FOVEA_METRICS_NAMESPACE), and once more when stopping.
+    #[arg(long, value_name = "SECS")]
+    pub emf_secs: Option<f64>,
     /// Bearer token every RPC must carry.
     #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -142,6 +150,12 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         )
         .into());
     }
+    let emf_every = match args.emf_secs {
+        Some(secs) if !(secs.is_finite() && secs >= 0.1) => {
+            return Err(format!("--emf-secs {secs}: must be at least 0.1 seconds").into());
+        }
+        secs => secs.map(Duration::from_secs_f64),
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
         _ => None,
@@ -217,6 +231,22 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
         runtime.spawn(metrics::serve_metrics(l, Arc::clone(&metrics), Arc::clone(&engine), started));
     }
+    let emf = emf_every.map(|every| {
+        let reporter = Arc::new(std::sync::Mutex::new(emf::EmfReporter::new(&args.lake.lake)));
+        let (reporter_, metrics, engine) = (Arc::clone(&reporter), Arc::clone(&metrics), Arc::clone(&engine));
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let records =
+                    reporter_.lock().unwrap_or_else(|p| p.into_inner()).records(&metrics, &engine, started, None);
+                records.iter().for_each(fovea_aws::emf::Record::emit);
+            }
+        });
+        reporter
+    });
     {
         let stop = Arc::clone(&stop);
         runtime.spawn(async move {
@@ -268,8 +298,18 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     stop.store(true, Ordering::Release);
     let _ = maintenance.join();
     runtime.shutdown_timeout(Duration::from_secs(2));
+    let result: CliResult<()> = result.and_then(|()| Ok(engine.flush()?));
+    if let Some(reporter) = emf {
+        // The last line: what changed since the one before, and how it ended.
+        let records = reporter.lock().unwrap_or_else(|p| p.into_inner()).records(
+            &metrics,
+            &engine,
+            started,
+            Some(result.is_err()),
+        );
+        records.iter().for_each(fovea_aws::emf::Record::emit);
+    }
     result?;
-    engine.flush()?;
     tracing::info!("stopped");
     Ok(())
 }

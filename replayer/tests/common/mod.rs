@@ -59,6 +59,45 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The lines of `text` in CloudWatch's embedded metric format, each
+/// checked against the specification: a millisecond timestamp of today,
+/// directives with a namespace, dimension sets whose names are string
+/// members, and metrics in CloudWatch units that are numbers.
+pub fn emf_records(text: &str) -> Vec<serde_json::Value> {
+    const UNITS: [&str; 6] = ["Seconds", "Milliseconds", "Bytes", "Count", "Count/Second", "None"];
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut records = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("{\"_aws\"")) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        let aws = &v["_aws"];
+        let ts = aws["Timestamp"].as_u64().unwrap_or_else(|| panic!("no Timestamp: {line}"));
+        assert!(ts <= now_ms && now_ms - ts < 86_400_000, "Timestamp {ts} is not a time of today in ms: {line}");
+        let directives = aws["CloudWatchMetrics"].as_array().unwrap_or_else(|| panic!("no directives: {line}"));
+        assert!(!directives.is_empty(), "{line}");
+        for d in directives {
+            assert!(d["Namespace"].as_str().is_some_and(|n| !n.is_empty() && n.len() <= 255), "namespace: {line}");
+            for set in d["Dimensions"].as_array().unwrap_or_else(|| panic!("no Dimensions: {line}")) {
+                let set = set.as_array().unwrap();
+                assert!(set.len() <= 30, "{line}");
+                for name in set {
+                    let name = name.as_str().unwrap();
+                    assert!(v[name].is_string(), "dimension {name} is no string member: {line}");
+                }
+            }
+            let metrics = d["Metrics"].as_array().unwrap_or_else(|| panic!("no Metrics: {line}"));
+            assert!(!metrics.is_empty() && metrics.len() <= 100, "{line}");
+            for m in metrics {
+                let name = m["Name"].as_str().unwrap_or_else(|| panic!("a metric without Name: {line}"));
+                let unit = m["Unit"].as_str().unwrap_or_else(|| panic!("{name} has no Unit: {line}"));
+                assert!(UNITS.contains(&unit), "{name}: unit {unit}: {line}");
+                assert!(v[name].as_f64().is_some_and(f64::is_finite), "{name} is no number: {line}");
+            }
+        }
+        records.push(v);
+    }
+    records
+}
+
 /// `N` distinct free ports: each is held until all are chosen (ports
 /// chosen one after another may repeat, as a just-freed port is free).
 pub fn free_ports<const N: usize>() -> [u16; N] {
@@ -74,6 +113,8 @@ pub struct Server {
     pub tls_ca: Option<PathBuf>,
     pub metrics: Option<String>,
     pub stderr: PathBuf,
+    /// Every line the server wrote to stdout so far.
+    pub stdout: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -98,6 +139,8 @@ impl Server {
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = std::sync::Arc::clone(&lines);
         std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
             let mut line = String::new();
@@ -105,6 +148,7 @@ impl Server {
                 if let Some(url) = line.trim().strip_prefix("fovea serve: Flight SQL on ") {
                     let _ = tx.send(url.to_owned());
                 }
+                kept.lock().unwrap().push(line.trim_end().to_owned());
                 line.clear();
             }
         });
@@ -115,7 +159,13 @@ impl Server {
                 panic!("fovea serve did not start:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
             }
         };
-        Server { child, url, tls_ca: None, metrics, stderr }
+        Server { child, url, tls_ca: None, metrics, stderr, stdout: lines }
+    }
+
+    /// The CloudWatch EMF records the server wrote to stdout so far
+    /// (checked by [`emf_records`]).
+    pub fn emf(&self) -> Vec<serde_json::Value> {
+        emf_records(&self.stdout.lock().unwrap().join("\n"))
     }
 
     pub fn log(&self) -> String {
