@@ -472,15 +472,7 @@ fn queries_during_a_kinesis_replay_never_see_a_partial_transaction() {
 /// summed over the lines equal the scraped ones, and the template's alarms
 /// and dashboard and the Grafana dashboard name only metrics that exist.
 fn assert_emf_carries_the_metrics(emf: &[Json], scraped: &str, lake: &str) {
-    let value = |name: &str| -> f64 {
-        scraped
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-            .unwrap_or_else(|| panic!("no {name} in\n{scraped}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let value = |name: &str| common::metric_value(scraped, name);
     let directives = |r: &Json| r["_aws"]["CloudWatchMetrics"].as_array().unwrap().clone();
     let lake_lines: Vec<&Json> =
         emf.iter().filter(|r| directives(r).iter().all(|d| d["Dimensions"] == serde_json::json!([["Lake"]]))).collect();

@@ -123,15 +123,7 @@ fn combine_and_storage_gc_in_lambda_functions_leave_the_tables_exact_and_the_lak
         let queued = server.metric("fovea_storage_gc_queued");
         (lag == 0.0 && rewritten > 0.0 && queued == 0.0).then(|| server.metrics())
     });
-    let value = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let value = |name: &str| common::metric_value(&metrics, name);
     assert!(value("fovea_files_combined_total") > 0.0, "{metrics}");
     assert_eq!(value("fovea_rewrites_failed_total"), 0.0, "{metrics}\n{}", lambda.instance_logs());
     assert!(

@@ -223,14 +223,19 @@ impl Server {
 
     /// One metric's value.
     pub fn metric(&self, name: &str) -> f64 {
-        let text = self.metrics();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
-            .trim()
-            .parse()
-            .unwrap()
+        metric_value(&self.metrics(), name)
     }
+}
+
+/// The value of sample `name` (with its labels, if any) in the Prometheus
+/// text `text`.
+pub fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 impl Drop for Server {
