@@ -391,7 +391,7 @@ impl PgSource {
                             &[&self.input.slot, &lsn.to_string()],
                         )
                         .map(drop)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| crate::replay::error_chain(&e))
                 };
                 if let Err(e) = advanced {
                     tracing::warn!("cannot confirm {lsn} to the slot now (confirmed when streaming resumes): {e}");
@@ -531,7 +531,7 @@ impl PgSource {
                 Ok(read) => self.schemas = Some(read),
                 // Read again at the next check (a lost connection shows in
                 // the stream's reads).
-                Err(e) => tracing::warn!("reading the published tables' columns: {e}"),
+                Err(e) => tracing::warn!("reading the published tables' columns: {}", crate::replay::error_chain(&*e)),
             }
         }
         Ok(())
@@ -747,7 +747,7 @@ impl PgSource {
             }
             Err(e) if !self.copy_open && (self.stream_failed || self.client.is_closed()) => {
                 let delay = self.backoff.get_or_insert_with(reconnect_backoff).next().unwrap_or(RETRY_MAX);
-                tracing::warn!(retry_in = ?delay, "PostgreSQL connection lost: {e}");
+                tracing::warn!(retry_in = ?delay, "PostgreSQL connection lost: {}", crate::replay::error_chain(&*e));
                 self.stream = None;
                 self.stream_failed = false;
                 self.retry_at = Some(std::time::Instant::now() + delay);
@@ -1147,8 +1147,8 @@ impl PgChangeSource {
         Ok(PgChangeSource { pg: PgSource::open(input, resume)?, name, engine, metrics, copied_once: false })
     }
 
-    fn source_error(&self, e: impl std::fmt::Display) -> fovea_core::Error {
-        fovea_core::Error::Source { input: self.name.clone(), message: e.to_string() }
+    fn source_error(&self, e: Box<dyn std::error::Error + Send + Sync>) -> fovea_core::Error {
+        into_core(e, &self.name)
     }
 }
 
@@ -1157,7 +1157,11 @@ impl PgChangeSource {
 fn into_core(e: Box<dyn std::error::Error + Send + Sync>, input: &str) -> fovea_core::Error {
     match e.downcast::<fovea_core::Error>() {
         Ok(core) => *core,
-        Err(other) => fovea_core::Error::Source { input: input.to_owned(), message: other.to_string() },
+        // The whole chain: a PostgreSQL error says only "db error" itself,
+        // its source carries the server's message and SQLSTATE.
+        Err(other) => {
+            fovea_core::Error::Source { input: input.to_owned(), message: crate::replay::error_chain(&*other) }
+        }
     }
 }
 
@@ -1244,6 +1248,32 @@ fn is_undefined_relation(e: &postgres::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error that, like `postgres::Error`, says little itself and the
+    /// rest in its source.
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("db error")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn input_errors_carry_their_whole_chain() {
+        let e = Outer(std::io::Error::other("ERROR: replication slot \"s\" is active for PID 42"));
+        let core = into_core(Box::new(e), "postgres://h/db#slot=s");
+        let text = core.to_string();
+        assert!(
+            text.contains("postgres://h/db#slot=s") && text.contains("db error: ERROR: replication slot"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn reconnect_delays_grow_with_jitter_and_never_end() {
