@@ -57,12 +57,13 @@ impl Unit {
     }
 
     /// The unit a metric named in fovea's way (Prometheus': the unit as the
-    /// name's suffix) has: `…_seconds`, `…_bytes`, `…_millis…` / `…_ms`,
-    /// else `default`.
+    /// name's suffix) has: `…_seconds`, `…_bytes`, `…_bytes_…` (a byte
+    /// counter with a qualifier: `storage_gc_bytes_before`), `bytes_…`,
+    /// `…_millis…` / `…_ms`, else `default`.
     pub fn of_name(name: &str, default: Unit) -> Unit {
         if name.ends_with("_seconds") {
             Unit::Seconds
-        } else if name.ends_with("_bytes") || name.starts_with("bytes_") {
+        } else if name.ends_with("_bytes") || name.contains("_bytes_") || name.starts_with("bytes_") {
             Unit::Bytes
         } else if name.ends_with("_ms") || name.contains("_millis") {
             Unit::Milliseconds
@@ -204,6 +205,8 @@ mod tests {
     fn units_follow_the_names() {
         assert_eq!(Unit::of_name("freshness_seconds", Unit::None), Unit::Seconds);
         assert_eq!(Unit::of_name("input_held_bytes", Unit::None), Unit::Bytes);
+        assert_eq!(Unit::of_name("storage_gc_bytes_before", Unit::Count), Unit::Bytes);
+        assert_eq!(Unit::of_name("bytes_read", Unit::Count), Unit::Bytes);
         assert_eq!(Unit::of_name("shard_millis_behind_latest", Unit::None), Unit::Milliseconds);
         assert_eq!(Unit::of_name("rows", Unit::Count), Unit::Count);
     }

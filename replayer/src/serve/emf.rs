@@ -19,7 +19,7 @@ use std::time::Instant;
 use fovea_aws::emf::{Record, Unit};
 use fovea_core::Engine;
 
-use super::metrics::{Metrics, SampleKind, bucket_quantile};
+use super::metrics::{Metrics, SampleKind, bucket_quantile, memory_components};
 
 /// Turns the metrics into EMF records, remembering what the last records
 /// said so counters become changes.
@@ -64,7 +64,8 @@ impl EmfReporter {
         stopped: Option<bool>,
     ) -> Vec<Record> {
         let mut lake = Record::new(&self.namespace, &[("Lake", &self.lake)]);
-        for sample in metrics.samples(engine, started) {
+        let memory = engine.memory();
+        for sample in metrics.samples(engine, &memory, started) {
             let value = sample.value.get();
             match sample.kind {
                 SampleKind::Counter => {
@@ -96,10 +97,7 @@ impl EmfReporter {
                 lake.metric(&format!("{name}_max_seconds"), Unit::Seconds, max);
             }
         }
-        let memory = engine.memory();
-        for (component, bytes) in
-            [("visibility", memory.visibility_bytes), ("index", memory.index_bytes), ("buffer", memory.buffer_bytes)]
-        {
+        for (component, bytes) in memory_components(&memory) {
             lake.metric(&format!("memory_{component}_bytes"), Unit::Bytes, bytes as f64);
         }
         let errors = metrics.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();

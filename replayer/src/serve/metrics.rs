@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fovea_core::Engine;
+use fovea_core::engine::MemoryStats;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -284,8 +285,9 @@ impl Metrics {
 
     /// The unlabelled counters and gauges now: what `/metrics` shows and
     /// the EMF lines carry (counters there as the change since the last
-    /// line).
-    pub fn samples(&self, engine: &Engine, started: std::time::Instant) -> Vec<Sample> {
+    /// line). `memory` is the engine's, read once by the caller (it locks
+    /// every shard).
+    pub fn samples(&self, engine: &Engine, memory: &MemoryStats, started: std::time::Instant) -> Vec<Sample> {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let clock = engine.clock();
@@ -293,7 +295,6 @@ impl Metrics {
             Some((_, commit)) => (fovea_core::catalog::now_us() - commit) as f64 / 1e6,
             None => f64::NAN,
         };
-        let memory = engine.memory();
         let rewrites = engine.rewrite_stats();
         let rss = rss_bytes().map_or(f64::NAN, |b| b as f64);
         let count =
@@ -411,7 +412,7 @@ impl Metrics {
     pub fn render(&self, engine: &Engine, started: std::time::Instant) -> String {
         let memory = engine.memory();
         let mut registry = Registry::with_prefix("fovea");
-        for sample in self.samples(engine, started) {
+        for sample in self.samples(engine, &memory, started) {
             // Counters: the encoder appends `_total`.
             match (sample.kind, sample.value) {
                 (SampleKind::Counter, SampleValue::Count(n)) => {
@@ -433,9 +434,8 @@ impl Metrics {
             }
             family
         };
-        let components =
-            [("visibility", memory.visibility_bytes), ("index", memory.index_bytes), ("buffer", memory.buffer_bytes)];
-        let by_component = components.iter().map(|(c, bytes)| ((*c).to_owned(), *bytes as f64)).collect();
+        let by_component =
+            memory_components(&memory).iter().map(|(c, bytes)| ((*c).to_owned(), *bytes as f64)).collect();
         registry.register("memory_bytes", "Memory held, by component.", labelled("component", by_component));
         let counted = |label: &str, samples: Vec<(String, u64)>| {
             let family = CounterFamily::default();
@@ -487,6 +487,12 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The engine's memory by component (`memory_bytes{component}` on
+/// `/metrics`, `memory_COMPONENT_bytes` in EMF lines).
+pub fn memory_components(m: &MemoryStats) -> [(&'static str, usize); 3] {
+    [("visibility", m.visibility_bytes), ("index", m.index_bytes), ("buffer", m.buffer_bytes)]
 }
 
 /// CPU time (user + system) of this process so far, from `/proc/self/stat`
