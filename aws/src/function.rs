@@ -72,11 +72,25 @@ pub fn start(function: &str) -> Result<Instant, lambda_runtime::Error> {
     Ok(started)
 }
 
-/// Writes the metrics line of one invocation of `function` (`scan`,
-/// `combine`, `gc`) begun at `began`: `invocations` 1, `failures` 0 or 1
-/// (the failure's kind as the line's `errorType`), `duration_ms`, and the
-/// answer's `values` when it succeeded. Nothing when `FOVEA_EMF` is `off`.
-pub fn emit_invocation(function: &str, began: Instant, outcome: Result<&[(&str, Unit, f64)], &SplitFailure>) {
+/// Runs one invocation of `function` (`scan`, `combine`, `gc`) — its
+/// `handler` — and writes its metrics line: `invocations` 1, `failures` 0
+/// or 1 (the failure's kind as the line's `errorType`), `duration_ms`, and
+/// what `values` reads from the answer when it succeeded. No line when
+/// `FOVEA_EMF` is `off`.
+pub async fn measured<T, const N: usize>(
+    function: &str,
+    handler: impl std::future::Future<Output = Result<T, Failure>>,
+    values: impl FnOnce(&T) -> [(&'static str, Unit, f64); N],
+) -> Result<T, Failure> {
+    let began = Instant::now();
+    let outcome = handler.await;
+    let read = outcome.as_ref().map(values);
+    emit_invocation(function, began, read.as_ref().map(|v| &v[..]).map_err(|f| &f.0));
+    outcome
+}
+
+/// The metrics line of [`measured`].
+fn emit_invocation(function: &str, began: Instant, outcome: Result<&[(&str, Unit, f64)], &SplitFailure>) {
     if matches!(std::env::var("FOVEA_EMF").as_deref(), Ok("off" | "0" | "false")) {
         return;
     }
@@ -172,17 +186,14 @@ pub async fn serve_rewrites(function: &'static str, accepts: &'static str) -> Re
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let lakes = Arc::clone(&lakes);
         async move {
-            let began = Instant::now();
-            let outcome = handle_rewrite(&lakes, accepts, kill, event.payload).await;
-            let values = outcome.as_ref().map(|a| {
+            measured(accepts, handle_rewrite(&lakes, accepts, kill, event.payload), |a| {
                 [
                     ("rows", Unit::Count, a.rows as f64),
                     ("bytes_written", Unit::Bytes, a.bytes() as f64),
                     ("rewrite_ms", Unit::Milliseconds, a.micros as f64 / 1e3),
                 ]
-            });
-            emit_invocation(accepts, began, values.as_ref().map(|v| &v[..]).map_err(|f| &f.0));
-            outcome
+            })
+            .await
         }
     }))
     .await

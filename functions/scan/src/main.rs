@@ -11,10 +11,9 @@
 //! between invocations of a warm instance.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use fovea_aws::emf::Unit;
-use fovea_aws::function::{Failure, Lakes, emit_invocation};
+use fovea_aws::function::{Failure, Lakes, measured};
 use fovea_core::scan_worker::{SplitAnswer, SplitFailure, SplitFailureKind, SplitRequest, run_split};
 use lambda_runtime::{LambdaEvent, service_fn};
 
@@ -40,19 +39,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     tracing::info!(init_ms = started.elapsed().as_secs_f64() * 1e3, lake = ?lakes.pinned(), "fovea-scan ready");
     lambda_runtime::run(service_fn(move |event| {
         let lakes = Arc::clone(&lakes);
-        async move {
-            let began = Instant::now();
-            let outcome = handle(lakes, event).await;
-            let values = outcome.as_ref().map(|a| {
-                [
-                    ("rows", Unit::Count, a.rows as f64),
-                    ("bytes_read", Unit::Bytes, a.bytes_read as f64),
-                    ("split_ms", Unit::Milliseconds, a.micros as f64 / 1e3),
-                ]
-            });
-            emit_invocation("scan", began, values.as_ref().map(|v| &v[..]).map_err(|f| &f.0));
-            outcome
-        }
+        measured("scan", handle(lakes, event), |a: &SplitAnswer| {
+            [
+                ("rows", Unit::Count, a.rows as f64),
+                ("bytes_read", Unit::Bytes, a.bytes_read as f64),
+                ("split_ms", Unit::Milliseconds, a.micros as f64 / 1e3),
+            ]
+        })
     }))
     .await
 }
