@@ -91,8 +91,10 @@ pub fn combined_path(table: TableId, file: FileId, round: FileId) -> Path {
 /// The lease epoch of the writer that created `path`, from the file id
 /// its name carries (file ids hold their writer's epoch in their high
 /// bits, [`crate::engine::FILE_ID_EPOCH_SHIFT`]): blocks and regular files
-/// by their file id, combine outputs by their round, checkpoint objects
-/// by the unique id in their names. `None` for a name fovea does not give.
+/// by their file id (a checkpoint's own blocks, [`checkpoint_block_path`],
+/// by their file's: their writer's epoch is that or later), combine outputs
+/// by their round, checkpoint objects by the unique id in their names.
+/// `None` for a name fovea does not give.
 pub fn writer_epoch(path: &Path) -> Option<u64> {
     let hex = |s: &str| (s.len() == 16).then(|| u64::from_str_radix(s, 16).ok()).flatten();
     let epoch = |id: u64| id >> crate::engine::FILE_ID_EPOCH_SHIFT;
@@ -106,6 +108,13 @@ pub fn writer_epoch(path: &Path) -> Option<u64> {
                 ("files", Some((file, round))) => hex(file).and(hex(round)).map(epoch),
                 ("blocks", Some((file, rest))) => {
                     let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+                    if let Some((block, ts)) = rest.split_once("-c") {
+                        // FILE-BLOCK-cTS, a checkpoint's own block: its
+                        // file's epoch, a lower bound of its writer's (a
+                        // successor writes them for a predecessor's open file).
+                        let ts_digits = !ts.is_empty() && ts.bytes().all(|b| b.is_ascii_digit());
+                        return (digits(block) && ts_digits).then(|| hex(file).map(epoch)).flatten();
+                    }
                     match rest.split_once("-e") {
                         // FILE-BLOCK-eEPOCH: the writer's epoch.
                         Some((block, writer)) if digits(block) => hex(file).and(writer.parse().ok()),
@@ -797,6 +806,11 @@ mod tests {
         // A block by the writer that sealed it, whatever its file's epoch.
         assert_eq!(writer_epoch(&block_path(t, id(2, 1), 7, 3)), Some(3));
         assert_eq!(writer_epoch(&Path::from(format!("tables/3/blocks/{:016x}-00007.parquet", id(2, 1).0))), Some(2));
+        // A checkpoint's own block: its file's epoch.
+        assert_eq!(writer_epoch(&checkpoint_block_path(t, id(2, 1), 7, 1234)), Some(2));
+        for odd in ["-00007-c.parquet", "-00007-c12x.parquet", "-7-c12.parquet"] {
+            assert_eq!(writer_epoch(&Path::from(format!("tables/3/blocks/{:016x}{odd}", id(2, 1).0))), None, "{odd}");
+        }
         // A combine round's output is its round's (the writer that ran it).
         assert_eq!(writer_epoch(&combined_path(t, id(1, 5), id(6, 2))), Some(6));
         let unique = id(5, 77).0;

@@ -313,6 +313,48 @@ fn a_late_write_of_an_abandoned_rewrite_is_vacuumed_on_recovery() {
     assert_exact(&engine, &oracle, "after recovery");
 }
 
+/// The checkpoint's own blocks (`…-cTS.parquet`, an open block's rows up to
+/// a checkpoint) in the lake.
+fn checkpoint_blocks(store: &Arc<dyn ObjectStore>) -> Vec<Path> {
+    let lake = fovea_core::lake::Lake::new(Arc::clone(store));
+    let mut blocks: Vec<_> = lake
+        .list(&Path::from("tables"))
+        .unwrap()
+        .into_iter()
+        .map(|m| m.location)
+        .filter(|p| fovea_core::lake::is_checkpoint_block(p.as_ref()))
+        .collect();
+    blocks.sort();
+    blocks
+}
+
+/// A checkpoint's own blocks written by a run that crashed before it
+/// committed that checkpoint are litter like its other objects: recovery
+/// deletes them (their names carry their file's epoch, an earlier one)
+/// and keeps those of the checkpoint it restores.
+#[test]
+fn a_crashed_runs_checkpoint_blocks_are_vacuumed_on_recovery() {
+    let (engine, store, mut oracle) = engine();
+    // 700 rows in blocks of 512: the checkpoint writes the open block's 188.
+    let inserts = (0..700).map(|k| Op::Insert { table: TableId(0), row: row(0, k, -1) }).collect();
+    apply(&engine, &mut oracle, inserts);
+    let manifest = engine.write_checkpoint().unwrap();
+    engine.checkpoint_committed(&manifest);
+    let named = checkpoint_blocks(&store);
+    assert!(!named.is_empty(), "the checkpoint wrote no block of its own");
+    // What a later checkpoint that was never committed leaves: a block of
+    // the same file, cut at a later ts.
+    let lake = fovea_core::lake::Lake::new(Arc::clone(&store));
+    let (head, _) = named[0].as_ref().rsplit_once("-c").unwrap();
+    let stray = Path::from(format!("{head}-c{}.parquet", manifest.checkpoint_ts + 1000));
+    lake.put(&stray, lake.get(&named[0]).unwrap()).unwrap();
+    let clock = Arc::clone(engine.clock());
+    drop(engine);
+    let engine = Engine::restore(Arc::clone(&store), clock, &manifest, true).unwrap();
+    assert_eq!(checkpoint_blocks(&store), named, "recovery kept {stray} or lost the restored checkpoint's");
+    assert_exact(&engine, &oracle, "after recovery");
+}
+
 /// With a retire grace (a replayer that publishes Iceberg snapshots, which
 /// may name files its checkpoint no longer does), recovery retires the
 /// young files it finds unnamed instead of deleting them: they go once the
