@@ -256,6 +256,50 @@ fn a_missing_slot_or_publication_is_a_clear_error() {
     assert!(err.contains("replication slot s does not exist") && err.contains("create_slot=true"), "{err}");
 }
 
+/// PostgreSQL ends fovea's sessions under it (`pg_terminate_backend`, as
+/// an administrator or a failover does): its regular session between
+/// polls (the next publication check reads the server's FATAL
+/// `57P01` as the answer to its query), then the replication session, then
+/// both; each time fovea connects anew and resumes, exact.
+#[test]
+fn terminated_sessions_are_reconnected() {
+    let pg = PgCluster::start();
+    pg.psql(
+        "bench",
+        "CREATE TABLE t (k int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g",
+    );
+    let input = publish_all(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("lake"), &input, &[]);
+    let tables = [("public.t", "k")];
+    let synced = |what: &str| {
+        common::while_progressing(&server, Duration::from_secs(1), || compare_all(&pg, &server, &tables))
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", server.log()));
+    };
+    synced("after the initial copy");
+    let others = "datname = 'bench' AND pid <> pg_backend_pid()";
+    for (round, kind) in ["client backend", "walsender", "client backend", "%"].into_iter().enumerate() {
+        let ended = pg.psql(
+            "bench",
+            &format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {others} AND backend_type LIKE '{kind}'"),
+        );
+        assert_eq!(ended.trim(), if kind == "%" { "2" } else { "1" }, "round {round}: fovea's sessions ({kind})");
+        // Longer than a publication check's interval: the next one meets
+        // the ended session.
+        std::thread::sleep(Duration::from_millis(1500));
+        pg.psql(
+            "bench",
+            &format!(
+                "UPDATE t SET v = v || '{round}' WHERE k % 3 = {}; INSERT INTO t VALUES ({}, 'r')",
+                round % 3,
+                200 + round
+            ),
+        );
+        synced(&format!("after ending its {kind} session (round {round})"));
+    }
+    assert!(server.log().contains("PostgreSQL connection lost"), "{}", server.log());
+}
+
 /// `ALTER COLUMN … TYPE` in PostgreSQL while fovea follows: widenings
 /// change the table in place (a value above 2^31 right after int → bigint,
 /// real → double, numeric(10,2) → numeric(14,2), varchar(10) → text,

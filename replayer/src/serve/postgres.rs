@@ -197,6 +197,9 @@ pub struct PgSource {
     stream: Option<ReplicationStream>,
     /// The stream failed (or could not start): the connection is lost.
     stream_failed: bool,
+    /// The server ended the regular session (see [`session_ended`]) before
+    /// the client noticed it closed: connect anew before the next query.
+    client_lost: bool,
     /// A copy transaction is open in the sink (an error then is fatal:
     /// the sink cannot take a new transaction before its END).
     copy_open: bool,
@@ -329,6 +332,7 @@ impl PgSource {
             confirmed,
             stream: None,
             stream_failed: false,
+            client_lost: false,
             copy_open: false,
             retry_at: None,
             backoff: None,
@@ -745,7 +749,12 @@ impl PgSource {
                 self.backoff = None;
                 Ok(out)
             }
-            Err(e) if !self.copy_open && (self.stream_failed || self.client.is_closed()) => {
+            Err(e)
+                if !self.copy_open
+                    && (self.stream_failed || self.client_lost || self.client.is_closed() || session_ended(&*e)) =>
+            {
+                // The regular session too, unless only the stream failed.
+                self.client_lost |= self.client.is_closed() || session_ended(&*e);
                 let delay = self.backoff.get_or_insert_with(reconnect_backoff).next().unwrap_or(RETRY_MAX);
                 tracing::warn!(retry_in = ?delay, "PostgreSQL connection lost: {}", crate::replay::error_chain(&*e));
                 self.stream = None;
@@ -758,8 +767,9 @@ impl PgSource {
     }
 
     fn poll_connected(&mut self, sink: &mut dyn RecordSink, engine: &Engine) -> CliResult<PollOutcome> {
-        if self.client.is_closed() {
+        if self.client_lost || self.client.is_closed() {
             self.client = connect(&self.input)?;
+            self.client_lost = false;
             tracing::info!("reconnected to PostgreSQL");
         }
         if self.last_publication_check.elapsed() >= std::time::Duration::from_secs(1) {
@@ -1237,6 +1247,21 @@ fn replace_record(table: &str, identity: &str, declared: Vec<DeclaredColumn>, ke
 fn relation(table: &str) -> CliResult<String> {
     let (schema_name, table_name) = table.split_once('.').ok_or_else(|| format!("table name {table} has no schema"))?;
     Ok(format!("{}.{}", quote_ident(schema_name), quote_ident(table_name)))
+}
+
+/// Whether `e` (or an error in its chain) says the server ended the
+/// session: the connection closed, or SQLSTATE class 08 (connection
+/// exception) or 57 (operator intervention: the server shutting down or
+/// restarting, the backend terminated, the server still starting up, a
+/// statement cancelled). A query that fails so is retried on a new
+/// connection. The client may not know yet that it closed: the server's
+/// FATAL answers the query, and the connection ends after it.
+fn session_ended(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<postgres::Error>().is_some_and(|pe| {
+            pe.is_closed() || pe.code().is_some_and(|c| c.code().starts_with("08") || c.code().starts_with("57"))
+        })
+    })
 }
 
 /// Whether `e` says a table (or its schema) does not exist.
