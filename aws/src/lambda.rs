@@ -1,7 +1,8 @@
 //! Scans fanned out to the Lambda scan function (`functions/scan`):
-//! `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
+//! `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K&group_mb=M]`.
 //!
-//! Each split of a query is one synchronous invocation (Lambda's `Invoke`,
+//! Each group of a query's splits (about `group_mb` MB to read, default
+//! 64: [`fovea_core::scan_worker::group_tasks`]) is one synchronous invocation (Lambda's `Invoke`,
 //! signed by [`crate::signed_http`]; `AWS_ENDPOINT_URL_LAMBDA` honoured,
 //! e.g. `cargo lambda watch`). An
 //! invocation Lambda throttles (429) is sent again with backoff and jitter
@@ -49,12 +50,14 @@ pub struct LambdaTarget {
     pub timeout: Duration,
     /// Answers up to this many IPC bytes come inline.
     pub inline_limit: Option<usize>,
+    /// Estimated bytes of splits one invocation reads.
+    pub group_bytes: u64,
 }
 
 impl LambdaTarget {
-    /// Parses `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]`.
+    /// Parses `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K&group_mb=M]`.
     pub fn parse(url: &str) -> Result<Self> {
-        let expected = "lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K]";
+        let expected = "lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K&group_mb=M]";
         let parsed = LambdaUrl::parse(
             url,
             expected,
@@ -63,6 +66,8 @@ impl LambdaTarget {
                 ("timeout_s", 900),
                 // Base64 of more would pass Lambda's response limit.
                 ("inline_kb", (fovea_core::scan_worker::MAX_INLINE_LIMIT / 1024) as u64),
+                // A function has at most 10 GB of memory.
+                ("group_mb", 10_240),
             ],
         )?;
         let mut target = LambdaTarget {
@@ -70,11 +75,13 @@ impl LambdaTarget {
             concurrency: DEFAULT_CONCURRENCY,
             timeout: DEFAULT_TIMEOUT,
             inline_limit: None,
+            group_bytes: fovea_core::scan_worker::DEFAULT_GROUP_BYTES,
         };
         for (key, n) in parsed.params {
             match key.as_str() {
                 "concurrency" => target.concurrency = n as usize,
                 "timeout_s" => target.timeout = Duration::from_secs(n),
+                "group_mb" => target.group_bytes = n << 20,
                 _ => target.inline_limit = Some(n as usize * 1024),
             }
         }
@@ -189,8 +196,8 @@ impl LambdaScan {
         })
     }
 
-    /// Task `n` of `query`, retried once.
-    async fn run_task(self, query: String, n: usize, task: SplitTask) -> Result<Vec<RecordBatch>> {
+    /// Group `n` of `query`, retried once.
+    async fn run_group(self, query: String, n: usize, tasks: Vec<SplitTask>) -> Result<Vec<RecordBatch>> {
         let mut attempt = 0;
         // Throttled invocations never ran: waited out with backoff and
         // jitter until the invocation's deadline, without using the retry.
@@ -207,7 +214,7 @@ impl LambdaScan {
         loop {
             let request = SplitRequest {
                 lake: Some(self.lake_url.clone()),
-                task: task.clone(),
+                tasks: tasks.clone(),
                 spill_prefix: spill_prefix(&query, n, attempt),
                 inline_limit: self.target.inline_limit,
             };
@@ -234,7 +241,7 @@ impl LambdaScan {
                 }
             }
             if attempt == 0 && failure.kind.is_retryable() {
-                tracing::warn!(function = %self.target.function, split = n, table = %task.table.name, %failure, "scan invocation failed; retrying once");
+                tracing::warn!(function = %self.target.function, group = n, splits = %describe(&tasks), %failure, "scan invocation failed; retrying once");
                 self.stats.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
                 continue;
@@ -248,18 +255,27 @@ impl LambdaScan {
             return Err(Error::Backend {
                 backend: "Lambda",
                 operation: format!(
-                    "invoke {} for split {n} (file {}, rows {}..{}) after {} attempt(s)",
+                    "invoke {} for split group {n} ({}) after {} attempt(s)",
                     self.target.function,
-                    task.file,
-                    task.offset,
-                    task.offset + task.rows,
+                    describe(&tasks),
                     attempt + 1
                 ),
-                key: task.table.name.clone(),
+                key: tasks.first().map(|t| t.table.name.clone()).unwrap_or_default(),
                 message: format!("{failure}{what}"),
             });
         }
     }
+}
+
+/// The splits of a group as an error names them: `file F, rows A..B`
+/// for each, at most three, then how many more.
+fn describe(tasks: &[SplitTask]) -> String {
+    let mut parts: Vec<String> =
+        tasks.iter().take(3).map(|t| format!("file {}, rows {}..{}", t.file, t.offset, t.offset + t.rows)).collect();
+    if tasks.len() > 3 {
+        parts.push(format!("{} more splits", tasks.len() - 3));
+    }
+    parts.join("; ")
 }
 
 /// The path of `Invoke` for `function` (a name, a partial or a full ARN,
@@ -328,14 +344,18 @@ fn function_failure(body: &[u8]) -> Option<SplitFailure> {
 }
 
 impl SplitWorker for LambdaScan {
-    fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
+    fn run(&self, query: &str, n: usize, tasks: Vec<SplitTask>) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
         // The client's connections live on the IO runtime.
-        let run = spawn_io(self.clone().run_task(query.to_owned(), n, task));
+        let run = spawn_io(self.clone().run_group(query.to_owned(), n, tasks));
         Box::pin(async move { run.await? })
     }
 
     fn concurrency(&self) -> usize {
         self.target.concurrency
+    }
+
+    fn group_bytes(&self) -> u64 {
+        self.target.group_bytes
     }
 
     fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {
@@ -355,12 +375,22 @@ mod tests {
         let t = LambdaTarget::parse("lambda://fovea-scan").unwrap();
         assert_eq!((t.function.as_str(), t.concurrency, t.timeout), ("fovea-scan", 16, DEFAULT_TIMEOUT));
         let t = LambdaTarget::parse(
-            "lambda://arn:aws:lambda:eu-west-1:1:function:f?concurrency=4&timeout_s=30&inline_kb=64",
+            "lambda://arn:aws:lambda:eu-west-1:1:function:f?concurrency=4&timeout_s=30&inline_kb=64&group_mb=128",
         )
         .unwrap();
         assert_eq!(t.function, "arn:aws:lambda:eu-west-1:1:function:f");
         assert_eq!((t.concurrency, t.timeout.as_secs(), t.inline_limit), (4, 30, Some(65536)));
-        for bad in ["s3://x", "lambda://", "lambda://f?concurrency=0", "lambda://f?timeout_s=901", "lambda://f?x=1"] {
+        assert_eq!((t.group_bytes, LambdaTarget::parse("lambda://f").unwrap().group_bytes), (128 << 20, 64 << 20));
+        for bad in [
+            "s3://x",
+            "lambda://",
+            "lambda://f?concurrency=0",
+            "lambda://f?timeout_s=901",
+            "lambda://f?x=1",
+            "lambda://f?group_mb=0",
+            "lambda://f?group_mb=10241",
+            "lambda://f?group_MB=64",
+        ] {
             assert!(LambdaTarget::parse(bad).is_err(), "{bad}");
         }
         // Inline answers whose base64 would pass Lambda's 6 MB response

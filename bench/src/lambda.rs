@@ -1,12 +1,17 @@
 //! `fovea-bench scan --scan lambda://FUNCTION`: one full-table aggregation
 //! over a table of `--rows` rows (1% of them updated, so visibility has
-//! work) in an S3 lake, in process and through N = 1, 4, 16 concurrent
-//! invocations of the scan function, in one run.
+//! work) in an S3 lake, in process and through the scan function with at
+//! most N = 1, 4, 16 invocations at once, its splits grouped into
+//! invocations of about `group_mb` MB to read (64 unless the URL says) —
+//! and, as the baseline of the same run, one split per invocation at
+//! N = 16 (how scans ran before groups), in one run.
 //!
 //! Without `--lake`, everything is local: moto as S3 and DynamoDB,
 //! `cargo lambda watch` as the Lambda endpoint with 16 instances of the
 //! `fovea-scan` binary built beside this one (`cargo build --workspace`,
-//! same profile). Reported: rows/s and the ratio to in-process, bytes the
+//! same profile). Reported: rows/s and the ratio to in-process,
+//! invocations and function GB-seconds per query (at the template's 2,048
+//! MB: Lambda bills GB-seconds and requests), bytes the
 //! function read per stored row, the function's time per invocation, the
 //! instances' init time; and the visibility kernel's throughput (GB/s of
 //! create-ts and bitmap words) beside a memory copy measured in the same
@@ -45,6 +50,8 @@ pub struct LambdaScanBench {
 }
 
 const TABLE: &str = "bench.wide";
+/// The scan function's memory in template.yaml, GB (its GB-seconds).
+const FUNCTION_MEMORY_GB: f64 = 2.0;
 const QUERY: &str = "SELECT count(*) AS n, sum(a) AS sa, avg(c) AS ac, max(name) AS mn FROM bench.wide";
 
 /// The local stand-ins (stopped on drop).
@@ -108,8 +115,10 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
         (median(&mut times), answer)
     };
     let mut through_lambda = Vec::new();
-    for n in [1usize, 4, 16] {
-        let target = LambdaTarget { concurrency: n, ..base.clone() };
+    let mut per_split = None;
+    for (n, grouped) in [(16usize, false), (1, true), (4, true), (16, true)] {
+        let group_bytes = if grouped { base.group_bytes } else { 1 };
+        let target = LambdaTarget { concurrency: n, group_bytes, ..base.clone() };
         let worker = LambdaScan::new(target, &lake.lake, Arc::clone(opened.reader.lake().store()))?;
         let stats = Arc::clone(worker.stats());
         let worker: Arc<dyn SplitWorker> = Arc::new(worker);
@@ -124,8 +133,10 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
         let invocations = stats.invocations.load(Ordering::Relaxed);
         let bytes = stats.bytes_read.load(Ordering::Relaxed);
         let function_us = stats.function_micros.load(Ordering::Relaxed);
-        through_lambda.push(json!({
+        let gb_s = function_us as f64 / 1e6 * FUNCTION_MEMORY_GB;
+        let run = json!({
             "n": n,
+            "group_mb": if grouped { json!(group_bytes >> 20) } else { json!("one split per invocation") },
             "seconds": round3(seconds),
             "rows_per_s": (stored as f64 / seconds).round(),
             "over_in_process": round3(in_process.0 / seconds),
@@ -133,10 +144,23 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
             "retries": stats.retries.load(Ordering::Relaxed),
             "bytes_read_per_row": round3(bytes as f64 / stored as f64),
             "function_ms_per_invocation": round3(function_us as f64 / 1e3 / invocations.max(1) as f64),
-        }));
+            "function_gb_s": round3(gb_s),
+        });
         if progress {
-            eprintln!("N = {n}: {seconds:.2} s");
+            eprintln!("N = {n}, {}: {seconds:.2} s, {invocations} invocations, {gb_s:.2} GB-s", run["group_mb"]);
         }
+        match per_split {
+            None => per_split = Some((invocations, gb_s, seconds)),
+            Some((base_invocations, base_gb_s, base_seconds)) => {
+                let mut run = run;
+                run["invocations_over_one_split_each"] = json!(round3(invocations as f64 / base_invocations as f64));
+                run["gb_s_over_one_split_each"] = json!(round3(gb_s / base_gb_s.max(1e-9)));
+                run["speed_over_one_split_each"] = json!(round3(base_seconds / seconds));
+                through_lambda.push(run);
+                continue;
+            }
+        }
+        through_lambda.push(run);
     }
     let mut init_ms = local.as_ref().map(|l| init_times(&l.lambda.instance_logs())).unwrap_or_default();
     let (kernel_gb_s, memory_gb_s) = kernel_and_memory();

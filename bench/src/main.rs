@@ -187,7 +187,8 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// lambda://FUNCTION: instead, a full-table aggregation in process
-        /// and through N = 1, 4, 16 invocations of the scan function
+        /// and through the scan function (N = 1, 4, 16 invocations at once,
+        /// splits grouped per invocation; one split each as the baseline)
         /// (local moto + cargo lambda watch unless --lake is given).
         #[arg(long)]
         scan: Option<String>,

@@ -4,12 +4,17 @@
 //!
 //! ```text
 //!  caller (fovea sql --scan lambda://F, the Python client)       worker (no engine, no catalog)
-//!  SplitRequest { task, spill_prefix, inline_limit } ─ JSON ─▶ run_split(lake, request)
+//!  group_tasks(tasks, worker.group_bytes())
+//!  SplitRequest { tasks, spill_prefix, inline_limit } ─ JSON ─▶ run_split(lake, request)
 //!        ◀─ SplitAnswer { rows, ipc (inline) | objects (spilled) } ─┘
 //!        ◀─ or a SplitFailure { kind, message } the caller acts on
 //! ```
 //!
-//! An answer is one split's visible rows, whole: the caller takes it in one
+//! A request carries a group of splits, consecutive in the plan, of about
+//! [`SplitWorker::group_bytes`] to read together ([`group_tasks`]): an
+//! invocation pays a request's price and start-up, so a 10M-row table is a
+//! dozen invocations of 64 MB, not 1,200 of one row group each. An answer
+//! is the group's visible rows in task order, whole: the caller takes it in one
 //! piece after the invocation succeeded, so a retried invocation can never
 //! put a split's rows into one answer twice. Rows that do not fit the
 //! synchronous response (Lambda: 6 MB, base64 inflates by 4/3) are written
@@ -56,15 +61,27 @@ pub const MAX_INLINE_LIMIT: usize = (LAMBDA_RESPONSE_LIMIT - (64 << 10)) / 4 * 3
 /// Spilled answers are cut into IPC objects of about this size.
 const SPILL_OBJECT_BYTES: usize = 64 << 20;
 
-/// One split for a worker.
+/// Estimated bytes to read per request unless a worker says otherwise
+/// ([`SplitWorker::group_bytes`]): the scan function (2 GB of memory)
+/// holds a group's decoded rows and their IPC encoding at once.
+pub const DEFAULT_GROUP_BYTES: u64 = 64 << 20;
+
+/// A request's JSON stays under this many bytes (Lambda takes 6 MB in a
+/// synchronous invocation; inline rows and deleted bitmaps travel in it).
+pub const MAX_REQUEST_BYTES: usize = 5 << 20;
+
+/// Splits for one worker invocation.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SplitRequest {
     /// The lake (`s3://BUCKET/PREFIX`). A worker configured for one lake
     /// refuses any other; one that is not reads the one named here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lake: Option<String>,
-    /// The split.
-    pub task: SplitTask,
+    /// The splits, all of one scan (one table, projection and snapshot),
+    /// answered in this order. A request of one split may name it `task`
+    /// (as requests did before groups).
+    #[serde(alias = "task", deserialize_with = "one_or_more")]
+    pub tasks: Vec<SplitTask>,
     /// Where an answer too big to return inline goes: a path under
     /// [`SPILL_ROOT`], unique per query and attempt.
     pub spill_prefix: String,
@@ -177,18 +194,90 @@ impl SplitFailure {
     }
 }
 
-/// Runs `request`'s split on `lake` and returns its visible rows, inline
-/// or spilled under the request's prefix.
+/// A split task, or a list of them.
+fn one_or_more<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<SplitTask>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMore {
+        More(Vec<SplitTask>),
+        One(Box<SplitTask>),
+    }
+    Ok(match OneOrMore::deserialize(d)? {
+        OneOrMore::More(tasks) => tasks,
+        OneOrMore::One(task) => vec![*task],
+    })
+}
+
+/// `tasks` (of one scan, in plan order) in groups for one request each:
+/// consecutive tasks while their estimated bytes ([`SplitTask::bytes`])
+/// stay within `group_bytes` and their JSON within [`MAX_REQUEST_BYTES`];
+/// a task alone over either is a group of its own. Concatenated, the
+/// groups are `tasks`.
+pub fn group_tasks(tasks: Vec<SplitTask>, group_bytes: u64) -> Vec<Vec<SplitTask>> {
+    let mut groups: Vec<Vec<SplitTask>> = Vec::new();
+    let (mut bytes, mut json) = (0u64, 0usize);
+    for task in tasks {
+        // Tasks serialise: they came from a plan.
+        let size = serde_json::to_vec(&task).map_or(MAX_REQUEST_BYTES, |v| v.len());
+        match groups.last_mut() {
+            Some(group) if bytes + task.bytes <= group_bytes && json + size <= MAX_REQUEST_BYTES => {
+                bytes += task.bytes;
+                json += size;
+                group.push(task);
+            }
+            _ => {
+                (bytes, json) = (task.bytes, size);
+                groups.push(vec![task]);
+            }
+        }
+    }
+    groups
+}
+
+/// Runs `request`'s splits on `lake`, in order, and returns their visible
+/// rows, inline or spilled under the request's prefix. Once the rows
+/// answered reach the tasks' limit (the rows the whole query needs at
+/// most), the splits left are not read.
 pub fn run_split(lake: &Lake, request: &SplitRequest) -> Result<SplitAnswer, SplitFailure> {
     let started = Instant::now();
     let spill = spill_path(&request.spill_prefix)?;
+    let bad = |message: String| SplitFailure::new(SplitFailureKind::BadRequest, message);
+    let first = request.tasks.first().ok_or_else(|| bad("a request without a split task".into()))?;
     // The worker's reads are counted: callers report bytes read per row.
     let meter = Arc::new(StoreMeter::default());
     let metered = Lake::new(Arc::new(MeteredStore::new(Arc::clone(lake.store()), Arc::clone(&meter))));
-    let scan = request.task.scan(metered).map_err(|e| SplitFailure::of(&e))?;
-    let schema = scan.schema();
-    let batches = scan.collect_batches().map_err(|e| SplitFailure::of(&e))?;
-    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    let mut schema = None;
+    let mut batches = Vec::new();
+    let mut rows = 0;
+    for (n, task) in request.tasks.iter().enumerate() {
+        if (task.table_id, task.qts, &task.projection) != (first.table_id, first.qts, &first.projection) {
+            return Err(bad(format!(
+                "task {n} of the request reads table {} at ts {} (columns {:?}), task 0 table {} at ts {} (columns {:?}): a request's tasks are of one scan",
+                task.table.name, task.qts, task.projection, first.table.name, first.qts, first.projection
+            )));
+        }
+        if task.limit.is_some_and(|limit| rows >= limit) {
+            break;
+        }
+        let scan = task.scan(metered.clone()).map_err(|e| SplitFailure::of(&e))?;
+        let schema = schema.get_or_insert_with(|| scan.schema());
+        for batch in scan.collect_batches().map_err(|e| SplitFailure::of(&e))? {
+            if batch.schema().fields() != schema.fields() {
+                return Err(bad(format!(
+                    "task {n} of the request gave columns {:?}, task 0 {:?}",
+                    batch.schema().fields(),
+                    schema.fields()
+                )));
+            }
+            rows += batch.num_rows();
+            batches.push(batch);
+        }
+    }
+    let schema = match schema {
+        Some(schema) => schema,
+        // (A limit of 0: nothing read.)
+        None => first.scan(metered).map_err(|e| SplitFailure::of(&e))?.schema(),
+    };
     let limit = request.inline_limit.unwrap_or(DEFAULT_INLINE_LIMIT).min(MAX_INLINE_LIMIT);
     let streams = encode_ipc(&schema, &batches, SPILL_OBJECT_BYTES).map_err(|e| SplitFailure::of(&e))?;
     let mut answer = SplitAnswer { rows, ..SplitAnswer::default() };
@@ -283,14 +372,21 @@ impl SplitAnswer {
 }
 
 /// Something that runs split tasks elsewhere (a Lambda function, a pool
-/// of processes) on behalf of a query. `run` answers one task's visible
-/// rows, whole, or an error that failed the query (after whatever retries
-/// the worker makes): a task's rows are never returned in parts.
+/// of processes) on behalf of a query. `run` answers a group of tasks'
+/// visible rows (in task order), whole, or an error that failed the
+/// query (after whatever retries the worker makes): a group's rows are
+/// never returned in parts.
 pub trait SplitWorker: Send + Sync + std::fmt::Debug {
-    /// Runs task number `n` of query `query` (names its spill prefix).
-    fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>>;
+    /// Runs group number `n` of query `query` (names its spill prefix):
+    /// tasks of one scan, in plan order, as one invocation.
+    fn run(&self, query: &str, n: usize, tasks: Vec<SplitTask>) -> BoxFuture<'static, Result<Vec<RecordBatch>>>;
     /// Invocations one query may have running at once.
     fn concurrency(&self) -> usize;
+    /// Estimated bytes of splits one invocation reads: callers group tasks
+    /// up to it ([`group_tasks`]).
+    fn group_bytes(&self) -> u64 {
+        DEFAULT_GROUP_BYTES
+    }
     /// Called once when query `query` ended (its spilled leftovers can go).
     fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>>;
 }
@@ -323,6 +419,7 @@ pub struct LocalSplits {
     lake: Lake,
     concurrency: usize,
     inline_limit: Option<usize>,
+    group_bytes: u64,
 }
 
 impl std::fmt::Debug for LocalSplits {
@@ -330,6 +427,7 @@ impl std::fmt::Debug for LocalSplits {
         f.debug_struct("LocalSplits")
             .field("concurrency", &self.concurrency)
             .field("inline_limit", &self.inline_limit)
+            .field("group_bytes", &self.group_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -338,14 +436,24 @@ impl LocalSplits {
     /// Tasks on `lake`, `concurrency` at a time per query, answers inline
     /// up to `inline_limit` bytes (default [`DEFAULT_INLINE_LIMIT`]).
     pub fn new(lake: Lake, concurrency: usize, inline_limit: Option<usize>) -> Self {
-        LocalSplits { lake, concurrency: concurrency.max(1), inline_limit }
+        LocalSplits { lake, concurrency: concurrency.max(1), inline_limit, group_bytes: DEFAULT_GROUP_BYTES }
+    }
+
+    /// Groups of `bytes` per invocation instead of [`DEFAULT_GROUP_BYTES`].
+    pub fn with_group_bytes(mut self, bytes: u64) -> Self {
+        self.group_bytes = bytes;
+        self
     }
 }
 
 impl SplitWorker for LocalSplits {
-    fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
-        let request =
-            SplitRequest { lake: None, task, spill_prefix: spill_prefix(query, n, 0), inline_limit: self.inline_limit };
+    fn run(&self, query: &str, n: usize, tasks: Vec<SplitTask>) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
+        let request = SplitRequest {
+            lake: None,
+            tasks,
+            spill_prefix: spill_prefix(query, n, 0),
+            inline_limit: self.inline_limit,
+        };
         let lake = self.lake.clone();
         // The split's reads block on the IO runtime: on a blocking thread
         // of it, never on the caller's executor.
@@ -367,6 +475,10 @@ impl SplitWorker for LocalSplits {
 
     fn concurrency(&self) -> usize {
         self.concurrency
+    }
+
+    fn group_bytes(&self) -> u64 {
+        self.group_bytes
     }
 
     fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {
@@ -396,10 +508,11 @@ pub mod conformance {
     /// Runs the suite: `engine` writes a table to the lake `worker` reads
     /// (in memory, in write-buffer blocks, in combined files; updated and
     /// deleted rows, versions newer than the snapshot), then every split of
-    /// full and projected scans at a snapshot runs on `worker`. Each task's
-    /// rows must be exactly those the scan reads in process, whole; nothing
-    /// spilled may remain after [`SplitWorker::finish`]. Panics naming what
-    /// differs.
+    /// full and projected scans at a snapshot runs on `worker`, in groups
+    /// of one, two and three tasks and as [`group_tasks`] groups them for
+    /// `worker`. Each group's rows must be exactly those its tasks read in
+    /// process, in order, whole; nothing spilled may remain after
+    /// [`SplitWorker::finish`]. Panics naming what differs.
     pub fn check(engine: &Engine, worker: &dyn SplitWorker) {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -460,25 +573,48 @@ pub mod conformance {
             let tasks = scan.tasks().expect("tasks");
             assert!(tasks.len() > 1, "{what}: the suite's table should give several splits, got {}", tasks.len());
             let mut want = rows(scan.collect_batches().expect("scan in process"));
-            let query = format!("conformance-{}", what.replace(' ', "-"));
-            let mut got = Vec::new();
-            for (n, task) in tasks.into_iter().enumerate() {
-                let in_process =
-                    rows(task.scan(engine.lake().clone()).and_then(|s| s.collect_batches()).expect("task in process"));
-                let remote = rows(
-                    crate::lake::block_on_io(worker.run(&query, n, task))
-                        .expect("io")
-                        .unwrap_or_else(|e| panic!("{what}: split {n} failed on the worker: {e}")),
-                );
-                assert_eq!(
-                    remote, in_process,
-                    "{what}: split {n}'s rows on the worker differ from the same task in process"
-                );
-                got.extend(remote);
-            }
             want.sort();
-            got.sort();
-            assert_eq!(got, want, "{what}: the splits' rows together differ from the scan's");
+            let query = format!("conformance-{}", what.replace(' ', "-"));
+            // Groups of 1, 2, 3, 1, 2, 3, … tasks; then the worker's own.
+            let mut cyclic: Vec<Vec<SplitTask>> = Vec::new();
+            let mut rest = tasks.clone().into_iter();
+            for size in [1, 2, 3].into_iter().cycle() {
+                let group: Vec<SplitTask> = rest.by_ref().take(size).collect();
+                if group.is_empty() {
+                    break;
+                }
+                cyclic.push(group);
+            }
+            let own = group_tasks(tasks.clone(), worker.group_bytes());
+            assert_eq!(own.concat(), tasks, "{what}: group_tasks lost or reordered tasks");
+            let mut n = 0;
+            for (grouping, groups) in [("groups of 1-3 tasks", cyclic), ("the worker's groups", own)] {
+                let mut got = Vec::new();
+                for group in groups {
+                    let in_process: Vec<String> = group
+                        .iter()
+                        .flat_map(|task| {
+                            rows(
+                                task.scan(engine.lake().clone()).and_then(|s| s.collect_batches()).expect("in process"),
+                            )
+                        })
+                        .collect();
+                    let tasks = group.len();
+                    let remote = rows(
+                        crate::lake::block_on_io(worker.run(&query, n, group))
+                            .expect("io")
+                            .unwrap_or_else(|e| panic!("{what}, {grouping}: group {n} failed on the worker: {e}")),
+                    );
+                    assert_eq!(
+                        remote, in_process,
+                        "{what}, {grouping}: group {n}'s rows ({tasks} tasks) on the worker differ from the same tasks in process"
+                    );
+                    got.extend(remote);
+                    n += 1;
+                }
+                got.sort();
+                assert_eq!(got, want, "{what}, {grouping}: the groups' rows together differ from the scan's");
+            }
             crate::lake::block_on_io(worker.finish(&query)).expect("io").expect("finish");
             let spilled: Vec<_> = crate::lake::block_on_io({
                 let store = Arc::clone(engine.lake().store());
@@ -510,16 +646,102 @@ mod tests {
         }
     }
 
+    /// Groups follow the estimated bytes: a group passes the bound only as
+    /// a task alone, and no two neighbouring groups fit in one; a full
+    /// scan's estimate is about the table's bytes in the lake, a projected
+    /// one's less. A request of one `task` (the form before groups) still
+    /// reads.
+    #[test]
+    fn tasks_group_by_their_estimated_bytes() {
+        let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(100, 3)).unwrap();
+        conformance::check(&engine, &LocalSplits::new(engine.lake().clone(), 2, None).with_group_bytes(1));
+        let snapshot = engine.snapshot();
+        let plan = |projection: Option<Vec<usize>>| {
+            let options = crate::scan::ScanOptions { projection, ..Default::default() };
+            engine.scan(&snapshot, conformance::TABLE, options).unwrap().tasks().unwrap()
+        };
+        let tasks = plan(None);
+        let total: u64 = tasks.iter().map(|t| t.bytes).sum();
+        assert!(tasks.iter().all(|t| t.bytes > 0), "{:?}", tasks.iter().map(|t| t.bytes).collect::<Vec<_>>());
+        let stored: u64 = crate::lake::block_on_io({
+            let store = Arc::clone(engine.lake().store());
+            async move { store.list(Some(&Path::from("tables"))).try_collect::<Vec<_>>().await }
+        })
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|m| m.size)
+        .sum();
+        assert!(total > stored / 4 && total < stored * 4, "estimated {total} bytes, the lake holds {stored}");
+        let projected: u64 = plan(Some(vec![0])).iter().map(|t| t.bytes).sum();
+        assert!(projected < total, "one column of three: {projected} of {total}");
+        for bound in [1, total / 7, total / 2, total, u64::MAX] {
+            let groups = group_tasks(tasks.clone(), bound);
+            assert_eq!(groups.concat(), tasks, "bound {bound}");
+            let bytes = |g: &[SplitTask]| g.iter().map(|t| t.bytes).sum::<u64>();
+            for (i, g) in groups.iter().enumerate() {
+                assert!(g.len() == 1 || bytes(g) <= bound, "bound {bound}: group {i} holds {} bytes", bytes(g));
+                if let Some(next) = groups.get(i + 1) {
+                    assert!(bytes(g) + next[0].bytes > bound, "bound {bound}: groups {i} and {} fit in one", i + 1);
+                }
+            }
+            let expected = if bound >= total { 1 } else { groups.len() };
+            assert_eq!(groups.len(), expected, "bound {bound}");
+        }
+        // A group under a limit stops reading once it has that many rows.
+        let limited = engine.scan(&snapshot, conformance::TABLE, Default::default()).unwrap().with_limit(Some(5));
+        let request =
+            |tasks| SplitRequest { lake: None, tasks, spill_prefix: spill_prefix("q", 1, 0), inline_limit: None };
+        let all = run_split(engine.lake(), &request(limited.tasks().unwrap())).unwrap();
+        let first = run_split(engine.lake(), &request(limited.tasks().unwrap()[..1].to_vec())).unwrap();
+        assert!(all.rows >= 5 && all.rows == first.rows && all.gets == first.gets, "{all:?} vs {first:?}");
+        // Requests stay under MAX_REQUEST_BYTES of JSON whatever the bound.
+        let mut big = tasks[0].clone();
+        big.data = crate::split::SplitData::Rows { ipc: "A".repeat(MAX_REQUEST_BYTES / 3) };
+        let groups = group_tasks(vec![big.clone(), big.clone(), big.clone(), big], u64::MAX);
+        assert_eq!(groups.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2]);
+        // The request of one split, as sent before groups.
+        let mut old = serde_json::to_value(SplitRequest {
+            lake: None,
+            tasks: vec![tasks[0].clone()],
+            spill_prefix: spill_prefix("q", 0, 0),
+            inline_limit: None,
+        })
+        .unwrap();
+        let task = old["tasks"][0].take();
+        old.as_object_mut().unwrap().remove("tasks");
+        old["task"] = task;
+        let request: SplitRequest = serde_json::from_value(old).unwrap();
+        assert_eq!(request.tasks, vec![tasks[0].clone()]);
+        let answer = run_split(engine.lake(), &request).unwrap();
+        assert_eq!(
+            answer.rows,
+            tasks[0]
+                .scan(engine.lake().clone())
+                .unwrap()
+                .collect_batches()
+                .unwrap()
+                .iter()
+                .map(RecordBatch::num_rows)
+                .sum::<usize>()
+        );
+    }
+
     /// The suite catches what it promises to: a worker that loses a row of
     /// a split fails it.
     #[test]
-    #[should_panic(expected = "differ from the same task in process")]
+    #[should_panic(expected = "differ from the same tasks in process")]
     fn a_worker_that_loses_a_row_fails_the_suite() {
         #[derive(Debug)]
         struct Lossy(LocalSplits);
         impl SplitWorker for Lossy {
-            fn run(&self, query: &str, n: usize, task: SplitTask) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
-                let run = self.0.run(query, n, task);
+            fn run(
+                &self,
+                query: &str,
+                n: usize,
+                tasks: Vec<SplitTask>,
+            ) -> BoxFuture<'static, Result<Vec<RecordBatch>>> {
+                let run = self.0.run(query, n, tasks);
                 Box::pin(async move {
                     let mut batches = run.await?;
                     if let Some(last) = batches.iter_mut().rev().find(|b| b.num_rows() > 0) {

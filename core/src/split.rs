@@ -71,7 +71,20 @@ pub struct SplitTask {
     pub data: SplitData,
     /// Where the deleted rows come from.
     pub deleted: DeletedSource,
+    /// Bytes a worker reads for the split, estimated when it was planned
+    /// (see [`Scan::tasks`]); 0 when not known. Callers size their
+    /// invocations by it ([`crate::scan_worker::group_tasks`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Bytes per stored value assumed for a block when no regular file of the
+/// scan tells the table's own (a flushed block's size is not recorded).
+const ASSUMED_VALUE_BYTES: u64 = 16;
 
 /// What a split reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,12 +169,43 @@ impl DeletedRows for GivenBits {
 impl Scan {
     /// The splits still to read as tasks, in order (reads no lake data;
     /// in-memory rows travel inline).
+    ///
+    /// Each task's `bytes` estimates what a worker reads: for a row group,
+    /// its rows' share of its file's object, times the share of the
+    /// table's columns read (the projection and the hidden create_ts); for
+    /// a flushed block, as many bytes per row as the scan's regular files
+    /// hold (or [`ASSUMED_VALUE_BYTES`] a value); inline rows, their size.
     pub fn tasks(&self) -> Result<Vec<SplitTask>> {
         let table = TableManifest::of(&self.table);
         let projection =
             self.options.projection.clone().unwrap_or_else(|| (0..self.table.schema.fields().len()).collect());
+        let read_share = (projection.len() + 1) as f64 / (self.table.schema.fields().len() + 1) as f64;
+        // Bytes per stored row of the regular files this scan reads.
+        let (file_bytes, file_rows) = self.splits.iter().fold((0u64, 0u64), |(b, r), split| match split {
+            Split::RowGroup { file, rg: 0, .. } => match &file.footer_range {
+                Some(footer) => (b + footer.end, r + file.row_groups.iter().map(|g| g.rows as u64).sum::<u64>()),
+                None => (b, r),
+            },
+            _ => (b, r),
+        });
+        let row_bytes = if file_rows > 0 {
+            file_bytes as f64 / file_rows as f64
+        } else {
+            (ASSUMED_VALUE_BYTES * (self.table.schema.fields().len() as u64 + 1)) as f64
+        };
         let mut out = Vec::with_capacity(self.splits.len());
         for split in &self.splits {
+            let bytes = match split {
+                Split::RowGroup { file, info, .. } => {
+                    let rows: usize = file.row_groups.iter().map(|g| g.rows).sum();
+                    let share = info.rows as f64 / rows.max(1) as f64;
+                    let object = file.footer_range.as_ref().map_or(row_bytes * rows as f64, |f| f.end as f64);
+                    object * share * read_share
+                }
+                Split::Block { block, .. } => row_bytes * block.rows as f64 * read_share,
+                // Counted below, from the inline IPC.
+                Split::Active { .. } => 0.0,
+            };
             let (id, deletes, offset, rows, data) = match split {
                 Split::RowGroup { file, id, deletes, rg, info } => {
                     let data = SplitData::RowGroup {
@@ -182,6 +226,10 @@ impl Scan {
                     (*id, deletes, *offset, batch.num_rows(), self.rows_data(batch)?)
                 }
             };
+            let bytes = match &data {
+                SplitData::Rows { ipc } => ipc.len() as u64 / 4 * 3,
+                _ => bytes.ceil() as u64,
+            };
             out.push(SplitTask {
                 format: SPLIT_FORMAT,
                 table_id: self.table.id.0,
@@ -195,6 +243,7 @@ impl Scan {
                 rows,
                 data,
                 deleted: deletes.describe(id, offset, rows, self.qts)?,
+                bytes,
             });
         }
         Ok(out)

@@ -124,6 +124,8 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
         "-c",
         "import os, sys; sys.path.insert(0, 'clients/python'); import fovea_client\n\
          t = fovea_client.scan('public.pgbench_accounts', lake=os.environ['FOVEA_LAKE'], state=os.environ['FOVEA_STATE'], columns=['aid', 'abalance'])\n\
+         one_each = fovea_client.scan('public.pgbench_accounts', lake=os.environ['FOVEA_LAKE'], state=os.environ['FOVEA_STATE'], columns=['aid', 'abalance'], group_mb=0)\n\
+         assert one_each.sort_by('aid').equals(t.sort_by('aid')), 'a split per invocation differs from the groups'\n\
          print('aid,abalance'); [print(f'{a},{b}') for a, b in zip(t['aid'].to_pylist(), t['abalance'].to_pylist())]",
     ]);
     let from_sql = ok(sql(&moto, None, "SELECT aid, abalance FROM public.pgbench_accounts"));
@@ -132,6 +134,14 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
     assert!(printed.contains("200 accounts"), "{printed}");
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
 
+    // The table's splits go to the function in one invocation (they are
+    // far below 64 MB to read), as the plan says.
+    let explained = ok(sql(&moto, Some((&lambda, "")), "EXPLAIN SELECT * FROM tpcc.order_line"));
+    let field = |name: &str| -> usize {
+        let at = explained.find(&format!("{name}=")).unwrap_or_else(|| panic!("no {name} in {explained}"));
+        explained[at + name.len() + 1..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    assert!(field("invocations") == 1 && field("splits") > 1, "{explained}");
     // A big answer spilled in several invocations: same as in process, and
     // nothing left under the spill prefix.
     let all = "SELECT * FROM tpcc.order_line";

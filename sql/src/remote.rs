@@ -2,13 +2,14 @@
 //!
 //! ```text
 //!  TableProvider::scan ─▶ one view of the table ─▶ Scan::tasks() (no data read)
-//!  ─▶ tasks dealt round-robin over min(worker concurrency, tasks) partitions
-//!  execute(p) ─▶ partition p's tasks one after another ─▶ SplitWorker::run ─▶ batches
+//!  ─▶ group_tasks: consecutive tasks up to the worker's group_bytes each
+//!  ─▶ groups dealt round-robin over min(worker concurrency, groups) partitions
+//!  execute(p) ─▶ partition p's groups one after another ─▶ SplitWorker::run ─▶ batches
 //! ```
-//! Each partition has one task running at a time, so a query has at most
-//! the worker's concurrency of invocations in flight. A task's rows arrive
-//! whole from the worker (it retries; see [`SplitWorker`]), so a split is
-//! never half in an answer. The query's snapshot is held by the session's
+//! Each partition has one invocation running at a time, so a query has at
+//! most the worker's concurrency of invocations in flight. A group's rows
+//! arrive whole from the worker (it retries; see [`SplitWorker`]), so a
+//! split is never half in an answer. The query's snapshot is held by the session's
 //! source (a registered snapshot or reader registration) for as long as
 //! the session lives.
 
@@ -27,11 +28,11 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
-use fovea_core::scan_worker::SplitWorker;
+use fovea_core::scan_worker::{SplitWorker, group_tasks};
 
 use crate::exec::{fmt_pushdown, scan_properties, scan_statistics};
 use fovea_core::split::SplitTask;
-use futures::{StreamExt, TryStreamExt};
+use futures::{StreamExt, TryFutureExt, TryStreamExt};
 
 /// The worker a session's scans run on, and the query they belong to.
 #[derive(Clone, Debug)]
@@ -40,14 +41,14 @@ pub struct RemoteScans {
     pub worker: Arc<dyn SplitWorker>,
     /// The query's id (names its spilled answers).
     pub query: Arc<str>,
-    /// Numbers the query's tasks across its tables.
-    next_task: Arc<AtomicUsize>,
+    /// Numbers the query's invocations (groups of tasks) across its tables.
+    next_group: Arc<AtomicUsize>,
 }
 
 impl RemoteScans {
     /// Scans of query `query` on `worker`.
     pub fn new(worker: Arc<dyn SplitWorker>, query: &str) -> Self {
-        RemoteScans { worker, query: query.into(), next_task: Arc::default() }
+        RemoteScans { worker, query: query.into(), next_group: Arc::default() }
     }
 
     /// A new, unique query id.
@@ -63,8 +64,8 @@ impl RemoteScans {
 /// A fovea table's visible rows at one snapshot, read by a [`SplitWorker`].
 pub struct RemoteScanExec {
     table: String,
-    /// Per partition: (task number in the query, task).
-    partitions: Vec<Vec<(usize, SplitTask)>>,
+    /// Per partition: (group number in the query, the group's tasks).
+    partitions: Vec<Vec<(usize, Vec<SplitTask>)>>,
     remote: RemoteScans,
     schema: SchemaRef,
     stored_rows: usize,
@@ -81,7 +82,8 @@ impl fmt::Debug for RemoteScanExec {
 }
 
 impl RemoteScanExec {
-    /// `tasks` of `table` (all of one view, producing `schema`) on `remote`.
+    /// `tasks` of `table` (all of one view, producing `schema`) on
+    /// `remote`, grouped by [`group_tasks`] for the worker.
     pub fn new(
         table: &str,
         schema: SchemaRef,
@@ -90,13 +92,14 @@ impl RemoteScanExec {
         limit: Option<usize>,
         filter: Option<String>,
     ) -> Self {
-        let n = remote.worker.concurrency().clamp(1, tasks.len().max(1));
-        let mut partitions: Vec<Vec<(usize, SplitTask)>> = vec![Vec::new(); n];
         let stored_rows = tasks.iter().map(|t| t.rows).sum();
+        let groups = group_tasks(tasks, remote.worker.group_bytes());
+        let n = remote.worker.concurrency().clamp(1, groups.len().max(1));
+        let mut partitions: Vec<Vec<(usize, Vec<SplitTask>)>> = vec![Vec::new(); n];
         // Relaxed: numbering only needs atomicity.
-        let first = remote.next_task.fetch_add(tasks.len(), Ordering::Relaxed);
-        for (i, task) in tasks.into_iter().enumerate() {
-            partitions[i % n].push((first + i, task));
+        let first = remote.next_group.fetch_add(groups.len(), Ordering::Relaxed);
+        for (i, group) in groups.into_iter().enumerate() {
+            partitions[i % n].push((first + i, group));
         }
         let properties = scan_properties(&schema, n);
         RemoteScanExec {
@@ -117,11 +120,12 @@ impl DisplayAs for RemoteScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "RemoteScanExec: table={}, worker={:?}, partitions={}, splits={}",
+            "RemoteScanExec: table={}, worker={:?}, partitions={}, invocations={}, splits={}",
             self.table,
             self.remote.worker,
             self.partitions.len(),
-            self.partitions.iter().map(Vec::len).sum::<usize>()
+            self.partitions.iter().map(Vec::len).sum::<usize>(),
+            self.partitions.iter().flatten().map(|(_, g)| g.len()).sum::<usize>()
         )?;
         fmt_pushdown(f, &self.schema, self.filter.as_deref(), self.limit)
     }
@@ -169,16 +173,21 @@ impl ExecutionPlan for RemoteScanExec {
             .cloned()
             .ok_or_else(|| DataFusionError::Internal(format!("no partition {partition} of {}", self.table)))?;
         let splits_read = MetricBuilder::new(&self.metrics).counter("splits_read", partition);
+        let invocations = MetricBuilder::new(&self.metrics).counter("invocations", partition);
         let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let worker = Arc::clone(&self.remote.worker);
         let query = Arc::clone(&self.remote.query);
         let schema = Arc::clone(&self.schema);
         let table = self.table.clone();
         let stream = futures::stream::iter(tasks)
-            .then(move |(n, task)| worker.run(&query, n, task))
+            .then(move |(n, group)| {
+                let splits = group.len();
+                worker.run(&query, n, group).map_ok(move |batches| (splits, batches))
+            })
             .map_err(|e| DataFusionError::External(Box::new(e)))
-            .map_ok(move |batches| {
-                splits_read.add(1);
+            .map_ok(move |(splits, batches)| {
+                splits_read.add(splits);
+                invocations.add(1);
                 let schema = Arc::clone(&schema);
                 let table = table.clone();
                 let rows = rows.clone();
@@ -204,7 +213,7 @@ impl ExecutionPlan for RemoteScanExec {
 
     fn partition_statistics(&self, partition: Option<usize>) -> datafusion::common::Result<Arc<Statistics>> {
         let stored = match partition {
-            Some(p) => self.partitions.get(p).map_or(0, |t| t.iter().map(|(_, t)| t.rows).sum()),
+            Some(p) => self.partitions.get(p).map_or(0, |g| g.iter().flat_map(|(_, g)| g).map(|t| t.rows).sum()),
             None => self.stored_rows,
         };
         Ok(scan_statistics(&self.schema, stored, self.limit))

@@ -8,10 +8,12 @@
 
 ``scan`` asks the lake's catalog for the scan's splits (``fovea plan``: one
 view of the table at the lake's newest checkpoint), invokes the scan
-function once per split in parallel (boto3; ``AWS_ENDPOINT_URL_LAMBDA``
-honoured), and returns the visible rows as one ``pyarrow.Table``.
+function once per group of consecutive splits of about ``group_mb`` MB to
+read (64 by default; the plan estimates each split's bytes), groups in
+parallel (boto3; ``AWS_ENDPOINT_URL_LAMBDA`` honoured), and returns the
+visible rows as one ``pyarrow.Table``.
 
-An invocation that fails with a retryable error is retried once; a split's
+An invocation that fails with a retryable error is retried once; a group's
 rows are taken only from the attempt that succeeded, whole. If the lake
 moved on under the plan (``ObjectMissing`` / ``SnapshotUnavailable``: a
 file was retired), the whole scan is planned again once. Answers too big to
@@ -35,6 +37,9 @@ from botocore.exceptions import ClientError
 __all__ = ["scan", "ScanError", "plan"]
 
 SPILL_ROOT = "_fovea/scan-results"
+# A request's JSON stays under this (Lambda takes 6 MB synchronously), as
+# fovea_core::scan_worker::MAX_REQUEST_BYTES.
+MAX_REQUEST_BYTES = 5 << 20
 RETRYABLE = {"Unavailable", "Failed"}
 REPLAN = {"ObjectMissing", "SnapshotUnavailable"}
 
@@ -109,14 +114,31 @@ def _batches(answer: dict, s3, bucket: str, prefix: str) -> List[pa.RecordBatch]
     return out
 
 
-def _run_plan(p: dict, function: str, concurrency: int, lam, s3) -> pa.Table:
+def _groups(tasks: List[dict], group_bytes: int) -> List[List[dict]]:
+    """Consecutive tasks while their estimated bytes stay within
+    ``group_bytes`` and their JSON within MAX_REQUEST_BYTES (a task alone
+    over either is a group of its own), as fovea_core's group_tasks."""
+    groups: List[List[dict]] = []
+    size = json_size = 0
+    for task in tasks:
+        n, j = task.get("bytes", 0), len(json.dumps(task))
+        if groups and size + n <= group_bytes and json_size + j <= MAX_REQUEST_BYTES:
+            groups[-1].append(task)
+            size, json_size = size + n, json_size + j
+        else:
+            groups.append([task])
+            size, json_size = n, j
+    return groups
+
+
+def _run_plan(p: dict, function: str, concurrency: int, group_mb: int, lam, s3) -> pa.Table:
     bucket, prefix = _bucket_prefix(p["lake"])
     schema = pa.ipc.open_stream(base64.b64decode(p["schema"])).schema
 
-    def one(n_task):
-        n, task = n_task
+    def one(n_group):
+        n, group = n_group
         for attempt in (0, 1):
-            request = {"lake": p["lake"], "task": task,
+            request = {"lake": p["lake"], "tasks": group,
                        "spill_prefix": f"{SPILL_ROOT}/{p['query']}/{n:06}-{attempt}"}
             answer, failure = _invoke(lam, function, request)
             if failure is None:
@@ -127,14 +149,14 @@ def _run_plan(p: dict, function: str, concurrency: int, lam, s3) -> pa.Table:
             raise ScanError(kind, message, n)
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        parts = list(pool.map(one, enumerate(p["tasks"])))
+        parts = list(pool.map(one, enumerate(_groups(p["tasks"], group_mb << 20))))
     batches = [b for part in parts for b in part]
     return pa.Table.from_batches(batches, schema=schema)
 
 
 def scan(table: str, *, lake: str, state: str, function: str = "fovea-scan",
          columns: Optional[List[str]] = None, limit: Optional[int] = None,
-         concurrency: int = 16, fovea: Optional[str] = None,
+         concurrency: int = 16, group_mb: int = 64, fovea: Optional[str] = None,
          lambda_client=None, s3_client=None) -> pa.Table:
     """The visible rows of ``table`` at the lake's newest checkpoint."""
     # One attempt per call: the retry policy is this module's (once, under a
@@ -145,7 +167,7 @@ def scan(table: str, *, lake: str, state: str, function: str = "fovea-scan",
     for replan in (0, 1):
         p = plan(table, lake=lake, state=state, columns=columns, limit=limit, fovea=fovea)
         try:
-            result = _run_plan(p, function, concurrency, lam, s3)
+            result = _run_plan(p, function, concurrency, group_mb, lam, s3)
         except ScanError as e:
             if replan == 0 and e.kind in REPLAN:
                 continue

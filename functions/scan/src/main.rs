@@ -1,6 +1,6 @@
-//! `fovea-scan`: the Lambda scan function. One invocation runs one split
-//! of a fovea scan ([`fovea_core::scan_worker`]): the event is a
-//! `SplitRequest` (JSON), the answer a `SplitAnswer` (the split's visible
+//! `fovea-scan`: the Lambda scan function. One invocation runs a group of
+//! splits of a fovea scan ([`fovea_core::scan_worker`]): the event is a
+//! `SplitRequest` (JSON), the answer a `SplitAnswer` (the splits' visible
 //! rows as Arrow IPC, inline or spilled to S3), a failure a typed error
 //! (`errorType` = `BadRequest`, `ObjectMissing`, `SnapshotUnavailable`,
 //! `Unavailable` or `Failed`) the caller acts on.
