@@ -20,31 +20,37 @@ pub struct RemoteLake {
     pub state: Option<String>,
 }
 
+/// Transactions between two checkpoints of the replay benchmarks.
+pub(crate) const BENCH_CHECKPOINT_TXNS: u64 = 50_000;
+
 /// One measured replay.
 pub(crate) struct ReplayRun {
     pub(crate) rows: u64,
     pub(crate) txns: u64,
     pub(crate) seconds: f64,
-    store: fovea_core::metered::StoreCounts,
-    dynamo_writes: Option<u64>,
+    pub(crate) checkpoints: u64,
+    pub(crate) store: fovea_core::metered::StoreCounts,
+    pub(crate) dynamo_writes: Option<u64>,
 }
 
 pub(crate) fn replay_into(
     lake: fovea_replayer::lakes::LakeArgs,
     input: &std::path::Path,
     progress: bool,
+    checkpoint_txns: u64,
+    iceberg: fovea_replayer::lakes::IcebergArgs,
 ) -> fovea_replayer::replay::CliResult<ReplayRun> {
     let meter = Arc::new(fovea_core::metered::StoreMeter::default());
     let (backends, dynamo) = lake.backends_metered(Some(Arc::clone(&meter)))?;
     let args = fovea_replayer::replay::ReplayArgs {
         lake,
         functions: Default::default(),
-        iceberg: Default::default(),
+        iceberg,
         backends: Some(backends),
         input: input.display().to_string(),
         format: fovea_core::cdc::InputFormat::Auto,
         schema_file: None,
-        checkpoint_txns: 50_000,
+        checkpoint_txns,
         shards: None,
         blocks: None,
         lease: fovea_core::lease::DEFAULT_LEASE_TTL,
@@ -56,6 +62,7 @@ pub(crate) fn replay_into(
         rows: summary.stats.rows,
         txns: summary.stats.applied,
         seconds: summary.elapsed.as_secs_f64(),
+        checkpoints: summary.stats.checkpoints,
         store: meter.counts(),
         dynamo_writes: dynamo.map(|d| d.writes()),
     })
@@ -136,7 +143,13 @@ pub fn replay(
             std::fs::remove_dir_all(&lake)?;
         }
         let cpu_before = fovea_replayer::serve::metrics::cpu_seconds();
-        let replayed = replay_into(fovea_replayer::lakes::LakeArgs::local(&lake), &input, !json_out)?;
+        let replayed = replay_into(
+            fovea_replayer::lakes::LakeArgs::local(&lake),
+            &input,
+            !json_out,
+            BENCH_CHECKPOINT_TXNS,
+            Default::default(),
+        )?;
         // CPU of every thread of the process (decoders, shards, flush, checkpoints) per row replayed.
         let cpu_us_per_row = cpu_before
             .zip(fovea_replayer::serve::metrics::cpu_seconds())
@@ -186,7 +199,7 @@ pub fn replay(
             no_create: false,
         };
         let name = lake.lake.clone();
-        let r = replay_into(lake, &input, !json_out)?;
+        let r = replay_into(lake, &input, !json_out, BENCH_CHECKPOINT_TXNS, Default::default())?;
         let remote_rows_per_s = r.rows as f64 / r.seconds;
         let per_1000 = |n: u64| (n as f64 * 1000.0 / r.rows.max(1) as f64 * 100.0).round() / 100.0;
         let local_requests = requests_per_1000(&local);

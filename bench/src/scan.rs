@@ -143,7 +143,13 @@ pub fn run(b: &ScanBench) -> CliResult<()> {
         std::io::Write::flush(&mut w)?;
     }
     let lake = dir.join("lake");
-    let replayed = crate::replay::replay_into(fovea_replayer::lakes::LakeArgs::local(&lake), &input, !b.json)?;
+    let replayed = crate::replay::replay_into(
+        fovea_replayer::lakes::LakeArgs::local(&lake),
+        &input,
+        !b.json,
+        crate::replay::BENCH_CHECKPOINT_TXNS,
+        Default::default(),
+    )?;
     std::fs::remove_file(&input)?;
 
     // The smallest and the largest table by stored rows.

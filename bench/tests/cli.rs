@@ -105,3 +105,45 @@ fn gen_writes_the_same_stream_for_the_same_seed() {
     assert_eq!(strip_fresh(a.clone()), strip_fresh(b));
     assert_ne!(strip_fresh(a), strip_fresh(c));
 }
+
+/// `fovea-bench cost` on the local stand-ins: per rate, one checkpoint
+/// interval measured at that rate's rows, priced item by item; off and v2
+/// publication told apart; bad settings refused by name.
+#[test]
+fn bench_cost_measures_an_interval_per_rate_and_prices_it() {
+    let cost = |args: &[&str]| {
+        let out = fovea_bench().args(["cost", "--txns", "300", "--json"]).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let v2 = cost(&["--rates", "20,200", "--checkpoint-secs", "5"]);
+    let months = v2["per_month"].as_array().unwrap();
+    assert_eq!(months.len(), 2, "{v2}");
+    for (m, rate) in months.iter().zip([20.0, 200.0]) {
+        let interval = &m["checkpoint_interval"];
+        // At least rate × C rows, at most one transaction more (HyBench: ~11 rows each).
+        let rows = interval["rows"].as_f64().unwrap();
+        assert!(rows >= rate * 5.0 && rows < rate * 5.0 + 40.0, "{m}");
+        assert!(
+            interval["s3_puts"].as_f64().unwrap() >= 1.0 && interval["dynamodb_writes"].as_f64().unwrap() >= 1.0,
+            "{m}"
+        );
+        let f = &m["fovea"];
+        let sum =
+            f["s3_requests"].as_f64().unwrap() + f["dynamodb"].as_f64().unwrap() + f["replayer_task"].as_f64().unwrap();
+        assert!((sum - f["total"].as_f64().unwrap()).abs() < 0.02, "{m}");
+        assert!(m["firehose_iceberg"]["total"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    // Publication writes Iceberg metadata at every checkpoint.
+    let off = cost(&["--rates", "200", "--checkpoint-secs", "5", "--iceberg", "off"]);
+    let puts = |v: &serde_json::Value, i: usize| v["per_month"][i]["checkpoint_interval"]["s3_puts"].as_f64().unwrap();
+    assert!(puts(&off, 0) < puts(&v2, 1), "off {off}\nv2 {v2}");
+    for bad in [&["--rates", "0"][..], &["--iceberg", "v4"], &["--checkpoint-secs", "0"], &["--rate", "10"]] {
+        let out = fovea_bench().args(["cost", "--txns", "300"]).args(bad).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(bad[0].trim_start_matches('-').split('-').next().unwrap()),
+            "{bad:?}: {stderr}"
+        );
+    }
+}
