@@ -1,8 +1,9 @@
 //! Scans fanned out to the Lambda scan function (`functions/scan`):
 //! `lambda://FUNCTION[?concurrency=N&timeout_s=S&inline_kb=K&group_mb=M]`.
 //!
-//! Each group of a query's splits (about `group_mb` MB to read, default
-//! 64: [`fovea_core::scan_worker::group_tasks`]) is one synchronous invocation (Lambda's `Invoke`,
+//! Each group of a query's splits is one synchronous invocation (the
+//! scan spread over `concurrency` groups of 8 to `group_mb` MB to read,
+//! default 64: [`fovea_core::scan_worker::group_tasks`]; Lambda's `Invoke`,
 //! signed by [`crate::signed_http`]; `AWS_ENDPOINT_URL_LAMBDA` honoured,
 //! e.g. `cargo lambda watch`). An
 //! invocation Lambda throttles (429) is sent again with backoff and jitter
@@ -24,7 +25,7 @@ use object_store::ObjectStore;
 
 use fovea_core::lake::spawn_io;
 use fovea_core::scan_worker::{
-    SplitAnswer, SplitFailure, SplitFailureKind, SplitRequest, SplitWorker, delete_spilled, spill_prefix,
+    GroupSize, SplitAnswer, SplitFailure, SplitFailureKind, SplitRequest, SplitWorker, delete_spilled, spill_prefix,
 };
 use fovea_core::split::SplitTask;
 use fovea_core::{Error, Result};
@@ -50,7 +51,7 @@ pub struct LambdaTarget {
     pub timeout: Duration,
     /// Answers up to this many IPC bytes come inline.
     pub inline_limit: Option<usize>,
-    /// Estimated bytes of splits one invocation reads.
+    /// Estimated bytes of splits one invocation reads at most.
     pub group_bytes: u64,
 }
 
@@ -354,8 +355,8 @@ impl SplitWorker for LambdaScan {
         self.target.concurrency
     }
 
-    fn group_bytes(&self) -> u64 {
-        self.target.group_bytes
+    fn group_size(&self) -> GroupSize {
+        GroupSize::new(self.target.group_bytes, self.target.concurrency)
     }
 
     fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {

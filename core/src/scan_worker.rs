@@ -4,16 +4,18 @@
 //!
 //! ```text
 //!  caller (fovea sql --scan lambda://F, the Python client)       worker (no engine, no catalog)
-//!  group_tasks(tasks, worker.group_bytes())
+//!  group_tasks(tasks, worker.group_size())
 //!  SplitRequest { tasks, spill_prefix, inline_limit } ─ JSON ─▶ run_split(lake, request)
 //!        ◀─ SplitAnswer { rows, ipc (inline) | objects (spilled) } ─┘
 //!        ◀─ or a SplitFailure { kind, message } the caller acts on
 //! ```
 //!
-//! A request carries a group of splits, consecutive in the plan, of about
-//! [`SplitWorker::group_bytes`] to read together ([`group_tasks`]): an
-//! invocation pays a request's price and start-up, so a 10M-row table is a
-//! dozen invocations of 64 MB, not 1,200 of one row group each. An answer
+//! A request carries a group of splits, consecutive in the plan, to read
+//! together ([`group_tasks`]): an invocation pays a request's price and
+//! start-up, so a scan is spread over about as many groups as the caller
+//! runs at once, each reading at least 8 MB and at most 64 (by default,
+//! [`SplitWorker::group_size`]) — a 10M-row table of 160 MB is 16
+//! invocations of 10 MB, not 1,234 of one row group each. An answer
 //! is the group's visible rows in task order, whole: the caller takes it in one
 //! piece after the invocation succeeded, so a retried invocation can never
 //! put a split's rows into one answer twice. Rows that do not fit the
@@ -61,10 +63,34 @@ pub const MAX_INLINE_LIMIT: usize = (LAMBDA_RESPONSE_LIMIT - (64 << 10)) / 4 * 3
 /// Spilled answers are cut into IPC objects of about this size.
 const SPILL_OBJECT_BYTES: usize = 64 << 20;
 
-/// Estimated bytes to read per request unless a worker says otherwise
-/// ([`SplitWorker::group_bytes`]): the scan function (2 GB of memory)
-/// holds a group's decoded rows and their IPC encoding at once.
+/// Estimated bytes to read per request at most unless a worker says
+/// otherwise ([`SplitWorker::group_size`]): the scan function (2 GB of
+/// memory) holds a group's decoded rows and their IPC encoding at once.
 pub const DEFAULT_GROUP_BYTES: u64 = 64 << 20;
+
+/// A scan is not spread over more invocations than leave each this many
+/// estimated bytes to read: below it, an invocation's own cost (request,
+/// start-up, footers) outweighs the reading.
+pub const DEFAULT_MIN_GROUP_BYTES: u64 = 8 << 20;
+
+/// How a caller sizes its groups of tasks ([`group_tasks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupSize {
+    /// Estimated bytes of a group at most (a task alone may pass it).
+    pub max: u64,
+    /// Estimated bytes below which a scan is not spread further.
+    pub min: u64,
+    /// Invocations the caller runs at once: a scan is spread over about
+    /// this many groups while each still reads `min`.
+    pub parallel: usize,
+}
+
+impl GroupSize {
+    /// At most `max` bytes per group, the default least, `parallel` at once.
+    pub fn new(max: u64, parallel: usize) -> Self {
+        GroupSize { max, min: DEFAULT_MIN_GROUP_BYTES.min(max), parallel: parallel.max(1) }
+    }
+}
 
 /// A request's JSON stays under this many bytes (Lambda takes 6 MB in a
 /// synchronous invocation; inline rows and deleted bitmaps travel in it).
@@ -210,10 +236,17 @@ fn one_or_more<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Ve
 
 /// `tasks` (of one scan, in plan order) in groups for one request each:
 /// consecutive tasks while their estimated bytes ([`SplitTask::bytes`])
-/// stay within `group_bytes` and their JSON within [`MAX_REQUEST_BYTES`];
-/// a task alone over either is a group of its own. Concatenated, the
+/// stay within a target and their JSON within [`MAX_REQUEST_BYTES`]; a
+/// task alone over either is a group of its own. The target spreads the
+/// scan over at most `size.parallel` groups (its bytes over `parallel`,
+/// plus its largest task: a group closes only when the next task would
+/// pass the target), within `size.min..=size.max`. Concatenated, the
 /// groups are `tasks`.
-pub fn group_tasks(tasks: Vec<SplitTask>, group_bytes: u64) -> Vec<Vec<SplitTask>> {
+pub fn group_tasks(tasks: Vec<SplitTask>, size: GroupSize) -> Vec<Vec<SplitTask>> {
+    let total: u64 = tasks.iter().map(|t| t.bytes).sum();
+    let largest = tasks.iter().map(|t| t.bytes).max().unwrap_or(0);
+    let spread = total.div_ceil(size.parallel.max(1) as u64).saturating_add(largest);
+    let group_bytes = spread.clamp(size.min.min(size.max), size.max);
     let mut groups: Vec<Vec<SplitTask>> = Vec::new();
     let (mut bytes, mut json) = (0u64, 0usize);
     for task in tasks {
@@ -382,10 +415,11 @@ pub trait SplitWorker: Send + Sync + std::fmt::Debug {
     fn run(&self, query: &str, n: usize, tasks: Vec<SplitTask>) -> BoxFuture<'static, Result<Vec<RecordBatch>>>;
     /// Invocations one query may have running at once.
     fn concurrency(&self) -> usize;
-    /// Estimated bytes of splits one invocation reads: callers group tasks
-    /// up to it ([`group_tasks`]).
-    fn group_bytes(&self) -> u64 {
-        DEFAULT_GROUP_BYTES
+    /// How callers group tasks into invocations ([`group_tasks`]): by
+    /// default at most [`DEFAULT_GROUP_BYTES`] each, spread over
+    /// [`SplitWorker::concurrency`] invocations.
+    fn group_size(&self) -> GroupSize {
+        GroupSize::new(DEFAULT_GROUP_BYTES, self.concurrency())
     }
     /// Called once when query `query` ended (its spilled leftovers can go).
     fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>>;
@@ -439,7 +473,7 @@ impl LocalSplits {
         LocalSplits { lake, concurrency: concurrency.max(1), inline_limit, group_bytes: DEFAULT_GROUP_BYTES }
     }
 
-    /// Groups of `bytes` per invocation instead of [`DEFAULT_GROUP_BYTES`].
+    /// Groups of at most `bytes` per invocation instead of [`DEFAULT_GROUP_BYTES`].
     pub fn with_group_bytes(mut self, bytes: u64) -> Self {
         self.group_bytes = bytes;
         self
@@ -477,8 +511,8 @@ impl SplitWorker for LocalSplits {
         self.concurrency
     }
 
-    fn group_bytes(&self) -> u64 {
-        self.group_bytes
+    fn group_size(&self) -> GroupSize {
+        GroupSize::new(self.group_bytes, self.concurrency)
     }
 
     fn finish(&self, query: &str) -> BoxFuture<'static, Result<()>> {
@@ -585,7 +619,7 @@ pub mod conformance {
                 }
                 cyclic.push(group);
             }
-            let own = group_tasks(tasks.clone(), worker.group_bytes());
+            let own = group_tasks(tasks.clone(), worker.group_size());
             assert_eq!(own.concat(), tasks, "{what}: group_tasks lost or reordered tasks");
             let mut n = 0;
             for (grouping, groups) in [("groups of 1-3 tasks", cyclic), ("the worker's groups", own)] {
@@ -675,8 +709,9 @@ mod tests {
         assert!(total > stored / 4 && total < stored * 4, "estimated {total} bytes, the lake holds {stored}");
         let projected: u64 = plan(Some(vec![0])).iter().map(|t| t.bytes).sum();
         assert!(projected < total, "one column of three: {projected} of {total}");
+        let one_at_a_time = |max| GroupSize { max, min: 1, parallel: 1 };
         for bound in [1, total / 7, total / 2, total, u64::MAX] {
-            let groups = group_tasks(tasks.clone(), bound);
+            let groups = group_tasks(tasks.clone(), one_at_a_time(bound));
             assert_eq!(groups.concat(), tasks, "bound {bound}");
             let bytes = |g: &[SplitTask]| g.iter().map(|t| t.bytes).sum::<u64>();
             for (i, g) in groups.iter().enumerate() {
@@ -688,6 +723,25 @@ mod tests {
             let expected = if bound >= total { 1 } else { groups.len() };
             assert_eq!(groups.len(), expected, "bound {bound}");
         }
+        // Spread over `parallel` groups at most, as even as the tasks allow,
+        // unless that leaves a group under `min`.
+        let largest = tasks.iter().map(|t| t.bytes).max().unwrap();
+        for parallel in [2, 3, 5] {
+            let groups = group_tasks(tasks.clone(), GroupSize { max: u64::MAX, min: 1, parallel });
+            assert_eq!(groups.concat(), tasks);
+            assert!(
+                groups.len() <= parallel && groups.len() >= parallel.min(tasks.len()) / 2,
+                "{parallel}: {}",
+                groups.len()
+            );
+            let target = total.div_ceil(parallel as u64) + largest;
+            assert!(groups.iter().all(|g| g.iter().map(|t| t.bytes).sum::<u64>() <= target));
+        }
+        // A group closes only past `min` less the next task's bytes.
+        let min = total / 2;
+        let groups = group_tasks(tasks.clone(), GroupSize { max: u64::MAX, min, parallel: 16 });
+        assert!(groups.len() as u64 <= total / (min - largest) + 1, "{} groups", groups.len());
+        assert_eq!(GroupSize::new(1 << 20, 0), GroupSize { max: 1 << 20, min: 1 << 20, parallel: 1 });
         // A group under a limit stops reading once it has that many rows.
         let limited = engine.scan(&snapshot, conformance::TABLE, Default::default()).unwrap().with_limit(Some(5));
         let request =
@@ -698,7 +752,7 @@ mod tests {
         // Requests stay under MAX_REQUEST_BYTES of JSON whatever the bound.
         let mut big = tasks[0].clone();
         big.data = crate::split::SplitData::Rows { ipc: "A".repeat(MAX_REQUEST_BYTES / 3) };
-        let groups = group_tasks(vec![big.clone(), big.clone(), big.clone(), big], u64::MAX);
+        let groups = group_tasks(vec![big.clone(), big.clone(), big.clone(), big], one_at_a_time(u64::MAX));
         assert_eq!(groups.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2]);
         // The request of one split, as sent before groups.
         let mut old = serde_json::to_value(SplitRequest {

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  TableProvider::scan ─▶ one view of the table ─▶ Scan::tasks() (no data read)
-//!  ─▶ group_tasks: consecutive tasks up to the worker's group_bytes each
+//!  ─▶ group_tasks: consecutive tasks, spread over the worker's concurrency within its group_size
 //!  ─▶ groups dealt round-robin over min(worker concurrency, groups) partitions
 //!  execute(p) ─▶ partition p's groups one after another ─▶ SplitWorker::run ─▶ batches
 //! ```
@@ -93,7 +93,7 @@ impl RemoteScanExec {
         filter: Option<String>,
     ) -> Self {
         let stored_rows = tasks.iter().map(|t| t.rows).sum();
-        let groups = group_tasks(tasks, remote.worker.group_bytes());
+        let groups = group_tasks(tasks, remote.worker.group_size());
         let n = remote.worker.concurrency().clamp(1, groups.len().max(1));
         let mut partitions: Vec<Vec<(usize, Vec<SplitTask>)>> = vec![Vec::new(); n];
         // Relaxed: numbering only needs atomicity.

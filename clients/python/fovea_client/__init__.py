@@ -8,9 +8,9 @@
 
 ``scan`` asks the lake's catalog for the scan's splits (``fovea plan``: one
 view of the table at the lake's newest checkpoint), invokes the scan
-function once per group of consecutive splits of about ``group_mb`` MB to
-read (64 by default; the plan estimates each split's bytes), groups in
-parallel (boto3; ``AWS_ENDPOINT_URL_LAMBDA`` honoured), and returns the
+function once per group of consecutive splits — the scan spread over
+``concurrency`` groups of 8 to ``group_mb`` MB to read (64 by default; the
+plan estimates each split's bytes) — groups in parallel (boto3; ``AWS_ENDPOINT_URL_LAMBDA`` honoured), and returns the
 visible rows as one ``pyarrow.Table``.
 
 An invocation that fails with a retryable error is retried once; a group's
@@ -40,6 +40,9 @@ SPILL_ROOT = "_fovea/scan-results"
 # A request's JSON stays under this (Lambda takes 6 MB synchronously), as
 # fovea_core::scan_worker::MAX_REQUEST_BYTES.
 MAX_REQUEST_BYTES = 5 << 20
+# A scan is not spread over invocations of less than this to read
+# (fovea_core::scan_worker::DEFAULT_MIN_GROUP_BYTES).
+MIN_GROUP_BYTES = 8 << 20
 RETRYABLE = {"Unavailable", "Failed"}
 REPLAN = {"ObjectMissing", "SnapshotUnavailable"}
 
@@ -114,10 +117,15 @@ def _batches(answer: dict, s3, bucket: str, prefix: str) -> List[pa.RecordBatch]
     return out
 
 
-def _groups(tasks: List[dict], group_bytes: int) -> List[List[dict]]:
-    """Consecutive tasks while their estimated bytes stay within
-    ``group_bytes`` and their JSON within MAX_REQUEST_BYTES (a task alone
-    over either is a group of its own), as fovea_core's group_tasks."""
+def _groups(tasks: List[dict], max_bytes: int, parallel: int) -> List[List[dict]]:
+    """Consecutive tasks while their estimated bytes stay within a target
+    and their JSON within MAX_REQUEST_BYTES (a task alone over either is a
+    group of its own): the scan spread over at most ``parallel`` groups,
+    each between MIN_GROUP_BYTES and ``max_bytes``, as fovea_core's
+    group_tasks."""
+    sizes = [t.get("bytes", 0) for t in tasks]
+    spread = -(-sum(sizes) // max(1, parallel)) + max(sizes, default=0)
+    group_bytes = min(max(spread, min(MIN_GROUP_BYTES, max_bytes)), max_bytes)
     groups: List[List[dict]] = []
     size = json_size = 0
     for task in tasks:
@@ -149,7 +157,7 @@ def _run_plan(p: dict, function: str, concurrency: int, group_mb: int, lam, s3) 
             raise ScanError(kind, message, n)
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        parts = list(pool.map(one, enumerate(_groups(p["tasks"], group_mb << 20))))
+        parts = list(pool.map(one, enumerate(_groups(p["tasks"], group_mb << 20, concurrency))))
     batches = [b for part in parts for b in part]
     return pa.Table.from_batches(batches, schema=schema)
 
