@@ -9,6 +9,7 @@
 //!   then, 3 times: append R × C rows of the stream, replay (resumes at the checkpoint, ends with one)
 //!   then once more with nothing appended: the replay's own start and stop
 //!  requests of one checkpoint interval = mean of the 3 − the empty one
+//!  (--iceberg-secs P > C: measured with and without publication, mixed C/P of the way)
 //!  per month = that × (month / C), the replayer task all month
 //! ```
 //!
@@ -59,6 +60,8 @@ pub struct CostBench {
     pub task_gb: f64,
     /// `--iceberg` of the deployment (publication at every checkpoint).
     pub iceberg: fovea_replayer::lakes::IcebergPublishing,
+    /// `--iceberg-secs` of the deployment (0: every checkpoint).
+    pub iceberg_secs: f64,
     /// One JSON object instead of text.
     pub json: bool,
 }
@@ -138,6 +141,19 @@ impl Interval {
             gets: run.store.gets as f64,
             lists: run.store.lists as f64,
             dynamo_writes: run.dynamo_writes.unwrap_or(0) as f64,
+        }
+    }
+
+    /// These counts and `share` of the way to `other`'s (0: these, 1:
+    /// `other`'s).
+    fn mixed(&self, other: &Interval, share: f64) -> Interval {
+        let mix = |a: f64, b: f64| a + (b - a) * share;
+        Interval {
+            rows: self.rows,
+            puts: mix(self.puts, other.puts),
+            gets: mix(self.gets, other.gets),
+            lists: mix(self.lists, other.lists),
+            dynamo_writes: mix(self.dynamo_writes, other.dynamo_writes),
         }
     }
 
@@ -239,17 +255,18 @@ fn measure_rate(
     n: usize,
     rate: f64,
     b: &CostBench,
+    iceberg: fovea_replayer::lakes::IcebergPublishing,
     dir: &Path,
     text: &[u8],
     ends: &[(usize, u64)],
-    progress: bool,
 ) -> CliResult<(Interval, f64)> {
+    let progress = !b.json;
     let lake = || LakeArgs {
         lake: format!("s3://cost/rate{n}"),
         state: Some(format!("dynamodb://fovea-cost-{n}")),
         no_create: false,
     };
-    let iceberg = || fovea_replayer::lakes::IcebergArgs { iceberg: Some(b.iceberg), iceberg_catalog: None };
+    let iceberg = || fovea_replayer::lakes::IcebergArgs { iceberg: Some(iceberg), ..Default::default() };
     let input = dir.join(format!("rate{n}.jsonl"));
     let warmup = usize::try_from(b.txns).unwrap_or(usize::MAX).min(ends.len()) - 1;
     std::fs::write(&input, &text[..ends[warmup].0])?;
@@ -307,6 +324,9 @@ pub fn run(b: &CostBench) -> CliResult<()> {
     if !(b.checkpoint_secs.is_finite() && b.checkpoint_secs > 0.0) {
         return Err(format!("--checkpoint-secs {}: expected seconds > 0", b.checkpoint_secs).into());
     }
+    if !(b.iceberg_secs.is_finite() && b.iceberg_secs >= 0.0) {
+        return Err(format!("--iceberg-secs {}: expected seconds ≥ 0", b.iceberg_secs).into());
+    }
     if b.rates.is_empty() || b.rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
         return Err(format!("--rates {:?}: expected rows per second > 0", b.rates).into());
     }
@@ -314,7 +334,6 @@ pub fn run(b: &CostBench) -> CliResult<()> {
         return Err("--txns 0: the lake needs some data".into());
     }
     let prices = load_prices(b.prices.as_deref())?;
-    let progress = !b.json;
     let dir = tempfile::tempdir()?;
     // The lake's transactions, then enough for the intervals of the
     // fastest rate (HyBench has over 8 rows per transaction).
@@ -335,13 +354,22 @@ pub fn run(b: &CostBench) -> CliResult<()> {
     let mut months = Vec::new();
     let mut cpu_per_row = Vec::new();
     for (n, &rate) in b.rates.iter().enumerate() {
-        let (interval, cpu) = measure_rate(n, rate, b, dir.path(), &text, &ends, progress)?;
+        let (mut interval, cpu) = measure_rate(2 * n, rate, b, b.iceberg, dir.path(), &text, &ends)?;
+        // Published once per --iceberg-secs, not at every checkpoint: the
+        // publication's requests (with less without) in that share.
+        let publishing = b.iceberg != fovea_replayer::lakes::IcebergPublishing::Off;
+        if publishing && b.iceberg_secs > b.checkpoint_secs {
+            let off = fovea_replayer::lakes::IcebergPublishing::Off;
+            let (without, _) = measure_rate(2 * n + 1, rate, b, off, dir.path(), &text, &ends)?;
+            let share = b.checkpoint_secs / b.iceberg_secs;
+            interval = without.mixed(&interval, share);
+        }
         cpu_per_row.push(cpu);
         months.push(month_at(rate, b, &prices, &interval, cpu, record_bytes));
     }
     let cpu_s_per_row = crate::scan::median(&mut cpu_per_row.clone());
     let lake_bytes: u64 = {
-        let store = fovea_aws::s3::s3_store(&format!("s3://cost/rate{}", b.rates.len() - 1))?;
+        let store = fovea_aws::s3::s3_store(&format!("s3://cost/rate{}", 2 * (b.rates.len() - 1)))?;
         fovea_core::lake::Lake::new(Arc::clone(&store))
             .list(&object_store::path::Path::from(""))?
             .iter()
@@ -365,6 +393,7 @@ pub fn run(b: &CostBench) -> CliResult<()> {
             "task_vcpu": b.task_vcpu,
             "task_gb": b.task_gb,
             "iceberg": format!("{:?}", b.iceberg),
+            "iceberg_secs": b.iceberg_secs,
         },
         "per_month": months,
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
@@ -380,8 +409,15 @@ pub fn run(b: &CostBench) -> CliResult<()> {
         round3(record_bytes)
     );
     println!(
-        "prices: {} {} as of {}; a checkpoint every {} s, Iceberg publication {:?}; replayer task {} vCPU / {} GB all month",
-        prices.region, prices.currency, prices.as_of, b.checkpoint_secs, b.iceberg, b.task_vcpu, b.task_gb
+        "prices: {} {} as of {}; a checkpoint every {} s, Iceberg publication {:?} (at most every {} s); replayer task {} vCPU / {} GB all month",
+        prices.region,
+        prices.currency,
+        prices.as_of,
+        b.checkpoint_secs,
+        b.iceberg,
+        b.iceberg_secs.max(b.checkpoint_secs),
+        b.task_vcpu,
+        b.task_gb
     );
     let columns = [
         ("rows/s", &["rows_per_s"][..]),
@@ -467,6 +503,7 @@ mod tests {
             task_vcpu: 2.0,
             task_gb: 8.0,
             iceberg: fovea_replayer::lakes::IcebergPublishing::Off,
+            iceberg_secs: 0.0,
             json: true,
         };
         let iv = Interval { rows: 10_000.0, puts: 12.0, gets: 0.0, lists: 0.0, dynamo_writes: 2.0 };

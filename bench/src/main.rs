@@ -245,6 +245,10 @@ enum Command {
         /// --iceberg`: v2 (the default), v3 or off.
         #[arg(long, default_value = "v2", value_parser = fovea_replayer::lakes::IcebergPublishing::parse)]
         iceberg: fovea_replayer::lakes::IcebergPublishing,
+        /// `fovea serve --iceberg-secs` of the deployment: a publication at
+        /// most this often (0: at every checkpoint).
+        #[arg(long, default_value_t = 0.0)]
+        iceberg_secs: f64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -341,8 +345,18 @@ fn main() -> ExitCode {
         Command::Serve { pg_bin, scale, clients, seconds, rate, json } => {
             serve::serve_bench(&serve::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
-        Command::Cost { txns, rates, checkpoint_secs, prices, task_vcpu, task_gb, iceberg, json } => {
-            cost::run(&cost::CostBench { txns, rates, checkpoint_secs, prices, task_vcpu, task_gb, iceberg, json })
+        Command::Cost { txns, rates, checkpoint_secs, prices, task_vcpu, task_gb, iceberg, iceberg_secs, json } => {
+            cost::run(&cost::CostBench {
+                txns,
+                rates,
+                checkpoint_secs,
+                prices,
+                task_vcpu,
+                task_gb,
+                iceberg,
+                iceberg_secs,
+                json,
+            })
         }
         Command::Gc { rows, seconds, json } => gc::run(&gc::GcBenchArgs { rows, seconds, json }),
         Command::Iceberg { rows, changed, checkpoints, txns, runs, checkpoint_txns, json } => {

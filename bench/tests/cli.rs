@@ -138,6 +138,9 @@ fn bench_cost_measures_an_interval_per_rate_and_prices_it() {
     let off = cost(&["--rates", "200", "--checkpoint-secs", "5", "--iceberg", "off"]);
     let puts = |v: &serde_json::Value, i: usize| v["per_month"][i]["checkpoint_interval"]["s3_puts"].as_f64().unwrap();
     assert!(puts(&off, 0) < puts(&v2, 1), "off {off}\nv2 {v2}");
+    // Publishing once a minute, checkpoints every 5 s: between the two.
+    let minute = cost(&["--rates", "200", "--checkpoint-secs", "5", "--iceberg-secs", "60"]);
+    assert!(puts(&minute, 0) > puts(&off, 0) && puts(&minute, 0) < puts(&v2, 1), "{minute}\noff {off}\nv2 {v2}");
     for bad in [&["--rates", "0"][..], &["--iceberg", "v4"], &["--checkpoint-secs", "0"], &["--rate", "10"]] {
         let out = fovea_bench().args(["cost", "--txns", "300"]).args(bad).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -64,6 +64,25 @@ pub struct IcebergArgs {
     /// `schema.table` is `schema_table`.
     #[arg(long, value_name = "CATALOG")]
     pub iceberg_catalog: Option<String>,
+    /// Publish at most once per this many seconds (default 0: every
+    /// checkpoint; the last checkpoint before a stop always is). Each
+    /// publication writes a few objects per changed table — on S3 most of
+    /// a replayer's requests at low rates (`fovea-bench cost`) — and
+    /// Iceberg readers see data up to this much older. At most 300: half
+    /// of how long replaced files stay for readers of a snapshot.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = parse_publish_secs)]
+    pub iceberg_secs: f64,
+}
+
+/// `--iceberg-secs`: seconds in 0..=300.
+fn parse_publish_secs(s: &str) -> Result<f64, String> {
+    let most = fovea_iceberg::DEFAULT_RETENTION.as_secs_f64() / 2.0;
+    s.parse::<f64>().ok().filter(|v| (0.0..=most).contains(v)).ok_or_else(|| {
+        format!(
+            "--iceberg-secs {s}: expected seconds from 0 to {most} (half the {} s files stay for readers)",
+            most * 2.0
+        )
+    })
 }
 
 /// What `--iceberg` says.
@@ -90,12 +109,12 @@ impl IcebergPublishing {
 impl IcebergArgs {
     /// Publishing in `format` (as `--iceberg FORMAT` asks).
     pub fn format(format: fovea_iceberg::FormatVersion) -> Self {
-        IcebergArgs { iceberg: Some(IcebergPublishing::Format(format)), iceberg_catalog: None }
+        IcebergArgs { iceberg: Some(IcebergPublishing::Format(format)), ..IcebergArgs::default() }
     }
 
     /// Not publishing (as `--iceberg off` asks).
     pub fn off() -> Self {
-        IcebergArgs { iceberg: Some(IcebergPublishing::Off), iceberg_catalog: None }
+        IcebergArgs { iceberg: Some(IcebergPublishing::Off), ..IcebergArgs::default() }
     }
 
     /// Whether `--iceberg off` was given.
@@ -109,8 +128,16 @@ impl IcebergArgs {
             Some(catalog) if self.is_off() => {
                 Err(format!("--iceberg-catalog {catalog}: nothing is published with --iceberg off").into())
             }
+            _ if self.is_off() && self.iceberg_secs > 0.0 => {
+                Err(format!("--iceberg-secs {}: nothing is published with --iceberg off", self.iceberg_secs).into())
+            }
             _ => Ok(()),
         }
+    }
+
+    /// How often at most a checkpoint is published (`--iceberg-secs`).
+    pub fn publish_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.iceberg_secs)
     }
 
     /// How long the engine keeps lake files no checkpoint names for

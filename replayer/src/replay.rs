@@ -145,6 +145,7 @@ pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
             .iceberg
             .publisher(&args.lake, &lake.engine)?
             .map(|p| p as std::sync::Arc<dyn fovea_core::sink::CheckpointPublisher>),
+        publish_interval: args.iceberg.publish_interval(),
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), &input_name, sink_config)?;

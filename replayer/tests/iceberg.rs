@@ -414,9 +414,11 @@ fn a_bad_iceberg_format_is_refused_by_name() {
     // Options that need publishing, with publishing off: refused by name
     // before the lake is opened.
     let lake = dir.path().join("lake");
-    for (command, option) in
-        [("replay", ["--iceberg-catalog", "glue://db"]), ("serve", ["--iceberg-rest", "127.0.0.1:0"])]
-    {
+    for (command, option) in [
+        ("replay", ["--iceberg-catalog", "glue://db"]),
+        ("serve", ["--iceberg-rest", "127.0.0.1:0"]),
+        ("serve", ["--iceberg-secs", "5"]),
+    ] {
         let out = fovea()
             .args([command, "--lake"])
             .arg(&lake)
@@ -433,6 +435,62 @@ fn a_bad_iceberg_format_is_refused_by_name() {
         );
         assert!(!lake.exists(), "{command} opened the lake");
     }
+}
+
+/// `--iceberg-secs`: a serving replayer that checkpoints every 0.2 s
+/// publishes at most once per interval, and its last checkpoint at a stop
+/// whatever the interval; an interval past half the retention is refused.
+#[test]
+fn publications_keep_to_iceberg_secs_and_the_last_checkpoint_is_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let stream = dir.path().join("hybench.jsonl");
+    hybench(&stream, 2000, 5);
+    let lines: Vec<String> = std::fs::read_to_string(&stream).unwrap().lines().map(str::to_owned).collect();
+    let input = dir.path().join("input.jsonl");
+    let (first, rest) = lines.split_at(lines.len() / 4);
+    append(&input, first);
+    let status = || -> serde_json::Value {
+        let out = fovea().args(["status", "--json", "--lake"]).arg(&lake).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let published = |s: &serde_json::Value| -> Vec<(u64, u64)> {
+        s["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| Some((t["iceberg"]["metadata_version"].as_u64()?, t["iceberg"]["checkpoint_ts"].as_u64()?)))
+            .collect()
+    };
+    let input_url = format!("file:{}", input.display());
+    let server =
+        Server::start(&lake, &input_url, &["--checkpoint-secs", "0.2", "--iceberg", "v2", "--iceberg-secs", "60"]);
+    eventually(std::time::Duration::from_secs(60), "the first publication", || {
+        let s = status();
+        (!published(&s).is_empty()).then_some(())
+    });
+    let before = published(&status());
+    // Three seconds of appends: fifteen checkpoints, no publication.
+    let started = std::time::Instant::now();
+    for chunk in rest.chunks(rest.len() / 6 + 1) {
+        append(&input, chunk);
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let during = status();
+    assert!(started.elapsed() < std::time::Duration::from_secs(55), "the test took too long to say anything");
+    assert_eq!(published(&during), before, "published within --iceberg-secs 60");
+    let checkpoint = |s: &serde_json::Value| s["checkpoint"]["checkpoint_ts"].as_u64().unwrap();
+    assert!(before.iter().all(|&(_, ts)| ts < checkpoint(&during)), "no checkpoint since the publication");
+    server.stop();
+    let after = status();
+    let last = checkpoint(&after);
+    assert!(!published(&after).is_empty() && published(&after).iter().all(|&(_, ts)| ts == last), "{after}");
+    // Past half the retention (files replaced stay 600 s): refused by name.
+    let out =
+        fovea().args(["replay", "--lake"]).arg(&lake).args(["--input", "-", "--iceberg-secs", "301"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--iceberg-secs 301: expected seconds from 0 to 300"), "{err}");
 }
 
 #[test]

@@ -188,6 +188,18 @@ impl Sink {
         Some(crate::catalog::Retention::older_than(retention, self.config.dedup_window))
     }
 
+    /// The publisher, for a checkpoint about to be written when a
+    /// publication is due (or the caller waits for the checkpoint).
+    fn take_publisher(&mut self, waited_for: bool) -> Option<Arc<dyn super::CheckpointPublisher>> {
+        let publisher = self.config.publisher.clone()?;
+        let now = Instant::now();
+        if !waited_for && now < self.publish_due {
+            return None;
+        }
+        self.publish_due = now.checked_add(self.config.publish_interval).unwrap_or(now);
+        Some(publisher)
+    }
+
     /// True while a checkpoint is being written in the background.
     pub fn checkpoint_in_flight(&self) -> bool {
         self.writing.is_some()
@@ -261,7 +273,7 @@ impl Sink {
             resume,
             source_state: self.source_state.clone(),
             prune: self.take_prune(),
-            publisher: self.config.publisher.clone(),
+            publisher: self.take_publisher(waited_for),
         };
         let thread = std::thread::Builder::new().name("fovea-checkpoint".into()).spawn(move || job.run())?;
         self.writing = Some(CheckpointInFlight { thread, resume, began, captured });
@@ -301,12 +313,17 @@ impl Sink {
                 self.operations = operations;
                 history.append(&mut self.history);
                 self.history = history;
+                // A publication it was to make is made by the next.
+                self.publish_due = Instant::now();
                 return Err(e);
             }
         };
         self.checkpointed_at = Some(resume);
         self.stats.cleanup_failures += outcome.cleanup_failures;
         self.stats.publish_failures += outcome.publish_failures;
+        if outcome.publish_failures > 0 {
+            self.publish_due = Instant::now();
+        }
         if let Some(e) = outcome.late {
             return Err(e);
         }

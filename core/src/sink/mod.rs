@@ -190,16 +190,22 @@ pub struct SinkConfig {
     /// checkpoint (never the dedup window's newest transactions; see
     /// [`Catalog::prune`]); `None` keeps everything.
     pub history_retention: Option<Duration>,
-    /// Told of every committed checkpoint, after its commit, on the
+    /// Told of committed checkpoints, after their commit, on the
     /// checkpoint's writer thread (an open table format's publisher).
     pub publisher: Option<Arc<dyn CheckpointPublisher>>,
+    /// The publisher is told of a checkpoint at most once per this long
+    /// (zero: every checkpoint); a checkpoint the caller waits for (the
+    /// last at a stop) and the one after a failed publication always are.
+    pub publish_interval: Duration,
 }
 
 /// Publishes committed checkpoints elsewhere (as Iceberg tables, say).
 ///
-/// Contract: [`Self::publish`] is called once per committed checkpoint, in
-/// commit order, on the checkpoint's writer thread, after the commit and
-/// the clean-up of older checkpoints; never for a checkpoint that failed.
+/// Contract: [`Self::publish`] is called once per committed checkpoint it
+/// is given (every one, or at most one per
+/// [`SinkConfig::publish_interval`]), in commit order, on the checkpoint's
+/// writer thread, after the commit and the clean-up of older checkpoints;
+/// never for a checkpoint that failed.
 /// The checkpoint is durable whatever it does: an error is logged and
 /// counted, the replay goes on, and the next checkpoint is published in
 /// full again (so a publisher keeps no state that a failure could leave
@@ -229,6 +235,7 @@ impl Default for SinkConfig {
             dedup_window: 1 << 20,
             history_retention: Some(DEFAULT_HISTORY_RETENTION),
             publisher: None,
+            publish_interval: Duration::ZERO,
         }
     }
 }
@@ -370,6 +377,8 @@ pub struct Sink {
     by_content: HashMap<TableId, RowsByContent>,
     /// When the catalog is next pruned (after the checkpoint that follows).
     prune_due: Instant,
+    /// When a checkpoint is next published ([`SinkConfig::publish_interval`]).
+    publish_due: Instant,
 }
 
 impl crate::cdc::source::RecordSink for Sink {
@@ -442,6 +451,8 @@ impl Sink {
             by_content: HashMap::new(),
             // The first checkpoint prunes what aged out while no replayer ran.
             prune_due: Instant::now(),
+            // The first checkpoint is published.
+            publish_due: Instant::now(),
         };
         sink.create_declared_tables()?;
         Ok(sink)

@@ -580,3 +580,66 @@ fn a_truncate_larger_than_a_chunk_leaves_only_the_rows_after_it() {
     let (_, tables) = run(&lines, InputFormat::Auto, config());
     assert_eq!(tables["public.new"], vec![vec![Value::Int(90), Value::Int(90)]]);
 }
+
+/// Remembers the checkpoints it was told of; fails the first `fail` calls.
+#[derive(Debug, Default)]
+struct Recording {
+    published: std::sync::Mutex<Vec<u64>>,
+    calls: std::sync::atomic::AtomicUsize,
+    fail: usize,
+}
+
+impl fovea_core::sink::CheckpointPublisher for Recording {
+    fn publish(&self, checkpoint: &fovea_core::catalog::CheckpointRecord) -> Result<(), String> {
+        // Relaxed: counted on the checkpoint writer threads, one at a time.
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < self.fail {
+            return Err("the store said no".into());
+        }
+        self.published.lock().unwrap().push(checkpoint.manifest.checkpoint_ts);
+        Ok(())
+    }
+}
+
+/// With a publish interval the publisher is told of the first checkpoint,
+/// of none within the interval, and of the last (waited for, as at a stop)
+/// whatever the interval; a failed publication is made again by the next
+/// checkpoint. Every checkpoint is committed either way.
+#[test]
+fn publications_keep_their_interval_and_the_last_checkpoint_is_published() {
+    let all = lines("debezium_events.jsonl.gz");
+    for fail in [0, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = open_lake(dir.path(), EngineConfig::default(), OpenMode::Write).unwrap();
+        let publisher = Arc::new(Recording { fail, ..Recording::default() });
+        let config = SinkConfig {
+            publisher: Some(Arc::clone(&publisher) as Arc<dyn fovea_core::sink::CheckpointPublisher>),
+            publish_interval: std::time::Duration::from_secs(3600),
+            checkpoint_txns: u64::MAX,
+            ..ddl()
+        };
+        let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "test", config).unwrap();
+        let mut offset = 0;
+        let mut committed = Vec::new();
+        for (i, l) in all.iter().enumerate() {
+            let pos = SourcePosition { line: i as u64 + 1, offset };
+            offset += l.len() as u64 + 1;
+            let next = SourcePosition { line: i as u64 + 1, offset };
+            sink.push(decode_line(l, pos, InputFormat::Auto).unwrap(), pos, next).unwrap();
+            if i % 200 == 199 && sink.start_checkpoint(next, &mut |_| Ok(None)).unwrap() {
+                while sink.checkpoint_in_flight() {
+                    sink.poll_checkpoint().unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                committed.push(lake.catalog.latest_checkpoint().unwrap().unwrap().manifest.checkpoint_ts);
+            }
+        }
+        sink.finish_input(SourcePosition { line: all.len() as u64, offset }).unwrap();
+        let last = lake.catalog.latest_checkpoint().unwrap().unwrap().manifest.checkpoint_ts;
+        assert!(committed.len() >= 3, "{committed:?}");
+        let published = publisher.published.lock().unwrap().clone();
+        // The first (or, after a failure, the next), and the last.
+        let expected = vec![committed[fail], last];
+        assert_eq!(published, expected, "fail {fail}: committed {committed:?}, last {last}");
+        assert_eq!(sink.stats().publish_failures, fail as u64);
+    }
+}

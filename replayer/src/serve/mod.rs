@@ -208,6 +208,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         history_retention: args.history_days.0,
         dedup_window: args.dedup_window,
         publisher: publisher.clone().map(|p| p as Arc<dyn fovea_core::sink::CheckpointPublisher>),
+        publish_interval: args.iceberg.publish_interval(),
         ..SinkConfig::default()
     };
     let mut sink = Sink::new(Arc::clone(&engine), Arc::clone(&lake.catalog), &input_name, sink_config)?;
