@@ -185,6 +185,12 @@ enum Command {
         /// storage-GC backlog (serve's --storage-gc-threshold).
         #[arg(long, default_value_t = 0.3)]
         storage_gc_threshold: f64,
+        /// Also read the replayer's input (the URL serve follows:
+        /// kinesis://… or postgres://…): per shard, how far behind its
+        /// newest record the checkpoint is; for a slot, the WAL from the
+        /// checkpoint and from the slot's confirmed position to now.
+        #[arg(long)]
+        input: Option<String>,
         /// One JSON object instead of the screen.
         #[arg(long)]
         json: bool,
@@ -309,10 +315,10 @@ fn main() -> ExitCode {
             let mut out = std::io::BufWriter::new(stdout.lock());
             query::history(&lake, table.as_deref(), limit, &mut out).and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
-        Command::Status { lake, storage_gc_threshold, json } => {
+        Command::Status { lake, storage_gc_threshold, input, json } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            status::status(&lake, storage_gc_threshold, json, &mut out)
+            status::status(&lake, input.as_deref(), storage_gc_threshold, json, &mut out)
                 .and_then(|()| Ok(std::io::Write::flush(&mut out)?))
         }
         Command::Iceberg { lake, format, iceberg_catalog } => {

@@ -1,7 +1,11 @@
 //! `fovea status`: how a lake stands, in one screen or as JSON — from its
 //! state store, its catalog and the objects they name alone: no engine is
 //! restored and no reader registered, so it is cheap beside a running
-//! replayer and works while none runs.
+//! replayer and works while none runs. With `--input`, also what the
+//! input holds beyond the checkpoint: per Kinesis shard how far behind its
+//! newest record the checkpoint's position is, for a PostgreSQL slot the
+//! WAL bytes from the checkpoint and from the slot's confirmed position to
+//! now — what a replayer starting now has to read first.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -27,6 +31,99 @@ struct LakeStatus {
     /// Newest replayed transaction: mirror ts, source commit µs.
     newest: Option<(u64, Option<i64>)>,
     tables: Vec<TableStatus>,
+    /// The input beyond the checkpoint (`--input`).
+    input: Option<InputBacklog>,
+}
+
+/// What an input holds beyond a checkpoint.
+enum InputBacklog {
+    Kinesis(Vec<fovea_aws::kinesis::ShardBacklog>),
+    Postgres(crate::serve::postgres::SlotBacklog),
+}
+
+impl InputBacklog {
+    /// Reads `spec`'s input as `checkpoint` leaves it.
+    fn read(spec: &str, checkpoint: Option<&CheckpointRecord>) -> CliResult<Self> {
+        let resume = checkpoint.map(CheckpointRecord::resume);
+        if spec.starts_with("kinesis://") {
+            let options = fovea_aws::kinesis::KinesisOptions::parse(spec, fovea_core::cdc::InputFormat::Auto, true)?;
+            return Ok(InputBacklog::Kinesis(fovea_aws::kinesis::checkpoint_backlog(&options, resume.as_ref())?));
+        }
+        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+            return Ok(InputBacklog::Postgres(crate::serve::postgres::slot_backlog(spec, resume.as_ref())?));
+        }
+        Err(format!("--input {spec}: status reads a Kinesis stream (kinesis://…) or a PostgreSQL slot (postgres://…)")
+            .into())
+    }
+
+    fn to_json(&self) -> Value {
+        match self {
+            InputBacklog::Kinesis(shards) => json!({
+                "kind": "kinesis",
+                "shards": shards.iter().map(|s| json!({
+                    "shard": s.shard,
+                    "resumes": s.resumes,
+                    "closed": s.closed,
+                    "millis_behind": s.millis_behind,
+                    "waiting": s.waiting,
+                })).collect::<Vec<_>>(),
+            }),
+            InputBacklog::Postgres(p) => json!({
+                "kind": "postgres",
+                "slot": p.slot,
+                "active": p.active,
+                "wal_lsn": p.wal.to_string(),
+                "confirmed_lsn": p.confirmed.map(|l| l.to_string()),
+                "checkpoint_lsn": p.checkpoint.map(|l| l.to_string()),
+                "retained_bytes": p.retained_bytes(),
+                "checkpoint_behind_bytes": p.checkpoint_behind_bytes(),
+            }),
+        }
+    }
+
+    fn write_text(&self, out: &mut dyn Write) -> CliResult<()> {
+        match self {
+            InputBacklog::Kinesis(shards) => {
+                let behind = shards.iter().filter_map(|s| s.millis_behind).max();
+                writeln!(
+                    out,
+                    "input       {} shards; the checkpoint is {} behind the newest record",
+                    shards.len(),
+                    behind.map_or("nowhere".to_owned(), |ms| duration(ms as f64 / 1e3))
+                )?;
+                for s in shards {
+                    let lag = match (s.millis_behind, s.waiting) {
+                        (Some(ms), Some(true)) => {
+                            format!("records waiting, {} behind the newest", duration(ms as f64 / 1e3))
+                        }
+                        (Some(_), _) => "nothing waiting".to_owned(),
+                        (None, _) => "read to its end".to_owned(),
+                    };
+                    let closed = if s.closed { " (closed)" } else { "" };
+                    writeln!(out, "  {:<40} resumes {}{closed}: {lag}", s.shard, s.resumes)?;
+                }
+            }
+            InputBacklog::Postgres(p) => {
+                let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
+                writeln!(
+                    out,
+                    "input       slot {} ({}); WAL now at {}, confirmed at {} ({} kept for the slot)",
+                    p.slot,
+                    if p.active { "streaming to a replayer" } else { "no replayer streaming" },
+                    p.wal,
+                    p.confirmed.map_or("nothing".to_owned(), |l| l.to_string()),
+                    p.retained_bytes().map_or("none".to_owned(), mb),
+                )?;
+                match (p.checkpoint, p.checkpoint_behind_bytes()) {
+                    (Some(at), Some(behind)) => {
+                        writeln!(out, "            the checkpoint resumes at {at}: {} of WAL behind now", mb(behind))?
+                    }
+                    _ => writeln!(out, "            no checkpoint of this slot")?,
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One table at the lake's newest checkpoint.
@@ -54,8 +151,17 @@ struct TableStatus {
 
 /// Prints the status of `lake` (as one JSON object with `json`); a file's
 /// stale share at or past `gc_threshold` counts it as storage-GC backlog.
-pub fn status(lake: &LakeArgs, gc_threshold: f64, json: bool, out: &mut dyn Write) -> CliResult<()> {
-    let status = gather(lake, gc_threshold)?;
+pub fn status(
+    lake: &LakeArgs,
+    input: Option<&str>,
+    gc_threshold: f64,
+    json: bool,
+    out: &mut dyn Write,
+) -> CliResult<()> {
+    let mut status = gather(lake, gc_threshold)?;
+    if let Some(spec) = input {
+        status.input = Some(InputBacklog::read(spec, status.checkpoint.as_ref())?);
+    }
     if json {
         writeln!(out, "{}", to_json(&status))?;
     } else {
@@ -88,7 +194,18 @@ fn gather(lake: &LakeArgs, gc_threshold: f64) -> CliResult<LakeStatus> {
             tables.push(table_status(&record.manifest, id, gc_threshold, iceberg));
         }
     }
-    Ok(LakeStatus { lake: lake.lake.clone(), lake_id, now_us: now, clock, lease, readers, checkpoint, newest, tables })
+    Ok(LakeStatus {
+        lake: lake.lake.clone(),
+        lake_id,
+        now_us: now,
+        clock,
+        lease,
+        readers,
+        checkpoint,
+        newest,
+        tables,
+        input: None,
+    })
 }
 
 /// Table `id` of `manifest`, its files counted.
@@ -218,6 +335,7 @@ fn to_json(s: &LakeStatus) -> Value {
         "newest_replayed": s.newest.map(|(ts, commit)| json!({"ts": ts, "source_commit_us": commit})),
         "readers": s.readers.iter().map(|r| json!({"id": r.id, "ts": r.qts.get(), "expires_us": r.expires_us})).collect::<Vec<_>>(),
         "tables": tables,
+        "input": s.input.as_ref().map(InputBacklog::to_json),
     })
 }
 
@@ -259,6 +377,9 @@ fn write_text(s: &LakeStatus, gc_threshold: f64, out: &mut dyn Write) -> CliResu
             )?;
         }
         None => writeln!(out, "checkpoint  none yet")?,
+    }
+    if let Some(input) = &s.input {
+        input.write_text(out)?;
     }
     match s.readers.iter().min_by_key(|r| r.qts) {
         Some(oldest) => writeln!(

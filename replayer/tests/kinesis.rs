@@ -657,6 +657,35 @@ fn generated_stream_through_kinesis_equals_the_file_replay() {
     }
     let history = ok(aws.fovea().args(["history", "--limit", "3", "--lake", &lake("rows")]).output().unwrap());
     assert!(history.contains("kinesis-row:gen-clean/shardId-"), "{history}");
+
+    // `fovea status --input`: each shard as the checkpoint leaves it.
+    let status = |lake: &str| -> Json {
+        let out = aws.fovea().args(["status", "--json", "--lake", lake, "--input", "kinesis://gen"]).output().unwrap();
+        serde_json::from_slice(ok(out).as_bytes()).unwrap()
+    };
+    let shards = |s: &Json| s["input"]["shards"].as_array().unwrap().clone();
+    // Read to the tip: every shard resumes after its last record, nothing waits.
+    let caught_up = status(&lake("kinesis"));
+    assert_eq!(shards(&caught_up).len(), 3, "{caught_up}");
+    for shard in shards(&caught_up) {
+        assert!(shard["resumes"].as_str().unwrap().starts_with("after "), "{shard}");
+        assert_eq!(shard["waiting"], false, "{shard}");
+    }
+    // Records put since: they wait on the shards they went to.
+    producer.put("gen", &records[..30]).unwrap();
+    let behind = status(&lake("kinesis"));
+    let waiting: Vec<Json> = shards(&behind).into_iter().filter(|s| s["waiting"] == true).collect();
+    assert!(!waiting.is_empty() && waiting.iter().all(|s| s["millis_behind"].is_u64()), "{behind}");
+    // A lake whose checkpoint is of another input: every shard from the
+    // trim horizon (start=), records waiting.
+    let other = status(&lake("file"));
+    assert!(shards(&other).iter().all(|s| s["resumes"] == "trim_horizon" && s["waiting"] == true), "{other}");
+    let text =
+        ok(aws.fovea().args(["status", "--lake", &lake("kinesis"), "--input", "kinesis://gen"]).output().unwrap());
+    assert!(text.contains("input       3 shards") && text.contains("records waiting"), "{text}");
+    let out = aws.fovea().args(["status", "--lake", &lake("kinesis"), "--input", "kafka://x"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--input kafka://x: status reads"), "{err}");
 }
 
 /// Kinesis as it fails in production, through an HTTP layer in front of

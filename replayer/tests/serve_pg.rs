@@ -260,7 +260,9 @@ fn a_missing_slot_or_publication_is_a_clear_error() {
 /// an administrator or a failover does): its regular session between
 /// polls (the next publication check reads the server's FATAL
 /// `57P01` as the answer to its query), then the replication session, then
-/// both; each time fovea connects anew and resumes, exact.
+/// both; each time fovea connects anew and resumes, exact. `fovea status
+/// --input` then tells the slot as the server has it: active while fovea
+/// streams; stopped, the WAL written since is behind the checkpoint.
 #[test]
 fn terminated_sessions_are_reconnected() {
     let pg = PgCluster::start();
@@ -298,6 +300,30 @@ fn terminated_sessions_are_reconnected() {
         synced(&format!("after ending its {kind} session (round {round})"));
     }
     assert!(server.log().contains("PostgreSQL connection lost"), "{}", server.log());
+
+    // `fovea status --input`: the slot as the server has it. While fovea
+    // streams, active; stopped, the WAL written since is behind the checkpoint.
+    let lake = dir.path().join("lake");
+    let status = || -> serde_json::Value {
+        let out = common::fovea().args(["status", "--json", "--input", &input, "--lake"]).arg(&lake).output().unwrap();
+        serde_json::from_slice(common::ok(out).as_bytes()).unwrap()
+    };
+    let streaming = status();
+    assert_eq!(
+        (streaming["input"]["kind"].as_str(), streaming["input"]["active"].as_bool()),
+        (Some("postgres"), Some(true)),
+        "{streaming}"
+    );
+    server.stop();
+    let stopped = status();
+    let behind = |s: &serde_json::Value| s["input"]["checkpoint_behind_bytes"].as_u64().unwrap();
+    assert_eq!(stopped["input"]["active"], false, "{stopped}");
+    pg.psql("bench", "INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1000, 3000) g");
+    let later = status();
+    assert!(behind(&later) > behind(&stopped) + 200_000, "{stopped}\n{later}");
+    assert!(later["input"]["retained_bytes"].as_u64().unwrap() >= behind(&later), "{later}");
+    let text = common::ok(common::fovea().args(["status", "--input", &input, "--lake"]).arg(&lake).output().unwrap());
+    assert!(text.contains("no replayer streaming") && text.contains("of WAL behind now"), "{text}");
 }
 
 /// `ALTER COLUMN … TYPE` in PostgreSQL while fovea follows: widenings

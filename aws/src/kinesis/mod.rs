@@ -41,6 +41,7 @@
 //! (the stream or shard gone, access denied, a rejected request) ends the
 //! input at once, naming the shard.
 
+mod backlog;
 mod options;
 mod shard;
 
@@ -58,6 +59,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use tokio::sync::mpsc;
 
+pub use backlog::{ShardBacklog, checkpoint_backlog};
 pub use options::{KinesisOptions, Start};
 use shard::*;
 
@@ -90,6 +92,20 @@ struct SavedState {
     tail: Option<Tail>,
     /// By `stream/shardId`.
     shards: BTreeMap<String, SavedShard>,
+}
+
+impl SavedState {
+    /// The state `checkpoint` recorded for input `name` (none recorded, or
+    /// a checkpoint of another input: the default, nothing read yet).
+    fn of(name: &str, checkpoint: Option<&Resume>) -> Result<Self> {
+        match checkpoint.filter(|c| c.input == name).and_then(|c| c.state.as_deref()) {
+            Some(s) => serde_json::from_str(s).map_err(|e| Error::Corrupt {
+                what: format!("the checkpointed state of input {name}"),
+                reason: e.to_string(),
+            }),
+            None => Ok(SavedState::default()),
+        }
+    }
 }
 
 struct Shard {
@@ -244,13 +260,7 @@ impl KinesisSource {
     /// `checkpoint` stopped if it read these streams.
     pub fn open(options: KinesisOptions, checkpoint: Option<&Resume>) -> Result<Self> {
         let name = options.name();
-        let saved: SavedState = match checkpoint.filter(|c| c.input == name).and_then(|c| c.state.as_deref()) {
-            Some(s) => serde_json::from_str(s).map_err(|e| Error::Corrupt {
-                what: format!("the checkpointed state of input {name}"),
-                reason: e.to_string(),
-            })?,
-            None => SavedState::default(),
-        };
+        let saved = SavedState::of(&name, checkpoint)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("fovea-kinesis")

@@ -124,6 +124,61 @@ impl PgInput {
     }
 }
 
+/// How far PostgreSQL's WAL is ahead of a checkpoint and of the slot,
+/// read with no replayer running (`fovea status --input postgres://…`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotBacklog {
+    /// The slot.
+    pub slot: String,
+    /// A replayer streams from the slot now.
+    pub active: bool,
+    /// The server's WAL position now.
+    pub wal: Lsn,
+    /// Where the slot is confirmed up to: WAL from there on is kept for it.
+    pub confirmed: Option<Lsn>,
+    /// Where a replayer starting from the checkpoint resumes (`None`: no
+    /// checkpoint of this slot).
+    pub checkpoint: Option<Lsn>,
+}
+
+impl SlotBacklog {
+    /// Bytes of WAL the slot keeps (from `confirmed` to now).
+    pub fn retained_bytes(&self) -> Option<u64> {
+        self.confirmed.map(|c| self.wal.0.saturating_sub(c.0))
+    }
+
+    /// Bytes of WAL from the checkpoint to now.
+    pub fn checkpoint_behind_bytes(&self) -> Option<u64> {
+        self.checkpoint.map(|c| self.wal.0.saturating_sub(c.0))
+    }
+}
+
+/// The slot of input `url` as the server has it now, and where
+/// `checkpoint` (if it is of this slot) resumes.
+pub fn slot_backlog(url: &str, checkpoint: Option<&fovea_core::cdc::source::Resume>) -> CliResult<SlotBacklog> {
+    let input = PgInput::parse(url)?;
+    let mut client = connect(&input)?;
+    let row = client
+        .query_opt(
+            "SELECT active, confirmed_flush_lsn::text, \
+             (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text \
+             FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()",
+            &[&input.slot],
+        )
+        .map_err(|e| format!("{}: {}", input.name(), crate::replay::error_chain(&e)))?
+        .ok_or_else(|| format!("{}: replication slot {} does not exist in this database", input.name(), input.slot))?;
+    let lsn = |text: Option<String>| text.map(|t| t.parse::<Lsn>()).transpose();
+    let wal = lsn(row.get(2))?.ok_or_else(|| format!("{}: the server gave no WAL position", input.name()))?;
+    let name = input.name();
+    Ok(SlotBacklog {
+        slot: input.slot.clone(),
+        active: row.get(0),
+        wal,
+        confirmed: lsn(row.get(1))?,
+        checkpoint: checkpoint.filter(|c| c.input == name).map(|c| Lsn(c.position.offset)),
+    })
+}
+
 /// Rows of transactions a snapshot copy already holds are dropped.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CopyFilter {

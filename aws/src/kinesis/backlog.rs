@@ -1,0 +1,98 @@
+//! How far a checkpoint is behind each shard, read from the streams with
+//! no replayer running (`fovea status --input kinesis://…`): what a
+//! replayer starting from the checkpoint has to read first.
+//!
+//! ```text
+//!  checkpoint state (per shard: at / after a sequence number, finished)
+//!    ─▶ ListShards ─▶ per shard: GetShardIterator there ─▶ GetRecords(limit 1)
+//!    ─▶ MillisBehindLatest of that position, and whether a record waits
+//! ```
+
+use aws_sdk_kinesis::types::ShardIteratorType;
+
+use super::*;
+
+/// Where a checkpoint leaves one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardBacklog {
+    /// `stream/shardId`.
+    pub shard: String,
+    /// Where a replayer starting from the checkpoint reads the shard:
+    /// `at SEQ`, `after SEQ`, `trim_horizon` / `latest` (not read yet, as
+    /// `start=` says) or `finished` (closed and read to its end).
+    pub resumes: String,
+    /// Closed by a split or merge (its children go on).
+    pub closed: bool,
+    /// Milliseconds from that position to the shard's newest record
+    /// (Kinesis's MillisBehindLatest); `None` for a finished shard or a
+    /// closed one with nothing left.
+    pub millis_behind: Option<u64>,
+    /// Whether a record waits at that position.
+    pub waiting: Option<bool>,
+}
+
+/// Every shard of `options`' streams as `checkpoint` leaves it (`None`,
+/// or a checkpoint of another input: every shard from where `start=`
+/// says).
+pub fn checkpoint_backlog(options: &KinesisOptions, checkpoint: Option<&Resume>) -> Result<Vec<ShardBacklog>> {
+    let name = options.name();
+    let saved = SavedState::of(&name, checkpoint)?;
+    let error = |message: String| Error::Source { input: name.clone(), message };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let client = client().await?;
+        let mut out = Vec::new();
+        for stream in &options.streams {
+            let listed = list_shards(client.clone(), stream.clone()).await.map_err(|f| error(f.message))?;
+            for shard in listed {
+                let key = format!("{stream}/{}", shard.id);
+                let (resumes, kind, seq) = match saved.shards.get(&key) {
+                    Some(SavedShard::Finished) => {
+                        out.push(ShardBacklog {
+                            shard: key,
+                            resumes: "finished".into(),
+                            closed: shard.closed,
+                            millis_behind: None,
+                            waiting: None,
+                        });
+                        continue;
+                    }
+                    Some(SavedShard::At(s)) => {
+                        (format!("at {}", s.0), ShardIteratorType::AtSequenceNumber, Some(s.0.clone()))
+                    }
+                    Some(SavedShard::After(s)) => {
+                        (format!("after {}", s.0), ShardIteratorType::AfterSequenceNumber, Some(s.0.clone()))
+                    }
+                    None => match options.start {
+                        Start::TrimHorizon => ("trim_horizon".to_owned(), ShardIteratorType::TrimHorizon, None),
+                        Start::Latest => ("latest".to_owned(), ShardIteratorType::Latest, None),
+                    },
+                };
+                let iterator = client
+                    .get_shard_iterator()
+                    .stream_name(stream)
+                    .shard_id(&shard.id)
+                    .shard_iterator_type(kind)
+                    .set_starting_sequence_number(seq)
+                    .send()
+                    .await
+                    .map_err(|e| error(failure(&format!("GetShardIterator of {key}"), e).message))?;
+                let (millis_behind, waiting) = match iterator.shard_iterator() {
+                    None => (None, None),
+                    Some(it) => {
+                        let read = client
+                            .get_records()
+                            .shard_iterator(it)
+                            .limit(1)
+                            .send()
+                            .await
+                            .map_err(|e| error(failure(&format!("GetRecords of {key}"), e).message))?;
+                        (Some(read.millis_behind_latest().unwrap_or(0).max(0) as u64), Some(!read.records().is_empty()))
+                    }
+                };
+                out.push(ShardBacklog { shard: key, resumes, closed: shard.closed, millis_behind, waiting });
+            }
+        }
+        Ok(out)
+    })
+}
