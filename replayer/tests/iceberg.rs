@@ -437,6 +437,19 @@ fn a_bad_iceberg_format_is_refused_by_name() {
     }
 }
 
+/// A HyBench stream of `txns` transactions in `dir`: its first quarter
+/// written to `input.jsonl` (the file returned), the lines after it
+/// returned to be appended while a replayer follows the file.
+fn growing_hybench(dir: &Path, txns: u64) -> (std::path::PathBuf, Vec<String>) {
+    let stream = dir.join("hybench.jsonl");
+    hybench(&stream, txns, 5);
+    let lines: Vec<String> = std::fs::read_to_string(&stream).unwrap().lines().map(str::to_owned).collect();
+    let input = dir.join("input.jsonl");
+    let (first, rest) = lines.split_at(lines.len() / 4);
+    append(&input, first);
+    (input, rest.to_vec())
+}
+
 /// `--iceberg-secs`: a serving replayer that checkpoints every 0.2 s
 /// publishes at most once per interval, and its last checkpoint at a stop
 /// whatever the interval; an interval past half the retention is refused.
@@ -444,12 +457,7 @@ fn a_bad_iceberg_format_is_refused_by_name() {
 fn publications_keep_to_iceberg_secs_and_the_last_checkpoint_is_published() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let stream = dir.path().join("hybench.jsonl");
-    hybench(&stream, 2000, 5);
-    let lines: Vec<String> = std::fs::read_to_string(&stream).unwrap().lines().map(str::to_owned).collect();
-    let input = dir.path().join("input.jsonl");
-    let (first, rest) = lines.split_at(lines.len() / 4);
-    append(&input, first);
+    let (input, rest) = growing_hybench(dir.path(), 2000);
     let status = || -> serde_json::Value {
         let out = fovea().args(["status", "--json", "--lake"]).arg(&lake).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -507,13 +515,8 @@ fn publishing_a_lake_without_a_checkpoint_is_a_clear_error() {
 fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let stream = dir.path().join("hybench.jsonl");
-    hybench(&stream, 3000, 5);
-    let lines: Vec<String> = std::fs::read_to_string(&stream).unwrap().lines().map(str::to_owned).collect();
     // The initial load and a few transactions first; the rest while readers read.
-    let input = dir.path().join("input.jsonl");
-    let (first, rest) = lines.split_at(lines.len() / 4);
-    append(&input, first);
+    let (input, rest) = growing_hybench(dir.path(), 3000);
     let [rest_port] = free_ports();
     let rest_addr = format!("127.0.0.1:{rest_port}");
     let server = Server::start(
