@@ -486,6 +486,29 @@ fn assert_emf_carries_the_metrics(emf: &[Json], scraped: &str, lake: &str) {
         assert_eq!(r["Lake"], lake);
         assert!(directives(r).iter().all(|d| d["Namespace"] == "fovea"));
     }
+    // Each metric's unit says what it counts.
+    let unit_of = |r: &Json, name: &str| -> Option<String> {
+        directives(r)
+            .iter()
+            .flat_map(|d| d["Metrics"].as_array().unwrap().clone())
+            .find_map(|m| (m["Name"] == name).then(|| m["Unit"].as_str().unwrap().to_owned()))
+    };
+    for (name, unit) in [
+        ("rows", "Count"),
+        ("hwm", "None"),
+        ("lwm", "None"),
+        ("lease_epoch", "None"),
+        ("stalled", "None"),
+        ("rows_per_second", "Count/Second"),
+        ("checkpoint_seconds", "Seconds"),
+        ("freshness_seconds", "Seconds"),
+        ("storage_gc_bytes_before", "Bytes"),
+        ("rss_bytes", "Bytes"),
+        ("input_lag_bytes", "Bytes"),
+        ("memory_index_bytes", "Bytes"),
+    ] {
+        assert_eq!(unit_of(lake_lines[0], name).as_deref(), Some(unit), "{name}: {}", lake_lines[0]);
+    }
     let sum = |lines: &[&Json], name: &str| lines.iter().map(|r| r[name].as_f64().unwrap_or(0.0)).sum::<f64>();
     // Counters: the lines carry changes, which add up to the process's totals.
     for counter in ["rows", "transactions", "checkpoints"] {

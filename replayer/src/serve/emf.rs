@@ -70,15 +70,10 @@ impl EmfReporter {
             match sample.kind {
                 SampleKind::Counter => {
                     let change = self.delta(sample.name.to_owned(), value);
-                    lake.metric(sample.name, Unit::of_name(sample.name, Unit::Count), change);
+                    lake.metric(sample.name, sample.unit, change);
                 }
                 SampleKind::Gauge => {
-                    let unit = match sample.name {
-                        "hwm" | "lwm" | "lease_epoch" | "visibility_bits_per_tuple" | "stalled" => Unit::None,
-                        "rows_per_second" => Unit::CountPerSecond,
-                        name => Unit::of_name(name, Unit::Count),
-                    };
-                    lake.metric(sample.name, unit, value);
+                    lake.metric(sample.name, sample.unit, value);
                 }
             }
         }

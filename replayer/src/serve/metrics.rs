@@ -257,6 +257,8 @@ pub struct Sample {
     pub kind: SampleKind,
     /// Its value.
     pub value: SampleValue,
+    /// What its value counts (CloudWatch's unit in EMF lines).
+    pub unit: fovea_aws::emf::Unit,
 }
 
 /// Labelled samples of one gauge family, built at scrape time.
@@ -297,11 +299,32 @@ impl Metrics {
         };
         let rewrites = engine.rewrite_stats();
         let rss = rss_bytes().map_or(f64::NAN, |b| b as f64);
-        let count =
-            |name, help, value| Sample { name, help, kind: SampleKind::Counter, value: SampleValue::Count(value) };
-        let seconds =
-            |name, help, value| Sample { name, help, kind: SampleKind::Counter, value: SampleValue::Real(value) };
-        let gauge = |name, help, value| Sample { name, help, kind: SampleKind::Gauge, value: SampleValue::Real(value) };
+        use fovea_aws::emf::Unit;
+        // Units from the names (`_seconds`, `_bytes`, …), counts otherwise;
+        // `level` for a gauge that counts nothing (a timestamp, an epoch).
+        let count = |name: &'static str, help, value| Sample {
+            name,
+            help,
+            kind: SampleKind::Counter,
+            value: SampleValue::Count(value),
+            unit: Unit::of_name(name, Unit::Count),
+        };
+        let seconds = |name, help, value| Sample {
+            name,
+            help,
+            kind: SampleKind::Counter,
+            value: SampleValue::Real(value),
+            unit: Unit::Seconds,
+        };
+        let gauge = |name: &'static str, help, value| Sample {
+            name,
+            help,
+            kind: SampleKind::Gauge,
+            value: SampleValue::Real(value),
+            unit: Unit::of_name(name, Unit::Count),
+        };
+        let level = |name, help, value| Sample { unit: Unit::None, ..gauge(name, help, value) };
+        let rate = |name, help, value| Sample { unit: Unit::CountPerSecond, ..gauge(name, help, value) };
         vec![
             count("rows", "Row changes applied.", load(&self.rows)),
             count("transactions", "Source transactions applied.", load(&self.transactions)),
@@ -348,15 +371,15 @@ impl Metrics {
                 "Time the rewrite worker spent on rewrites (its own clock).",
                 load(&rewrites.worker_micros) as f64 / 1e6,
             ),
-            gauge("rows_per_second", "Average rows applied per second since start.", load(&self.rows) as f64 / secs),
+            rate("rows_per_second", "Average rows applied per second since start.", load(&self.rows) as f64 / secs),
             gauge("input_lag_bytes", "Input not applied yet (WAL or file bytes).", load(&self.input_lag_bytes) as f64),
-            gauge(
+            level(
                 "hwm",
                 "High watermark: every mirror ts below it is replayed (new queries read at HWM - 1).",
                 clock.hwm().get() as f64,
             ),
-            gauge("lwm", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
-            gauge(
+            level("lwm", "Low watermark: oldest mirror ts a query may read.", clock.lwm().get() as f64),
+            level(
                 "lease_epoch",
                 "Epoch of the lease this replayer writes under (a new writer takes a higher one).",
                 clock.epoch() as f64,
@@ -366,7 +389,7 @@ impl Metrics {
                 "Now minus the source commit time of the newest visible transaction.",
                 freshness,
             ),
-            gauge(
+            level(
                 "visibility_bits_per_tuple",
                 "Tile visibility bits per stored tuple.",
                 memory.visibility_bits_per_tuple(),
@@ -387,7 +410,7 @@ impl Metrics {
                 "How long HWM has stood at an uncommitted ts with later transactions committed (0: it is not held).",
                 clock.stall().map_or(0.0, |s| s.held_for.as_secs_f64()),
             ),
-            gauge(
+            level(
                 "stalled",
                 "1 while HWM has been held longer than --stall-secs: the replica stopped advancing.",
                 if self.stall(engine).is_some() { 1.0 } else { 0.0 },
