@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, eventually, free_ports, ok};
+use common::{Server, eventually, ok};
 use fovea_testkit::lambda_local::LocalLambda;
 use fovea_testkit::moto::Moto;
 
@@ -66,22 +66,23 @@ const BLOCKS: [&str; 4] = ["--block-rows", "1024", "--blocks-per-file", "4"];
 /// `fovea serve` of `input` into the S3 lake `prefix`, rewrites by the
 /// functions behind the Lambda endpoint `lambda`.
 fn serve(moto: &Moto, lambda: &str, prefix: &str, input: &Path, functions: &str, extra: &[&str]) -> Server {
-    let [port, mport] = free_ports();
-    let stderr = input.with_extension(format!("serve-{port}.log"));
-    let mut cmd = fovea(moto);
-    cmd.args(["serve", "--lake", &format!("s3://lake/{prefix}"), "--state", &format!("dynamodb://fovea-{prefix}")])
-        .arg("--input")
-        .arg(format!("file:{}", input.display()))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics", &format!("127.0.0.1:{mport}")])
-        .args(["--gc-secs", "1", "--checkpoint-secs", "2", "--storage-gc-threshold", "0.3", "--shards", "2"])
-        .args(BLOCKS)
-        .args(["--functions", functions])
-        .args(extra)
-        .env("AWS_ENDPOINT_URL_LAMBDA", lambda)
-        .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap());
-    Server::spawn(cmd, stderr, Some(format!("127.0.0.1:{mport}")))
+    Server::spawn_with(|[port, mport]| {
+        let stderr = input.with_extension(format!("serve-{port}.log"));
+        let mut cmd = fovea(moto);
+        cmd.args(["serve", "--lake", &format!("s3://lake/{prefix}"), "--state", &format!("dynamodb://fovea-{prefix}")])
+            .arg("--input")
+            .arg(format!("file:{}", input.display()))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics", &format!("127.0.0.1:{mport}")])
+            .args(["--gc-secs", "1", "--checkpoint-secs", "2", "--storage-gc-threshold", "0.3", "--shards", "2"])
+            .args(BLOCKS)
+            .args(["--functions", functions])
+            .args(extra)
+            .env("AWS_ENDPOINT_URL_LAMBDA", lambda)
+            .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        (cmd, stderr, Some(format!("127.0.0.1:{mport}")))
+    })
 }
 
 fn export<S: AsRef<std::ffi::OsStr>>(moto: &Moto, lake: &[S], table: &str) -> String {

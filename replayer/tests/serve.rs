@@ -288,20 +288,23 @@ fn rpcs_need_the_token_and_reject_bad_requests_without_dying() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--tls-key") && err.contains("KeyMismatch"), "{err}");
-    let port = common::free_port();
-    let mut cmd = common::fovea();
-    let stderr = dir.path().join("serve.log");
-    cmd.args(["serve", "--lake"])
-        .arg(&lake)
-        .args(["--input", &spec, "--listen", &format!("0.0.0.0:{port}")])
-        .arg("--tls-cert")
-        .arg(&certs.cert)
-        .arg("--tls-key")
-        .arg(&certs.key)
-        .env("FOVEA_TOKEN", "s3cret")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap());
-    let mut server = Server::spawn(cmd, stderr, None);
+    let mut port = 0;
+    let mut server = Server::spawn_with(|[free, _]| {
+        port = free;
+        let mut cmd = common::fovea();
+        let stderr = dir.path().join("serve.log");
+        cmd.args(["serve", "--lake"])
+            .arg(&lake)
+            .args(["--input", &spec, "--listen", &format!("0.0.0.0:{port}")])
+            .arg("--tls-cert")
+            .arg(&certs.cert)
+            .arg("--tls-key")
+            .arg(&certs.key)
+            .env("FOVEA_TOKEN", "s3cret")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        (cmd, stderr, None)
+    });
     assert_eq!(server.url, format!("grpc+tls://0.0.0.0:{port}"));
     server.url = format!("grpc+tls://127.0.0.1:{port}");
     server.tls_ca = Some(certs.ca.clone());

@@ -120,22 +120,42 @@ pub struct Server {
 impl Server {
     /// Starts `fovea serve` with `args` and waits for it to listen.
     pub fn start(lake: &Path, input: &str, extra: &[&str]) -> Server {
-        let [port, mport] = free_ports();
-        let stderr = lake.with_extension(format!("serve-{port}.log"));
-        let mut cmd = fovea();
-        cmd.args(["serve", "--lake"])
-            .arg(lake)
-            .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--metrics", &format!("127.0.0.1:{mport}")])
-            .args(extra)
-            .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap());
-        Self::spawn(cmd, stderr, Some(format!("127.0.0.1:{mport}")))
+        Self::spawn_with(|[port, mport]| {
+            let stderr = lake.with_extension(format!("serve-{port}.log"));
+            let mut cmd = fovea();
+            cmd.args(["serve", "--lake"])
+                .arg(lake)
+                .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
+                .args(["--metrics", &format!("127.0.0.1:{mport}")])
+                .args(extra)
+                .env("FOVEA_LOG", std::env::var("FOVEA_TEST_LOG").unwrap_or_else(|_| "info".into()))
+                .stdout(Stdio::piped())
+                .stderr(std::fs::File::create(&stderr).unwrap());
+            (cmd, stderr, Some(format!("127.0.0.1:{mport}")))
+        })
     }
 
-    /// Spawns a prepared `fovea serve` command and waits for its ready line.
-    pub fn spawn(mut cmd: Command, stderr: PathBuf, metrics: Option<String>) -> Server {
+    /// Spawns the `fovea serve` command `make` prepares for two free ports
+    /// (its stdout piped, its stderr to the file it returns, its metrics
+    /// address) and waits for its ready line; again with two other ports
+    /// when another process took one of them first (they are free when
+    /// chosen, not held until fovea binds them), up to three times.
+    pub fn spawn_with(mut make: impl FnMut([u16; 2]) -> (Command, PathBuf, Option<String>)) -> Server {
+        for attempt in 1.. {
+            let (cmd, stderr, metrics) = make(free_ports());
+            match Self::try_spawn(cmd, &stderr, metrics) {
+                Ok(server) => return server,
+                Err(log) if attempt < 3 && log.contains("Address already in use") => continue,
+                Err(log) => panic!("fovea serve did not start:\n{log}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// Spawns `cmd` and waits for its ready line; its stderr if it stops
+    /// before (or says nothing for two minutes).
+    fn try_spawn(mut cmd: Command, stderr: &Path, metrics: Option<String>) -> Result<Server, String> {
+        let stderr = stderr.to_path_buf();
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -156,10 +176,11 @@ impl Server {
             Ok(u) => u,
             Err(_) => {
                 let _ = child.kill();
-                panic!("fovea serve did not start:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+                let _ = child.wait();
+                return Err(std::fs::read_to_string(&stderr).unwrap_or_default());
             }
         };
-        Server { child, url, tls_ca: None, metrics, stderr, stdout: lines }
+        Ok(Server { child, url, tls_ca: None, metrics, stderr, stdout: lines })
     }
 
     /// The CloudWatch EMF records the server wrote to stdout so far
@@ -563,18 +584,19 @@ pub fn expected(n: u64) -> String {
 /// Starts `fovea serve` on the lake of `lake_args` (with `env`), logging
 /// to a file in `dir`.
 pub fn serve(dir: &Path, lake_args: &[String], env: &[(&'static str, String)], input: &str, extra: &[&str]) -> Server {
-    let port = free_port();
-    let stderr = dir.join(format!("serve-{port}.log"));
-    let mut cmd = fovea();
-    cmd.arg("serve")
-        .args(lake_args)
-        .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .envs(env.iter().cloned())
-        .env("FOVEA_LOG", "info")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap());
-    Server::spawn(cmd, stderr, None)
+    Server::spawn_with(|[port, _]| {
+        let stderr = dir.join(format!("serve-{port}.log"));
+        let mut cmd = fovea();
+        cmd.arg("serve")
+            .args(lake_args)
+            .args(["--input", input, "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .envs(env.iter().cloned())
+            .env("FOVEA_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        (cmd, stderr, None)
+    })
 }
 
 /// Sends signal `sig` (`-STOP`, `-CONT`, …) to the server's process.
