@@ -251,15 +251,15 @@ pub fn group_tasks(tasks: Vec<SplitTask>, size: GroupSize) -> Vec<Vec<SplitTask>
     let (mut bytes, mut json) = (0u64, 0usize);
     for task in tasks {
         // Tasks serialise: they came from a plan.
-        let size = serde_json::to_vec(&task).map_or(MAX_REQUEST_BYTES, |v| v.len());
+        let task_json = serde_json::to_vec(&task).map_or(MAX_REQUEST_BYTES, |v| v.len());
         match groups.last_mut() {
-            Some(group) if bytes + task.bytes <= group_bytes && json + size <= MAX_REQUEST_BYTES => {
+            Some(group) if bytes + task.bytes <= group_bytes && json + task_json <= MAX_REQUEST_BYTES => {
                 bytes += task.bytes;
-                json += size;
+                json += task_json;
                 group.push(task);
             }
             _ => {
-                (bytes, json) = (task.bytes, size);
+                (bytes, json) = (task.bytes, task_json);
                 groups.push(vec![task]);
             }
         }

@@ -157,6 +157,7 @@ impl SlotBacklog {
 /// `checkpoint` (if it is of this slot) resumes.
 pub fn slot_backlog(url: &str, checkpoint: Option<&fovea_core::cdc::source::Resume>) -> CliResult<SlotBacklog> {
     let input = PgInput::parse(url)?;
+    let name = input.name();
     let mut client = connect(&input)?;
     let row = client
         .query_opt(
@@ -165,11 +166,10 @@ pub fn slot_backlog(url: &str, checkpoint: Option<&fovea_core::cdc::source::Resu
              FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()",
             &[&input.slot],
         )
-        .map_err(|e| format!("{}: {}", input.name(), crate::replay::error_chain(&e)))?
-        .ok_or_else(|| format!("{}: replication slot {} does not exist in this database", input.name(), input.slot))?;
+        .map_err(|e| format!("{name}: {}", crate::replay::error_chain(&e)))?
+        .ok_or_else(|| format!("{name}: replication slot {} does not exist in this database", input.slot))?;
     let lsn = |text: Option<String>| text.map(|t| t.parse::<Lsn>()).transpose();
-    let wal = lsn(row.get(2))?.ok_or_else(|| format!("{}: the server gave no WAL position", input.name()))?;
-    let name = input.name();
+    let wal = lsn(row.get(2))?.ok_or_else(|| format!("{name}: the server gave no WAL position"))?;
     Ok(SlotBacklog {
         slot: input.slot.clone(),
         active: row.get(0),
@@ -804,12 +804,13 @@ impl PgSource {
                 self.backoff = None;
                 Ok(out)
             }
-            Err(e)
-                if !self.copy_open
-                    && (self.stream_failed || self.client_lost || self.client.is_closed() || session_ended(&*e)) =>
-            {
-                // The regular session too, unless only the stream failed.
-                self.client_lost |= self.client.is_closed() || session_ended(&*e);
+            Err(e) => {
+                // The regular session ended too, or only the stream failed.
+                let ended = self.client.is_closed() || session_ended(&*e);
+                if self.copy_open || !(ended || self.stream_failed || self.client_lost) {
+                    return Err(e);
+                }
+                self.client_lost |= ended;
                 let delay = self.backoff.get_or_insert_with(reconnect_backoff).next().unwrap_or(RETRY_MAX);
                 tracing::warn!(retry_in = ?delay, "PostgreSQL connection lost: {}", crate::replay::error_chain(&*e));
                 self.stream = None;
@@ -817,7 +818,6 @@ impl PgSource {
                 self.retry_at = Some(std::time::Instant::now() + delay);
                 Ok(PollOutcome { disconnected: true, ..PollOutcome::default() })
             }
-            Err(e) => Err(e),
         }
     }
 
