@@ -5,7 +5,7 @@
 # with a Flight SQL client (pyarrow, adbc_driver_flightsql), which the tests
 # use unless FOVEA_PYTHON names another interpreter, and moto (the local
 # S3/DynamoDB stand-in the AWS tests start with scripts/moto_serial.py); and
-# kinesalite, the local Kinesis (npm, in /var/tmp/fovea-npm unless
+# kinesalite and kinesis-local, the local Kinesis stand-ins (npm, in /var/tmp/fovea-npm unless
 # FOVEA_NODE_MODULES names other node_modules); boto3 and matplotlib for the
 # Python client and its example; prometheus_client (its OpenMetrics parser
 # reads /metrics in a test); pyiceberg and DuckDB with its iceberg extension
@@ -65,10 +65,13 @@ cargo_lambda() {
 
 node_modules() {
   NPM=/var/tmp/fovea-npm
-  if [ -z "${FOVEA_NODE_MODULES:-}" ] && [ ! -f "$NPM/node_modules/kinesalite/package.json" ]; then
-    echo "== installing kinesalite (local Kinesis) in $NPM"
+  # kinesis-local (kinesis-mock): enhanced fan-out's SubscribeToShard.
+  if [ -z "${FOVEA_NODE_MODULES:-}" ] && { [ ! -f "$NPM/node_modules/kinesalite/package.json" ] ||
+    [ ! -f "$NPM/node_modules/kinesis-local/main.js" ]; }; then
+    echo "== installing kinesalite and kinesis-local (local Kinesis) in $NPM"
     mkdir -p "$NPM"
-    (cd "$NPM" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install -s --no-audit --no-fund kinesalite@3.3.3)
+    (cd "$NPM" && { [ -f package.json ] || npm init -y >/dev/null; } &&
+      npm install -s --no-audit --no-fund kinesalite@3.3.3 kinesis-local@0.6.2)
   fi
   # The JavaScript example (examples/js): its npm packages in /var/tmp/fovea-npm-js
   # (or FOVEA_NODE_MODULES_JS) at the versions its package.json pins, the

@@ -424,14 +424,17 @@ mod tests {
     #[test]
     fn a_holder_taken_over_is_fenced() {
         let store: Arc<dyn TxnStore> = Arc::new(MemoryTxnStore::default());
-        let keeper = LeaseKeeper::acquire(Arc::clone(&store), Duration::from_millis(60)).unwrap();
+        // A lease long enough that a loaded machine renews it in time: the
+        // holder must learn of the takeover at a renewal, not by expiry.
+        let keeper = LeaseKeeper::acquire(Arc::clone(&store), Duration::from_millis(1500)).unwrap();
         // Another host takes over (as after this one paused past its lease).
         store.acquire_lease("other-host/1/1", 60_000_000, now_us(), Some(keeper.epoch())).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while keeper.check().is_ok() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(matches!(keeper.check(), Err(Error::Fenced { epoch: 1, current: 2 })));
+        let checked = keeper.check();
+        assert!(matches!(checked, Err(Error::Fenced { epoch: 1, current: 2 })), "{checked:?}");
         assert!(matches!(store.reserve(1, crate::Ts(0), crate::Ts(5)), Err(Error::Fenced { .. })));
     }
 }

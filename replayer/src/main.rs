@@ -50,7 +50,7 @@ enum Command {
         #[command(flatten)]
         iceberg: lakes::IcebergArgs,
         /// Input: a JSON-lines file (plain or .gz), - for standard input, or
-        /// kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
+        /// kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N&consumer=NAME]
         /// (read until every shard is at its tip).
         #[arg(long)]
         input: String,

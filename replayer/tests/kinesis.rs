@@ -9,7 +9,9 @@
 //!   refused with the producer setting to change; a bad record named by
 //!   stream, shard and sequence number, nothing of its transaction visible;
 //! * a bank transfer stream over 4 shards followed by `fovea serve` while
-//!   queries run: no answer sees a partial source transaction.
+//!   queries run: no answer sees a partial source transaction;
+//! * enhanced fan-out on kinesis-local, and its fallback to polling where
+//!   the stand-in has no consumers: equal to the file replay.
 
 mod common;
 
@@ -805,5 +807,68 @@ fn kinesis_read_failures_are_retried_with_backoff_and_the_mirror_ends_exact() {
     let stats = proxy.stats();
     for kind in ["throttled", "dropped", "after", "burst"] {
         assert!(stats.get(kind).copied().unwrap_or(0) > 0, "no {kind} fault injected: {stats:?}");
+    }
+}
+
+/// Enhanced fan-out (`consumer=NAME`) on kinesis-local, the stand-in that
+/// serves SubscribeToShard: a generated stream over 3 shards with faults,
+/// read by subscriptions renewed every 2 s; a shard split between two runs
+/// (the second resumes at the checkpoint: the closed parent polled to its
+/// end, its children subscribed); equal to the file replay. The same URL
+/// on kinesalite, which has no stream consumers, falls back to polling with
+/// a warning and ends equal too.
+#[test]
+fn enhanced_fan_out_equals_the_file_replay_and_falls_back_to_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stream.jsonl");
+    common::hybench(&file, 300, 5);
+    let records: Records = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .filter_map(|l| fovea_testkit::kinesis::debezium_server_record(l).unwrap())
+        .collect();
+    let lake = |name: &str| dir.path().join(name).display().to_string();
+    let fovea = |env: Vec<(&'static str, String)>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
+        c.envs(env).env("FOVEA_LOG", "fovea_aws::kinesis=info");
+        c
+    };
+    let run = |env: Vec<(&'static str, String)>, lake: &str, input: &str| -> String {
+        let out = fovea(env).args(["replay", "--lake", lake, "--input", input]).output().unwrap();
+        let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{logs}");
+        logs
+    };
+    ok(fovea(vec![]).args(["replay", "--lake", &lake("file"), "--input", file.to_str().unwrap()]).output().unwrap());
+    let faulty = with_faults(&records, 9);
+    let half = faulty.len() / 2;
+
+    let fan_out = fovea_testkit::moto::KinesisLocal::start().unwrap();
+    let producer = KinesisProducer::connect(Some(&fan_out.endpoint)).unwrap();
+    producer.create_stream("gen", 3).unwrap();
+    producer.put("gen", &faulty[..half]).unwrap();
+    let input = "kinesis://gen?consumer=fovea-replay&renew_secs=2";
+    let first = run(fan_out.env(), &lake("fan-out"), input);
+    assert!(first.contains("reading the stream by enhanced fan-out"), "{first}");
+    assert!(!first.contains("unavailable"), "{first}");
+    let shards = producer.open_shards("gen").unwrap();
+    producer.split("gen", &shards[0].0).unwrap();
+    producer.put("gen", &faulty[half..]).unwrap();
+    let second = run(fan_out.env(), &lake("fan-out"), input);
+    assert!(second.contains("shard read to its end"), "the split parent is read to its end:\n{second}");
+
+    let polling = Kinesalite::start().unwrap();
+    let producer = KinesisProducer::connect(Some(&polling.endpoint)).unwrap();
+    producer.create_stream("gen", 3).unwrap();
+    producer.put("gen", &faulty).unwrap();
+    let fallback = run(polling.env(), &lake("fallback"), input);
+    assert!(fallback.contains("enhanced fan-out is unavailable"), "{fallback}");
+
+    for t in ["hybench.account", "hybench.transfer"] {
+        let export = |lake: &str| ok(fovea(vec![]).args(["export", "--table", t, "--lake", lake]).output().unwrap());
+        let expected = export(&lake("file"));
+        assert!(expected.lines().count() > 100, "{expected}");
+        assert_eq!(export(&lake("fan-out")), expected, "{t} by fan-out");
+        assert_eq!(export(&lake("fallback")), expected, "{t} after falling back to polling");
     }
 }

@@ -4,9 +4,11 @@
 //! atomic; and kinesalite (Kinesis: moto's Kinesis moves a parent shard's
 //! records into its children on a split and slows down badly with volume;
 //! kinesalite keeps closed parents readable to their end, as Kinesis does);
-//! and [`FaultProxy`], cloud faults in front of either.
-//! `scripts/test-deps.sh` installs moto in `/var/tmp/fovea-py` and
-//! kinesalite in `/var/tmp/fovea-npm`; `FOVEA_PYTHON` and
+//! [`KinesisLocal`] (kinesis-mock built for node: the one stand-in that
+//! serves enhanced fan-out's SubscribeToShard); and [`FaultProxy`], cloud
+//! faults in front of any of them.
+//! `scripts/test-deps.sh` installs moto in `/var/tmp/fovea-py`, kinesalite
+//! and kinesis-local in `/var/tmp/fovea-npm`; `FOVEA_PYTHON` and
 //! `FOVEA_NODE_MODULES` name others.
 
 use std::io::{Read, Write};
@@ -212,13 +214,7 @@ impl Kinesalite {
     /// The environment that points Kinesis clients here (with
     /// [`Moto::env`] for the rest, or alone).
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT_URL_KINESIS", self.endpoint.clone()),
-            ("AWS_REGION", "us-east-1".into()),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
-            ("AWS_EC2_METADATA_DISABLED", "true".into()),
-        ]
+        kinesis_env(&self.endpoint)
     }
 }
 
@@ -227,6 +223,90 @@ impl Drop for Kinesalite {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A running kinesis-local (npm's build of kinesis-mock) on free ports;
+/// stopped on drop. Unlike kinesalite it registers stream consumers and
+/// serves SubscribeToShard (an event stream over HTTP/1.1 on its plain
+/// port, where Kinesis uses HTTP/2; the SDK reads either) — but it pushes
+/// a shard's new records once a second, refuses subscriptions to closed
+/// shards and sends no initial-response event.
+pub struct KinesisLocal {
+    child: Child,
+    /// `http://127.0.0.1:PORT` (its plain HTTP port).
+    pub endpoint: String,
+}
+
+impl KinesisLocal {
+    /// Starts kinesis-local with node, from `FOVEA_NODE_MODULES` (default
+    /// `/var/tmp/fovea-npm/node_modules`), with no delay on stream and
+    /// consumer state changes.
+    pub fn start() -> std::io::Result<KinesisLocal> {
+        let modules =
+            std::env::var("FOVEA_NODE_MODULES").unwrap_or_else(|_| "/var/tmp/fovea-npm/node_modules".to_owned());
+        let package = Path::new(&modules).join("kinesis-local");
+        let free = || -> std::io::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+        let (port, tls_port) = (free()?, free()?);
+        let log = std::env::temp_dir().join(format!("fovea-kinesis-local-{port}.log"));
+        let mut command = Command::new("node");
+        command
+            .arg(package.join("main.js"))
+            // Its self-signed certificate (server.json) is read from here.
+            .current_dir(&package)
+            .env("KINESIS_MOCK_PLAIN_PORT", port.to_string())
+            .env("KINESIS_MOCK_TLS_PORT", tls_port.to_string())
+            .env("LOG_LEVEL", "WARN")
+            .env("SHOULD_PERSIST_DATA", "false")
+            .env("SHARD_LIMIT", "100");
+        for setting in [
+            "CREATE_STREAM_DURATION",
+            "DELETE_STREAM_DURATION",
+            "REGISTER_STREAM_CONSUMER_DURATION",
+            "DEREGISTER_STREAM_CONSUMER_DURATION",
+            "MERGE_SHARDS_DURATION",
+            "SPLIT_SHARD_DURATION",
+            "UPDATE_SHARD_COUNT_DURATION",
+        ] {
+            command.env(setting, "0ms");
+        }
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start node for kinesis-local: {e}")))?;
+        let mut k = KinesisLocal { child, endpoint: format!("http://127.0.0.1:{port}") };
+        crate::wait_listening(&mut k.child, port, Duration::from_secs(60), || {
+            format!(
+                "kinesis-local did not start (run scripts/test-deps.sh; package at {}):\n{}",
+                package.display(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        })?;
+        Ok(k)
+    }
+
+    /// The environment that points Kinesis clients here.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        kinesis_env(&self.endpoint)
+    }
+}
+
+impl Drop for KinesisLocal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The environment pointing Kinesis clients at a local `endpoint`.
+fn kinesis_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL_KINESIS", endpoint.to_owned()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("AWS_EC2_METADATA_DISABLED", "true".into()),
+    ]
 }
 
 /// `scripts/fault_proxy.py` running in front of a local stand-in: an HTTP

@@ -2,7 +2,8 @@
 //! 'kinesis://STREAM[,STREAM…]?format=auto|debezium|dms&start=trim_horizon|latest'`.
 //!
 //! ```text
-//!  shard readers (tasks, one per shard, GetRecords) ──events──▶ KinesisSource::poll
+//!  shard readers (tasks, one per shard: GetRecords, or SubscribeToShard
+//!  with `consumer=NAME`, see `fanout`) ──events──▶ KinesisSource::poll
 //!     decode + link each record ─▶ TxnOrder (whole transactions, commit order) ─▶ Sink
 //! ```
 //! Every shard of every stream is read concurrently; a child shard (split,
@@ -42,6 +43,7 @@
 //! input at once, naming the shard.
 
 mod backlog;
+mod fanout;
 mod options;
 mod shard;
 
@@ -70,6 +72,8 @@ const EVENTS_PER_POLL: usize = 64;
 /// How long `fovea replay` retries a shard's failing reads before it gives
 /// up (`fovea serve` does not give up on transient failures).
 pub const REPLAY_RETRY_FOR: Duration = Duration::from_secs(300);
+/// Longest a fan-out subscription lasts (Kinesis ends it after five minutes).
+pub const MAX_SUBSCRIPTION: Duration = Duration::from_secs(300);
 /// Least read-ahead room: one GetRecords answer holds up to 10 MiB.
 const MIN_READ_AHEAD: usize = 16 << 20;
 
@@ -126,6 +130,8 @@ struct Shard {
     retrying: bool,
     /// Reads retried.
     retries: u64,
+    /// Read by enhanced fan-out (its reader has not fallen back to polling).
+    fan_out: bool,
 }
 
 impl Shard {
@@ -206,6 +212,10 @@ enum Event {
     Closed {
         ix: ShardIx,
     },
+    /// Enhanced fan-out was refused for the shard: it is read by polling now.
+    Polling {
+        ix: ShardIx,
+    },
     /// A read failed and is retried after a pause (the `attempt`-th time in a row).
     Retrying {
         ix: ShardIx,
@@ -253,6 +263,9 @@ pub struct KinesisSource {
     stop: Arc<AtomicBool>,
     /// Room for records read ahead, in bytes (see the module docs).
     room: Arc<tokio::sync::Semaphore>,
+    /// By stream: the enhanced fan-out consumer (ARN) its shards are read
+    /// as (`None`: by polling).
+    consumers: HashMap<String, Option<Arc<str>>>,
 }
 
 impl KinesisSource {
@@ -287,10 +300,21 @@ impl KinesisSource {
             load: None,
             stop: Arc::new(AtomicBool::new(false)),
             room: Arc::new(tokio::sync::Semaphore::new(options.read_ahead())),
+            consumers: HashMap::new(),
             options,
         };
         let first_run = saved.shards.is_empty();
         for stream in source.options.streams.clone() {
+            if let Some(name) = source.options.consumer.clone() {
+                let consumer = source.retried(|client| {
+                    let (stream, name) = (stream.clone(), name.clone());
+                    async move { fanout::consumer(&client, &stream, &name).await }
+                })?;
+                if let Some(arn) = &consumer {
+                    tracing::info!(stream, consumer = %arn, "reading the stream by enhanced fan-out");
+                }
+                source.consumers.insert(stream.clone(), consumer.map(Arc::from));
+            }
             source.list(&stream, &saved, first_run)?;
         }
         source.start_ready()?;
@@ -299,23 +323,7 @@ impl KinesisSource {
 
     /// Lists `stream`'s shards and registers the new ones.
     fn list(&mut self, stream: &str, saved: &SavedState, first_run: bool) -> Result<()> {
-        // Retried while transient, as shard reads are (the sink waits).
-        let (began, mut pauses, mut attempt) = (std::time::Instant::now(), retry_pauses(), 0u32);
-        let retry_for = (!self.options.follow).then_some(REPLAY_RETRY_FOR);
-        let listed = loop {
-            let (client, s) = (self.client.clone(), stream.to_owned());
-            match self.runtime.block_on(list_shards(client, s)) {
-                Ok(listed) => break listed,
-                Err(f) if f.transient && retry_for.is_none_or(|limit| began.elapsed() < limit) => {
-                    attempt += 1;
-                    if attempt == 1 || attempt % 10 == 0 {
-                        tracing::warn!(attempt, "listing the shards failed; retrying: {}", f.message);
-                    }
-                    std::thread::sleep(pauses.next().unwrap_or(Duration::from_secs(30)));
-                }
-                Err(f) => return Err(self.error(f.message)),
-            }
-        };
+        let listed = self.retried(|client| list_shards(client, stream.to_owned()))?;
         for shard in listed {
             let key = format!("{stream}/{}", shard.id);
             if self.by_name.contains_key(&key) {
@@ -343,6 +351,7 @@ impl KinesisSource {
                 records: 0,
                 retrying: false,
                 retries: 0,
+                fan_out: false,
             });
             self.order.ensure_shard(ix);
             if finished {
@@ -351,6 +360,30 @@ impl KinesisSource {
         }
         self.ordered |= self.shards.len() > 1;
         Ok(())
+    }
+
+    /// Runs a stream-level request on the IO runtime, retried while it fails
+    /// transiently as shard reads are (the sink waits), in `fovea replay`
+    /// for [`REPLAY_RETRY_FOR`] at most.
+    fn retried<T, F>(&self, request: impl Fn(Client) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, Failure>>,
+    {
+        let (began, mut pauses, mut attempt) = (std::time::Instant::now(), retry_pauses(), 0u32);
+        let retry_for = (!self.options.follow).then_some(REPLAY_RETRY_FOR);
+        loop {
+            match self.runtime.block_on(request(self.client.clone())) {
+                Ok(out) => return Ok(out),
+                Err(f) if f.transient && retry_for.is_none_or(|limit| began.elapsed() < limit) => {
+                    attempt += 1;
+                    if attempt == 1 || attempt % 10 == 0 {
+                        tracing::warn!(attempt, "{}; retrying", f.message);
+                    }
+                    std::thread::sleep(pauses.next().unwrap_or(Duration::from_secs(30)));
+                }
+                Err(f) => return Err(self.error(f.message)),
+            }
+        }
     }
 
     /// Starts the reader of every shard whose parents are read to their end.
@@ -389,7 +422,12 @@ impl KinesisSource {
                 room: Arc::clone(&self.room),
                 room_size: self.options.read_ahead(),
                 retry_for: (!self.options.follow).then_some(REPLAY_RETRY_FOR),
+                // A shard closed when listed is history: polled to its end,
+                // which GetRecords marks (no next iterator).
+                consumer: if shard.closed { None } else { self.consumers.get(&shard.stream).cloned().flatten() },
+                renew: self.options.renew,
             };
+            self.shards[ix].fan_out = reader.consumer.is_some();
             self.runtime.spawn(reader.run(start));
             self.shards[ix].started = true;
         }
@@ -604,6 +642,10 @@ impl KinesisSource {
                 self.start_ready()?;
                 Ok(0)
             }
+            Event::Polling { ix } => {
+                self.shards[ix].fan_out = false;
+                Ok(0)
+            }
             Event::Retrying { ix, attempt, message } => {
                 let shard = &mut self.shards[ix];
                 shard.retrying = true;
@@ -747,6 +789,7 @@ impl ChangeSource for KinesisSource {
                         ShardState::Reading
                     },
                     retries: s.retries,
+                    fan_out: s.fan_out,
                 })
                 .collect(),
             held: (txns as u64, bytes as u64),
@@ -805,8 +848,17 @@ mod tests {
             (InputFormat::Debezium, Start::TrimHorizon, true)
         );
         assert!(defaults.max_held_bytes >= 64 << 20);
+        assert_eq!((defaults.consumer, defaults.renew), (None, MAX_SUBSCRIPTION));
+        let fan_out = KinesisOptions::parse("kinesis://s?consumer=fovea-prod.1&renew_secs=60", InputFormat::Auto, true);
+        let fan_out = fan_out.unwrap();
+        assert_eq!((fan_out.consumer.as_deref(), fan_out.renew), (Some("fovea-prod.1"), Duration::from_secs(60)));
         for (bad, says) in [
             ("kinesis://", "no stream"),
+            ("kinesis://s?consumer=", "consumer name of 1 to 128"),
+            ("kinesis://s?consumer=a/b", "consumer name of 1 to 128"),
+            ("kinesis://s?consumer=c&renew_secs=0", "1 to 300"),
+            ("kinesis://s?consumer=c&renew_secs=301", "1 to 300"),
+            ("kinesis://s?renew_secs=60", "name its consumer=NAME"),
             ("kinesis://s?start=now", "trim_horizon or latest"),
             ("kinesis://s?poll_ms=x", "poll_ms"),
             ("kinesis://s?shard=1", "unknown parameter"),

@@ -42,10 +42,16 @@ pub struct KinesisOptions {
     /// chain has not arrived waits before it is applied anyway, with a
     /// warning (see [`TxnOrder::with_gap_grace`]).
     pub gap_grace: Duration,
+    /// Read by enhanced fan-out as this stream consumer (registered, or
+    /// reused when it exists) instead of by polling (`consumer=NAME`).
+    pub consumer: Option<String>,
+    /// How long one fan-out subscription is kept before it is renewed
+    /// (`renew_secs`, at most Kinesis's five minutes).
+    pub renew: Duration,
 }
 
 impl KinesisOptions {
-    /// Parses `kinesis://STREAM[,STREAM…][?format=…&start=…&atomic=…&poll_ms=…&max_held_mb=…&max_record_kb=…&gap_grace_ms=…]`;
+    /// Parses `kinesis://STREAM[,STREAM…][?format=…&start=…&atomic=…&poll_ms=…&max_held_mb=…&max_record_kb=…&gap_grace_ms=…&consumer=NAME&renew_secs=N]`;
     /// `format` is the default of `--format`.
     pub fn parse(spec: &str, format: InputFormat, follow: bool) -> Result<Self> {
         let bad = |m: String| Error::Source { input: spec.to_owned(), message: m };
@@ -66,6 +72,8 @@ impl KinesisOptions {
             read_ahead_bytes: None,
             max_record_bytes: 10 << 20,
             gap_grace: Duration::from_secs(10),
+            consumer: None,
+            renew: MAX_SUBSCRIPTION,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -87,12 +95,26 @@ impl KinesisOptions {
                 "read_ahead_mb" => options.read_ahead_bytes = Some((number("megabytes")? as usize) << 20),
                 "max_record_kb" => options.max_record_bytes = (number("kilobytes")? as usize) << 10,
                 "gap_grace_ms" => options.gap_grace = Duration::from_millis(number("milliseconds")?),
+                "consumer" => options.consumer = Some(consumer_name(v).map_err(bad)?),
+                "renew_secs" => {
+                    let secs = number("seconds")?;
+                    if secs == 0 || secs > MAX_SUBSCRIPTION.as_secs() {
+                        return Err(bad(format!(
+                            "renew_secs={v}: expected 1 to {} (a subscription lasts at most five minutes)",
+                            MAX_SUBSCRIPTION.as_secs()
+                        )));
+                    }
+                    options.renew = Duration::from_secs(secs);
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb, read_ahead_mb, max_record_kb or gap_grace_ms"
+                        "unknown parameter {other:?}: expected format, start, atomic, poll_ms, max_held_mb, read_ahead_mb, max_record_kb, gap_grace_ms, consumer or renew_secs"
                     )));
                 }
             }
+        }
+        if options.consumer.is_none() && options.renew != MAX_SUBSCRIPTION {
+            return Err(bad("renew_secs applies to enhanced fan-out: name its consumer=NAME".into()));
         }
         Ok(options)
     }
@@ -105,6 +127,17 @@ impl KinesisOptions {
     /// The input's name in checkpoints.
     pub fn name(&self) -> String {
         format!("kinesis://{}", self.streams.join(","))
+    }
+}
+
+/// A stream consumer's name as Kinesis accepts it: 1 to 128 of
+/// `[a-zA-Z0-9_.-]`.
+fn consumer_name(v: &str) -> std::result::Result<String, String> {
+    let ok = (1..=128).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(format!("consumer={v:?}: expected a consumer name of 1 to 128 letters, digits, '_', '.' or '-'"))
     }
 }
 

@@ -1,4 +1,5 @@
-//! One shard's reader: GetShardIterator and GetRecords on the IO runtime,
+//! One shard's reader: GetShardIterator and GetRecords (or enhanced
+//! fan-out's subscriptions, `fanout`) on the IO runtime,
 //! retries with backoff, read-ahead bounded in bytes, events to the source;
 //! listing a stream's shards.
 
@@ -8,7 +9,6 @@ use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::DisplayErrorContext;
-use aws_sdk_kinesis::types::ShardIteratorType;
 use fovea_core::cdc::ordering::{SequenceNumber, ShardIx};
 use fovea_core::{Error, Result};
 use tokio::sync::mpsc;
@@ -43,6 +43,17 @@ pub(super) struct ShardReader {
     /// How long failing reads are retried before the shard fails (`None`:
     /// while the source runs).
     pub(super) retry_for: Option<Duration>,
+    /// Read by enhanced fan-out as this consumer (its ARN), else by polling.
+    pub(super) consumer: Option<Arc<str>>,
+    /// How long a fan-out subscription is kept before it is renewed.
+    pub(super) renew: Duration,
+}
+
+/// A streak of failed requests: since when, the pauses before the next
+/// retries, and how many were made.
+#[derive(Default)]
+pub(super) struct Retries {
+    failing: Option<(std::time::Instant, Box<dyn Iterator<Item = Duration> + Send>, u32)>,
 }
 
 /// A failed request: its message, and whether a retry may succeed.
@@ -104,18 +115,77 @@ pub(super) fn retry_pauses() -> impl Iterator<Item = Duration> {
 
 impl ShardReader {
     pub(super) async fn run(self, start: ShardStart) {
-        if let Err(message) = self.read(start).await {
+        let read = match self.consumer.clone() {
+            Some(consumer) => match self.subscribe(&consumer, start, self.renew).await {
+                Ok(super::fanout::Subscribed::Poll(from)) => {
+                    if self.tx.send(Event::Polling { ix: self.ix }).await.is_err() {
+                        return;
+                    }
+                    self.read(from).await
+                }
+                Ok(super::fanout::Subscribed::Done) => Ok(()),
+                Err(message) => Err(message),
+            },
+            None => self.read(start).await,
+        };
+        if let Err(message) = read {
             let _ = self.tx.send(Event::Failed { ix: self.ix, message }).await;
         }
     }
 
+    /// After a failed request: `Err` when the shard fails (a permanent
+    /// failure, or retries past `retry_for`); else the pause is taken and
+    /// `Ok(false)` means the source is gone.
+    pub(super) async fn retry_after(&self, retries: &mut Retries, f: Failure) -> std::result::Result<bool, String> {
+        if !f.transient {
+            return Err(f.message);
+        }
+        let (since, pauses, attempts) =
+            retries.failing.get_or_insert_with(|| (std::time::Instant::now(), Box::new(retry_pauses()), 0));
+        *attempts += 1;
+        if self.retry_for.is_some_and(|limit| since.elapsed() >= limit) {
+            return Err(format!(
+                "{} (failing for {:.0} s, {attempts} attempts)",
+                f.message,
+                since.elapsed().as_secs_f64()
+            ));
+        }
+        let pause = pauses.next().unwrap_or(Duration::from_secs(30));
+        let event = Event::Retrying { ix: self.ix, attempt: *attempts, message: f.message };
+        if self.tx.send(event).await.is_err() {
+            return Ok(false);
+        }
+        tokio::time::sleep(pause).await;
+        Ok(true)
+    }
+
+    /// Records as read, decoded on this reader's thread.
+    pub(super) fn decoded<'a>(
+        &self,
+        records: impl Iterator<Item = &'a aws_sdk_kinesis::types::Record>,
+    ) -> Vec<KinesisRecord> {
+        records
+            .map(|r| KinesisRecord {
+                seq: SequenceNumber(r.sequence_number().to_owned()),
+                bytes: r.data().as_ref().len(),
+                decoded: self.decoding.decode(r.data().as_ref(), r.partition_key().unwrap_or_default()),
+            })
+            .collect()
+    }
+
+    /// Hands a read on to the source once there is room for it (a read
+    /// larger than the cap waits for all of it); `false` when the source is
+    /// gone.
+    pub(super) async fn hand_on(&self, records: Vec<KinesisRecord>, millis_behind: u64, at_tip: bool) -> bool {
+        let bytes: usize = records.iter().map(|r| r.bytes).sum();
+        let want = bytes.clamp(1, self.room_size).min(u32::MAX as usize) as u32;
+        let Ok(room) = Arc::clone(&self.room).acquire_many_owned(want).await else { return false };
+        let event = Event::Records { ix: self.ix, records, millis_behind, at_tip, _room: room };
+        self.tx.send(event).await.is_ok()
+    }
+
     pub(super) async fn iterator(&self, start: &ShardStart) -> std::result::Result<Option<String>, Failure> {
-        let (kind, seq) = match start {
-            ShardStart::At(s) => (ShardIteratorType::AtSequenceNumber, Some(s.0.clone())),
-            ShardStart::After(s) => (ShardIteratorType::AfterSequenceNumber, Some(s.0.clone())),
-            ShardStart::TrimHorizon => (ShardIteratorType::TrimHorizon, None),
-            ShardStart::Latest => (ShardIteratorType::Latest, None),
-        };
+        let (kind, seq) = super::fanout::iterator_type(start);
         let out = self
             .client
             .get_shard_iterator()
@@ -132,9 +202,7 @@ impl ShardReader {
     pub(super) async fn read(&self, start: ShardStart) -> std::result::Result<(), String> {
         let mut iterator: Option<Option<String>> = None;
         let mut last: Option<SequenceNumber> = None;
-        // Failing since, the pauses before the next retries, and how many
-        // were made.
-        let mut failing: Option<(std::time::Instant, Box<dyn Iterator<Item = Duration> + Send>, u32)> = None;
+        let mut retries = Retries::default();
         // Acquire: pairs with the Release store of `KinesisSource::drop`.
         while !self.stop.load(Ordering::Acquire) {
             // Where to read: the iterator of the last read, or a new one
@@ -180,38 +248,15 @@ impl ShardReader {
             let out = match read {
                 Ok(out) => out,
                 Err(None) => continue,
-                Err(Some(f)) if !f.transient => return Err(f.message),
                 Err(Some(f)) => {
-                    let (since, pauses, attempts) =
-                        failing.get_or_insert_with(|| (std::time::Instant::now(), Box::new(retry_pauses()), 0));
-                    *attempts += 1;
-                    if self.retry_for.is_some_and(|limit| since.elapsed() >= limit) {
-                        return Err(format!(
-                            "{} (failing for {:.0} s, {attempts} attempts)",
-                            f.message,
-                            since.elapsed().as_secs_f64()
-                        ));
-                    }
-                    let pause = pauses.next().unwrap_or(Duration::from_secs(30));
-                    let event = Event::Retrying { ix: self.ix, attempt: *attempts, message: f.message };
-                    if self.tx.send(event).await.is_err() {
+                    if !self.retry_after(&mut retries, f).await? {
                         return Ok(());
                     }
-                    tokio::time::sleep(pause).await;
                     continue;
                 }
             };
-            failing = None;
-            let records: Vec<KinesisRecord> = out
-                .records()
-                .iter()
-                .map(|r| KinesisRecord {
-                    seq: SequenceNumber(r.sequence_number().to_owned()),
-                    bytes: r.data().as_ref().len(),
-                    decoded: self.decoding.decode(r.data().as_ref(), r.partition_key().unwrap_or_default()),
-                })
-                .collect();
-            let bytes: usize = records.iter().map(|r| r.bytes).sum();
+            retries = Retries::default();
+            let records = self.decoded(out.records().iter());
             if let Some(r) = records.last() {
                 last = Some(r.seq.clone());
             }
@@ -219,12 +264,7 @@ impl ShardReader {
             let empty = records.is_empty();
             iterator = Some(out.next_shard_iterator().map(str::to_owned));
             let at_tip = empty && millis_behind == 0 && matches!(iterator, Some(Some(_)));
-            // Room for what was read (a read larger than the cap waits for
-            // all of it); closed only when the source is gone.
-            let want = bytes.clamp(1, self.room_size).min(u32::MAX as usize) as u32;
-            let Ok(room) = Arc::clone(&self.room).acquire_many_owned(want).await else { return Ok(()) };
-            let event = Event::Records { ix: self.ix, records, millis_behind, at_tip, _room: room };
-            if self.tx.send(event).await.is_err() {
+            if !self.hand_on(records, millis_behind, at_tip).await {
                 return Ok(());
             }
             if empty && matches!(iterator, Some(Some(_))) {

@@ -137,6 +137,8 @@ pub struct ShardLag {
     pub state: ShardState,
     /// Reads retried after a failure.
     pub retries: u64,
+    /// Read by enhanced fan-out (pushed over a subscription), not polled.
+    pub fan_out: bool,
 }
 
 /// What a shard's reader is doing.

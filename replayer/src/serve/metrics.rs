@@ -491,6 +491,12 @@ impl Metrics {
                 "Reads of the shard retried after a failure (throttling, server errors, timeouts).",
                 counted("shard", retries),
             );
+            let fan_out = lag.shards.iter().map(|s| (s.name.clone(), if s.fan_out { 1.0 } else { 0.0 })).collect();
+            registry.register(
+                "shard_fan_out",
+                "1 when the shard is read by enhanced fan-out (SubscribeToShard), 0 by polling (GetRecords).",
+                labelled("shard", fan_out),
+            );
             let states = GaugeFamily::default();
             for s in &lag.shards {
                 let labels =

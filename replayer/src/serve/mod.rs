@@ -49,7 +49,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub iceberg_rest: Option<SocketAddr>,
     /// file:PATH, postgres://USER@HOST:PORT/DB?slot=NAME&publication=NAME[&create_slot=true],
-    /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N]
+    /// or kinesis://STREAM[,STREAM…][?format=auto|debezium|dms&start=trim_horizon|latest&atomic=false&poll_ms=N&max_held_mb=N&consumer=NAME]
     #[arg(long)]
     pub input: String,
     /// Flight SQL address (anything but loopback needs --token).
