@@ -64,8 +64,9 @@ pub const MAX_INLINE_LIMIT: usize = (LAMBDA_RESPONSE_LIMIT - (64 << 10)) / 4 * 3
 const SPILL_OBJECT_BYTES: usize = 64 << 20;
 
 /// Estimated bytes to read per request at most unless a worker says
-/// otherwise ([`SplitWorker::group_size`]): the scan function (2 GB of
-/// memory) holds a group's decoded rows and their IPC encoding at once.
+/// otherwise ([`SplitWorker::group_size`]): what the scan function (2 GB
+/// of memory) decodes in one invocation (it holds one batch and one IPC
+/// stream of its answer at a time, see [`run_split`]).
 pub const DEFAULT_GROUP_BYTES: u64 = 64 << 20;
 
 /// A scan is not spread over more invocations than leave each this many
@@ -272,6 +273,14 @@ pub fn group_tasks(tasks: Vec<SplitTask>, size: GroupSize) -> Vec<Vec<SplitTask>
 /// answered reach the tasks' limit (the rows the whole query needs at
 /// most), the splits left are not read.
 pub fn run_split(lake: &Lake, request: &SplitRequest) -> Result<SplitAnswer, SplitFailure> {
+    run_split_in_objects(lake, request, SPILL_OBJECT_BYTES)
+}
+
+/// [`run_split`] with spilled answers cut into IPC streams of about
+/// `object_bytes`. Rows are encoded as the scan yields them and each full
+/// stream is spilled at once: a worker holds one batch and one stream of
+/// the answer, not the whole group's rows and their encoding.
+fn run_split_in_objects(lake: &Lake, request: &SplitRequest, object_bytes: usize) -> Result<SplitAnswer, SplitFailure> {
     let started = Instant::now();
     let spill = spill_path(&request.spill_prefix)?;
     let bad = |message: String| SplitFailure::new(SplitFailureKind::BadRequest, message);
@@ -279,8 +288,8 @@ pub fn run_split(lake: &Lake, request: &SplitRequest) -> Result<SplitAnswer, Spl
     // The worker's reads are counted: callers report bytes read per row.
     let meter = Arc::new(StoreMeter::default());
     let metered = Lake::new(Arc::new(MeteredStore::new(Arc::clone(lake.store()), Arc::clone(&meter))));
-    let mut schema = None;
-    let mut batches = Vec::new();
+    let failed = |e: Error| SplitFailure::of(&e);
+    let mut out: Option<AnswerWriter> = None;
     let mut rows = 0;
     for (n, task) in request.tasks.iter().enumerate() {
         if (task.table_id, task.qts, &task.projection) != (first.table_id, first.qts, &first.projection) {
@@ -292,44 +301,100 @@ pub fn run_split(lake: &Lake, request: &SplitRequest) -> Result<SplitAnswer, Spl
         if task.limit.is_some_and(|limit| rows >= limit) {
             break;
         }
-        let scan = task.scan(metered.clone()).map_err(|e| SplitFailure::of(&e))?;
-        let schema = schema.get_or_insert_with(|| scan.schema());
-        for batch in scan.collect_batches().map_err(|e| SplitFailure::of(&e))? {
-            if batch.schema().fields() != schema.fields() {
+        let mut scan = task.scan(metered.clone()).map_err(failed)?;
+        let writer = match &mut out {
+            Some(w) => w,
+            None => out.insert(AnswerWriter::new(lake, spill.clone(), scan.schema(), object_bytes).map_err(failed)?),
+        };
+        while let Some(batch) = scan.next_batch().map_err(failed)? {
+            if batch.schema().fields() != writer.schema.fields() {
                 return Err(bad(format!(
                     "task {n} of the request gave columns {:?}, task 0 {:?}",
                     batch.schema().fields(),
-                    schema.fields()
+                    writer.schema.fields()
                 )));
             }
             rows += batch.num_rows();
-            batches.push(batch);
+            writer.write(&batch).map_err(failed)?;
         }
     }
-    let schema = match schema {
-        Some(schema) => schema,
+    let out = match out {
+        Some(w) => w,
         // (A limit of 0: nothing read.)
-        None => first.scan(metered).map_err(|e| SplitFailure::of(&e))?.schema(),
+        None => AnswerWriter::new(lake, spill, first.scan(metered).map_err(failed)?.schema(), object_bytes)
+            .map_err(failed)?,
     };
     let limit = request.inline_limit.unwrap_or(DEFAULT_INLINE_LIMIT).min(MAX_INLINE_LIMIT);
-    let streams = encode_ipc(&schema, &batches, SPILL_OBJECT_BYTES).map_err(|e| SplitFailure::of(&e))?;
-    let mut answer = SplitAnswer { rows, ..SplitAnswer::default() };
-    if let [one] = streams.as_slice()
-        && one.len() <= limit
-    {
-        answer.ipc = Some(BASE64.encode(one));
-    } else {
-        for (n, stream) in streams.into_iter().enumerate() {
-            let path = spill.clone().join(format!("{n:05}.arrow"));
-            lake.put(&path, Bytes::from(stream)).map_err(|e| SplitFailure::of(&e))?;
-            answer.objects.push(path.to_string());
-        }
-    }
+    let (ipc, objects) = out.finish(limit).map_err(failed)?;
     let counts = meter.counts();
-    answer.bytes_read = counts.bytes_read;
-    answer.gets = counts.gets;
-    answer.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    Ok(answer)
+    Ok(SplitAnswer {
+        rows,
+        ipc: ipc.map(|bytes| BASE64.encode(bytes)),
+        objects,
+        bytes_read: counts.bytes_read,
+        gets: counts.gets,
+        micros: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+    })
+}
+
+/// An answer's rows encoded as they come: Arrow IPC streams of about
+/// `object_bytes` (whole batches; a stream holds at least one), each full
+/// one written to the lake under the spill prefix at once; the last one
+/// goes inline when it is the only one and small enough.
+struct AnswerWriter<'a> {
+    lake: &'a Lake,
+    spill: Path,
+    schema: SchemaRef,
+    object_bytes: usize,
+    stream: arrow_ipc::writer::StreamWriter<Vec<u8>>,
+    /// Bytes of the batches in `stream`.
+    in_stream: usize,
+    /// Spilled so far, in order.
+    objects: Vec<String>,
+}
+
+impl<'a> AnswerWriter<'a> {
+    fn new(lake: &'a Lake, spill: Path, schema: SchemaRef, object_bytes: usize) -> Result<Self> {
+        let stream = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &schema)?;
+        Ok(AnswerWriter { lake, spill, schema, object_bytes, stream, in_stream: 0, objects: Vec::new() })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let size = batch.get_array_memory_size();
+        if self.in_stream > 0 && self.in_stream + size > self.object_bytes {
+            let full = self.next_stream()?;
+            self.spill_object(full)?;
+        }
+        self.stream.write(batch)?;
+        self.in_stream += size;
+        Ok(())
+    }
+
+    /// The stream so far, finished, and a new one begun.
+    fn next_stream(&mut self) -> Result<Vec<u8>> {
+        let fresh = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &self.schema)?;
+        self.in_stream = 0;
+        // `into_inner` finishes the stream (its end-of-stream marker).
+        Ok(std::mem::replace(&mut self.stream, fresh).into_inner()?)
+    }
+
+    fn spill_object(&mut self, bytes: Vec<u8>) -> Result<()> {
+        let path = self.spill.clone().join(format!("{:05}.arrow", self.objects.len()));
+        self.lake.put(&path, Bytes::from(bytes))?;
+        self.objects.push(path.to_string());
+        Ok(())
+    }
+
+    /// The inline stream (only one, within `inline_limit`), or the spilled
+    /// objects in order.
+    fn finish(mut self, inline_limit: usize) -> Result<(Option<Vec<u8>>, Vec<String>)> {
+        let last = self.next_stream()?;
+        if self.objects.is_empty() && last.len() <= inline_limit {
+            return Ok((Some(last), Vec::new()));
+        }
+        self.spill_object(last)?;
+        Ok((None, self.objects))
+    }
 }
 
 /// `prefix` as a path under [`SPILL_ROOT`] (anything else is refused).
@@ -352,26 +417,6 @@ fn spill_path(prefix: &str) -> Result<Path, SplitFailure> {
         return Err(bad());
     }
     Ok(path)
-}
-
-/// `batches` as Arrow IPC streams of about `target` bytes each (at least
-/// one stream, which may hold no batch).
-fn encode_ipc(schema: &SchemaRef, batches: &[RecordBatch], target: usize) -> Result<Vec<Vec<u8>>> {
-    let mut out = Vec::new();
-    let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
-    let mut in_stream = 0;
-    for batch in batches {
-        if in_stream > 0 && in_stream + batch.get_array_memory_size() > target {
-            out.push(writer.into_inner()?);
-            writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
-            in_stream = 0;
-        }
-        writer.write(batch)?;
-        in_stream += batch.get_array_memory_size();
-    }
-    writer.finish()?;
-    out.push(writer.into_inner()?);
-    Ok(out)
 }
 
 /// The batches of one Arrow IPC stream.
@@ -779,6 +824,59 @@ mod tests {
                 .map(RecordBatch::num_rows)
                 .sum::<usize>()
         );
+    }
+
+    /// A group's answer is encoded as its rows come and spilled in objects
+    /// of about the size asked (whole batches, at least one each), in
+    /// order: the same rows as the answer inline, none lost or repeated.
+    #[test]
+    fn answers_are_spilled_in_objects_as_their_rows_come() {
+        let engine = Engine::in_memory(EngineConfig::default().with_shards(2).with_blocks(100, 3)).unwrap();
+        conformance::check(&engine, &LocalSplits::new(engine.lake().clone(), 1, None));
+        let tasks = engine.scan(&engine.snapshot(), conformance::TABLE, Default::default()).unwrap().tasks().unwrap();
+        let request = |inline_limit| SplitRequest {
+            lake: None,
+            tasks: tasks.clone(),
+            spill_prefix: spill_prefix("streamed", 0, 0),
+            inline_limit,
+        };
+        let store = Arc::clone(engine.lake().store());
+        let fetch = |answer: &SplitAnswer| {
+            let (answer, store) = (answer.clone(), Arc::clone(&store));
+            crate::lake::block_on_io(async move { answer.fetch_batches(&store).await }).unwrap().unwrap()
+        };
+        let inline = run_split(engine.lake(), &request(None)).unwrap();
+        assert!(inline.ipc.is_some() && inline.objects.is_empty(), "{inline:?}");
+        let want = fetch(&inline);
+        // The batches as the worker holds them (decoded IPC shares one
+        // buffer per message, which each array's size counts whole).
+        let scanned: Vec<RecordBatch> =
+            tasks.iter().flat_map(|t| t.scan(engine.lake().clone()).unwrap().collect_batches().unwrap()).collect();
+        assert_eq!(scanned.len(), want.len());
+        let batch_bytes: Vec<usize> = scanned.iter().map(RecordBatch::get_array_memory_size).collect();
+        assert!(want.len() >= 4, "{} batches", want.len());
+        // Objects of about two batches each.
+        let object_bytes = batch_bytes.iter().max().unwrap() * 2;
+        let spilled = run_split_in_objects(engine.lake(), &request(None), object_bytes).unwrap();
+        assert!(spilled.ipc.is_none() && spilled.objects.len() >= 2, "{spilled:?}");
+        // Each object holds the next batches of the answer, as large in
+        // memory (as the worker held them) as asked at most.
+        let mut at = 0;
+        let mut sizes = Vec::new();
+        for o in &spilled.objects {
+            let batches = decode_ipc(&engine.lake().get(&Path::from(o.as_str())).unwrap()).unwrap();
+            assert!(!batches.is_empty(), "{o} holds no batch");
+            sizes.push(batch_bytes[at..at + batches.len()].iter().sum::<usize>());
+            at += batches.len();
+        }
+        assert_eq!(at, want.len());
+        assert!(sizes.iter().all(|&n| n <= object_bytes), "objects of {sizes:?} bytes over {object_bytes}");
+        assert_eq!(spilled.rows, inline.rows);
+        assert_eq!(fetch(&spilled), want, "the spilled answer differs from the inline one");
+        // One object too large for inline: spilled whole.
+        let one = run_split_in_objects(engine.lake(), &request(Some(16)), usize::MAX).unwrap();
+        assert_eq!((one.ipc.is_none(), one.objects.len()), (true, 1), "{one:?}");
+        assert_eq!(fetch(&one), want);
     }
 
     /// The suite catches what it promises to: a worker that loses a row of
