@@ -20,7 +20,9 @@
 //! files they touch. The replayer task is priced as running all month
 //! (Fargate arm64, the template's size), and its CPU per row says how
 //! busy it is at each rate; lease renewals are three DynamoDB writes per
-//! lease time. Kinesis is the input of both paths and priced apart: one
+//! lease time; reading the stream by enhanced fan-out (`--fan-out`, the
+//! template's default) adds its consumer's shard-hours and GB pushed to
+//! fovea's side. Kinesis is the input of both paths and priced apart: one
 //! record per row change (Debezium, DMS), shards for the larger of 1 MB/s
 //! and 1,000 records/s each. Firehose is priced by the GB of the same
 //! records (a Kinesis source: no 5 KB rounding).
@@ -62,6 +64,9 @@ pub struct CostBench {
     pub iceberg: fovea_replayer::lakes::IcebergPublishing,
     /// `--iceberg-secs` of the deployment (0: every checkpoint).
     pub iceberg_secs: f64,
+    /// The replayer reads the stream by enhanced fan-out (the template's
+    /// default), not by polling: its consumer's shard-hours and GB.
+    pub fan_out: bool,
     /// One JSON object instead of text.
     pub json: bool,
 }
@@ -89,6 +94,9 @@ struct Prices {
     fargate_arm_gb_hour: f64,
     kinesis_shard_hour: f64,
     kinesis_put_payload_unit_per_million: f64,
+    /// Enhanced fan-out: per consumer and shard, and per GB pushed.
+    kinesis_fan_out_consumer_shard_hour: f64,
+    kinesis_fan_out_gb: f64,
     firehose_iceberg_per_gb: f64,
 }
 
@@ -115,6 +123,8 @@ fn load_prices(path: Option<&Path>) -> CliResult<Prices> {
         prices.fargate_arm_gb_hour,
         prices.kinesis_shard_hour,
         prices.kinesis_put_payload_unit_per_million,
+        prices.kinesis_fan_out_consumer_shard_hour,
+        prices.kinesis_fan_out_gb,
         prices.firehose_iceberg_per_gb,
     ];
     if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
@@ -195,9 +205,15 @@ fn month_at(
     let dynamo_writes = checkpoints * iv.dynamo_writes + lease_renewals_per_s * month_s;
     let dynamodb = dynamo_writes / 1e6 * p.dynamodb_write_request_unit_per_million;
     let task = (b.task_vcpu * p.fargate_arm_vcpu_hour + b.task_gb * p.fargate_arm_gb_hour) * HOURS_PER_MONTH;
-    let fovea = s3_requests + dynamodb + task;
     let bytes_per_s = rate * record_bytes;
     let shards = (bytes_per_s / 1e6).ceil().max((rate / 1000.0).ceil()).max(1.0);
+    let fan_out = if b.fan_out {
+        shards * HOURS_PER_MONTH * p.kinesis_fan_out_consumer_shard_hour
+            + bytes_per_s * month_s / 1e9 * p.kinesis_fan_out_gb
+    } else {
+        0.0
+    };
+    let fovea = s3_requests + dynamodb + task + fan_out;
     let payload_units = rate * (record_bytes / 25_000.0).ceil().max(1.0) * month_s;
     let kinesis =
         shards * HOURS_PER_MONTH * p.kinesis_shard_hour + payload_units / 1e6 * p.kinesis_put_payload_unit_per_million;
@@ -219,6 +235,7 @@ fn month_at(
             "s3_requests": money(s3_requests),
             "dynamodb": money(dynamodb),
             "replayer_task": money(task),
+            "fan_out": money(fan_out),
             "total": money(fovea),
             "per_million_rows": per_million(fovea),
             "task_cpu_busy": round3(cpu_s_per_row * rate / b.task_vcpu),
@@ -409,7 +426,7 @@ pub fn run(b: &CostBench) -> CliResult<()> {
         round3(record_bytes)
     );
     println!(
-        "prices: {} {} as of {}; a checkpoint every {} s, Iceberg publication {:?} (at most every {} s); replayer task {} vCPU / {} GB all month",
+        "prices: {} {} as of {}; a checkpoint every {} s, Iceberg publication {:?} (at most every {} s); replayer task {} vCPU / {} GB all month; the stream read by {}",
         prices.region,
         prices.currency,
         prices.as_of,
@@ -417,7 +434,8 @@ pub fn run(b: &CostBench) -> CliResult<()> {
         b.iceberg,
         b.iceberg_secs.max(b.checkpoint_secs),
         b.task_vcpu,
-        b.task_gb
+        b.task_gb,
+        if b.fan_out { "enhanced fan-out" } else { "polling (--fan-out: by enhanced fan-out)" }
     );
     let columns = [
         ("rows/s", &["rows_per_s"][..]),
@@ -425,6 +443,7 @@ pub fn run(b: &CostBench) -> CliResult<()> {
         ("S3 requests", &["fovea", "s3_requests"]),
         ("DynamoDB", &["fovea", "dynamodb"]),
         ("task", &["fovea", "replayer_task"]),
+        ("fan-out", &["fovea", "fan_out"]),
         ("fovea", &["fovea", "total"]),
         ("fovea/Mrow", &["fovea", "per_million_rows"]),
         ("Firehose", &["firehose_iceberg", "total"]),
@@ -504,6 +523,7 @@ mod tests {
             task_gb: 8.0,
             iceberg: fovea_replayer::lakes::IcebergPublishing::Off,
             iceberg_secs: 0.0,
+            fan_out: false,
             json: true,
         };
         let iv = Interval { rows: 10_000.0, puts: 12.0, gets: 0.0, lists: 0.0, dynamo_writes: 2.0 };
@@ -524,5 +544,11 @@ mod tests {
         assert_eq!(v["fovea"]["task_cpu_busy"].as_f64(), Some(0.005));
         let total = s3 + dynamo + task;
         assert!((v["fovea"]["per_million_rows"].as_f64().unwrap() - total / 2628.0).abs() < 1e-4, "{v}");
+        assert_eq!(v["fovea"]["fan_out"].as_f64(), Some(0.0));
+        // Read by enhanced fan-out: one consumer-shard all month and the GB pushed.
+        let v = month_at(1000.0, &CostBench { fan_out: true, ..b }, &p, &iv, 10e-6, 500.0);
+        let fan_out = 730.0 * 0.015 + 1000.0 * 500.0 * month_s / 1e9 * 0.013;
+        assert!((v["fovea"]["fan_out"].as_f64().unwrap() - fan_out).abs() < 0.01, "{v}");
+        assert!((v["fovea"]["total"].as_f64().unwrap() - (total + fan_out)).abs() < 0.02, "{v}");
     }
 }

@@ -249,6 +249,11 @@ enum Command {
         /// most this often (0: at every checkpoint).
         #[arg(long, default_value_t = 0.0)]
         iceberg_secs: f64,
+        /// The replayer reads the stream by enhanced fan-out
+        /// (`kinesis://…?consumer=`, template.yaml's EnhancedFanOut):
+        /// price its consumer's shard-hours and GB pushed (default: polling).
+        #[arg(long)]
+        fan_out: bool,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -345,19 +350,29 @@ fn main() -> ExitCode {
         Command::Serve { pg_bin, scale, clients, seconds, rate, json } => {
             serve::serve_bench(&serve::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
-        Command::Cost { txns, rates, checkpoint_secs, prices, task_vcpu, task_gb, iceberg, iceberg_secs, json } => {
-            cost::run(&cost::CostBench {
-                txns,
-                rates,
-                checkpoint_secs,
-                prices,
-                task_vcpu,
-                task_gb,
-                iceberg,
-                iceberg_secs,
-                json,
-            })
-        }
+        Command::Cost {
+            txns,
+            rates,
+            checkpoint_secs,
+            prices,
+            task_vcpu,
+            task_gb,
+            iceberg,
+            iceberg_secs,
+            fan_out,
+            json,
+        } => cost::run(&cost::CostBench {
+            txns,
+            rates,
+            checkpoint_secs,
+            prices,
+            task_vcpu,
+            task_gb,
+            iceberg,
+            iceberg_secs,
+            fan_out,
+            json,
+        }),
         Command::Gc { rows, seconds, json } => gc::run(&gc::GcBenchArgs { rows, seconds, json }),
         Command::Iceberg { rows, changed, checkpoints, txns, runs, checkpoint_txns, json } => {
             if !(changed > 0.0 && changed <= 1.0) {

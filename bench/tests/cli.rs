@@ -130,12 +130,16 @@ fn bench_cost_measures_an_interval_per_rate_and_prices_it() {
         );
         let f = &m["fovea"];
         let sum =
-            f["s3_requests"].as_f64().unwrap() + f["dynamodb"].as_f64().unwrap() + f["replayer_task"].as_f64().unwrap();
+            ["s3_requests", "dynamodb", "replayer_task", "fan_out"].iter().map(|k| f[k].as_f64().unwrap()).sum::<f64>();
         assert!((sum - f["total"].as_f64().unwrap()).abs() < 0.02, "{m}");
+        assert_eq!(f["fan_out"].as_f64(), Some(0.0), "polled by default: {m}");
         assert!(m["firehose_iceberg"]["total"].as_f64().unwrap() > 0.0, "{m}");
     }
-    // Publication writes Iceberg metadata at every checkpoint.
-    let off = cost(&["--rates", "200", "--checkpoint-secs", "5", "--iceberg", "off"]);
+    // Publication writes Iceberg metadata at every checkpoint; read by
+    // enhanced fan-out, its consumer is priced on fovea's side.
+    let off = cost(&["--rates", "200", "--checkpoint-secs", "5", "--iceberg", "off", "--fan-out"]);
+    let f = &off["per_month"][0]["fovea"];
+    assert!(f["fan_out"].as_f64().unwrap() >= 730.0 * 0.015, "{off}");
     let puts = |v: &serde_json::Value, i: usize| v["per_month"][i]["checkpoint_interval"]["s3_puts"].as_f64().unwrap();
     assert!(puts(&off, 0) < puts(&v2, 1), "off {off}\nv2 {v2}");
     // Publishing once a minute, checkpoints every 5 s: between the two.
