@@ -45,6 +45,52 @@ fn enhanced_fan_out_on_a_local_kinesis() {
             assert!(seen.len() > shards, "the children were read too: {seen:?}");
         }
     }
+    a_shard_split_under_a_subscription_is_read_to_its_end(&kinesis);
+}
+
+/// A shard split while a following source is subscribed to it: the
+/// parent's remaining records, then its children's, every transaction once
+/// and in order, the children read by fan-out. (Kinesis ends the parent's
+/// subscription with its children named; kinesis-local does not, so here
+/// the renewal's probe finds the parent's end.)
+fn a_shard_split_under_a_subscription_is_read_to_its_end(kinesis: &KinesisLocal) {
+    use fovea_core::cdc::conformance::{Recorder, transactions};
+    let producer = KinesisProducer::connect(Some(&kinesis.endpoint)).unwrap();
+    producer.create_stream("split-live", 1).unwrap();
+    let put = |txns: &[SuiteTxn]| {
+        let mut records = Vec::new();
+        for line in txns.iter().flat_map(SuiteTxn::debezium_lines) {
+            records.extend(debezium_server_record(&line).unwrap());
+        }
+        producer.put("split-live", &records).unwrap();
+    };
+    let url = "kinesis://split-live?poll_ms=10&consumer=fovea-live&renew_secs=1";
+    let options = fovea_aws::kinesis::KinesisOptions::parse(url, InputFormat::Auto, true).unwrap();
+    let mut source = fovea_aws::kinesis::KinesisSource::open(options, None).unwrap();
+    let mut sink = Recorder::default();
+    let poll_until = |source: &mut fovea_aws::kinesis::KinesisSource, sink: &mut Recorder, n: usize| {
+        let began = std::time::Instant::now();
+        while sink.completed.len() < n {
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(60),
+                "{} of {n} transactions",
+                sink.completed.len()
+            );
+            source.poll(sink).unwrap();
+        }
+    };
+    put(&transactions(1..21));
+    poll_until(&mut source, &mut sink, 20);
+    assert!(source.lag().shards.iter().all(|s| s.fan_out), "{:?}", source.lag().shards);
+    let open = producer.open_shards("split-live").unwrap();
+    producer.split("split-live", &open[0].0).unwrap();
+    put(&transactions(21..41));
+    poll_until(&mut source, &mut sink, 40);
+    assert!(sink.violations.is_empty(), "{:?}", sink.violations);
+    assert_eq!(sink.completed, transactions(1..41));
+    let shards = source.lag().shards;
+    assert_eq!(shards.len(), 2, "the parent is finished, its two children read: {shards:?}");
+    assert!(shards.iter().all(|s| s.fan_out && !s.name.ends_with("shardId-000000000000")), "{shards:?}");
 }
 
 /// A stream fed as Debezium Server feeds it, read by fan-out as consumer
