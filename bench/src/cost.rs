@@ -47,27 +47,42 @@ use crate::replay::{ReplayRun, replay_into};
 use crate::scan::round3;
 
 /// `fovea-bench cost`'s settings.
+#[derive(Clone, Debug, clap::Args)]
 pub struct CostBench {
     /// Transactions of the measured HyBench stream.
+    #[arg(long, default_value_t = 20_000)]
     pub txns: u64,
-    /// Sustained rates priced, rows per second.
+    /// Sustained rates priced, rows per second (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
     pub rates: Vec<f64>,
     /// `fovea serve --checkpoint-secs` of the deployment.
+    #[arg(long, default_value_t = 10.0)]
     pub checkpoint_secs: f64,
-    /// The price table (default: `bench/prices/aws-us-east-1.json`).
+    /// Price table (JSON; default bench/prices/aws-us-east-1.json,
+    /// built in): copy it and edit it for another region.
+    #[arg(long)]
     pub prices: Option<PathBuf>,
-    /// The replayer task's vCPUs and memory (template.yaml: 2 and 8 GB).
+    /// vCPUs of the replayer task (template.yaml: 2).
+    #[arg(long, default_value_t = 2.0)]
     pub task_vcpu: f64,
-    /// GB of memory of the task.
+    /// GB of memory of the replayer task (template.yaml: 8).
+    #[arg(long, default_value_t = 8.0)]
     pub task_gb: f64,
-    /// `--iceberg` of the deployment (publication at every checkpoint).
+    /// Iceberg publication at every checkpoint, as `fovea serve
+    /// --iceberg`: v2 (the default), v3 or off.
+    #[arg(long, default_value = "v2", value_parser = fovea_replayer::lakes::IcebergPublishing::parse)]
     pub iceberg: fovea_replayer::lakes::IcebergPublishing,
-    /// `--iceberg-secs` of the deployment (0: every checkpoint).
+    /// `fovea serve --iceberg-secs` of the deployment: a publication at
+    /// most this often (0: at every checkpoint).
+    #[arg(long, default_value_t = 0.0)]
     pub iceberg_secs: f64,
-    /// The replayer reads the stream by enhanced fan-out (the template's
-    /// default), not by polling: its consumer's shard-hours and GB.
+    /// The replayer reads the stream by enhanced fan-out
+    /// (`kinesis://…?consumer=`, template.yaml's EnhancedFanOut):
+    /// price its consumer's shard-hours and GB pushed (default: polling).
+    #[arg(long)]
     pub fan_out: bool,
-    /// One JSON object instead of text.
+    /// Print one JSON object.
+    #[arg(long)]
     pub json: bool,
 }
 

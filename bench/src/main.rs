@@ -216,48 +216,12 @@ enum Command {
         sql: String,
     },
     /// What following a change stream costs on AWS per month and per
-    /// million rows at sustained rates — S3 requests and DynamoDB writes
-    /// measured in two replays of a HyBench stream into local stand-ins
-    /// (split into per-row and per-checkpoint parts), the replayer task
-    /// all month — beside Firehose → Iceberg for the same change records,
-    /// from a table of list prices.
-    Cost {
-        /// Transactions of the measured HyBench stream.
-        #[arg(long, default_value_t = 20_000)]
-        txns: u64,
-        /// Sustained rates priced, rows per second (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
-        rates: Vec<f64>,
-        /// `fovea serve --checkpoint-secs` of the deployment.
-        #[arg(long, default_value_t = 10.0)]
-        checkpoint_secs: f64,
-        /// Price table (JSON; default bench/prices/aws-us-east-1.json,
-        /// built in): copy it and edit it for another region.
-        #[arg(long)]
-        prices: Option<PathBuf>,
-        /// vCPUs of the replayer task (template.yaml: 2).
-        #[arg(long, default_value_t = 2.0)]
-        task_vcpu: f64,
-        /// GB of memory of the replayer task (template.yaml: 8).
-        #[arg(long, default_value_t = 8.0)]
-        task_gb: f64,
-        /// Iceberg publication at every checkpoint, as `fovea serve
-        /// --iceberg`: v2 (the default), v3 or off.
-        #[arg(long, default_value = "v2", value_parser = fovea_replayer::lakes::IcebergPublishing::parse)]
-        iceberg: fovea_replayer::lakes::IcebergPublishing,
-        /// `fovea serve --iceberg-secs` of the deployment: a publication at
-        /// most this often (0: at every checkpoint).
-        #[arg(long, default_value_t = 0.0)]
-        iceberg_secs: f64,
-        /// The replayer reads the stream by enhanced fan-out
-        /// (`kinesis://…?consumer=`, template.yaml's EnhancedFanOut):
-        /// price its consumer's shard-hours and GB pushed (default: polling).
-        #[arg(long)]
-        fan_out: bool,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    /// million rows at sustained rates — the S3 requests and DynamoDB
+    /// writes of a checkpoint interval at each rate, measured by replays of
+    /// a HyBench stream into local stand-ins, the replayer task all month
+    /// (and its fan-out consumer) — beside Firehose → Iceberg for the same
+    /// change records, from a table of list prices.
+    Cost(cost::CostBench),
     /// End-to-end replay throughput: generate a stream to a file, replay it
     /// into a fresh lake, report rows/s (and the decode share).
     Replay {
@@ -350,29 +314,7 @@ fn main() -> ExitCode {
         Command::Serve { pg_bin, scale, clients, seconds, rate, json } => {
             serve::serve_bench(&serve::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }
-        Command::Cost {
-            txns,
-            rates,
-            checkpoint_secs,
-            prices,
-            task_vcpu,
-            task_gb,
-            iceberg,
-            iceberg_secs,
-            fan_out,
-            json,
-        } => cost::run(&cost::CostBench {
-            txns,
-            rates,
-            checkpoint_secs,
-            prices,
-            task_vcpu,
-            task_gb,
-            iceberg,
-            iceberg_secs,
-            fan_out,
-            json,
-        }),
+        Command::Cost(bench) => cost::run(&bench),
         Command::Gc { rows, seconds, json } => gc::run(&gc::GcBenchArgs { rows, seconds, json }),
         Command::Iceberg { rows, changed, checkpoints, txns, runs, checkpoint_txns, json } => {
             if !(changed > 0.0 && changed <= 1.0) {

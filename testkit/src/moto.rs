@@ -17,9 +17,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// A stand-in's process, killed and waited for on drop (one already gone
+/// is fine).
+struct StoppedOnDrop(Child);
+
+impl Drop for StoppedOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A running moto server; stopped on drop.
 pub struct Moto {
-    child: Child,
+    child: StoppedOnDrop,
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
 }
@@ -49,8 +60,8 @@ impl Moto {
                     format!("cannot start moto with {python} (run scripts/test-deps.sh): {e}"),
                 )
             })?;
-        let mut moto = Moto { child, endpoint: format!("http://127.0.0.1:{port}") };
-        crate::wait_listening(&mut moto.child, port, Duration::from_secs(60), || {
+        let mut moto = Moto { child: StoppedOnDrop(child), endpoint: format!("http://127.0.0.1:{port}") };
+        crate::wait_listening(&mut moto.child.0, port, Duration::from_secs(60), || {
             format!(
                 "moto did not start (run scripts/test-deps.sh):\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
@@ -167,16 +178,9 @@ pub fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/moto_serial.py")
 }
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A running kinesalite (Kinesis) on a free loopback port; stopped on drop.
 pub struct Kinesalite {
-    child: Child,
+    child: StoppedOnDrop,
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
 }
@@ -201,8 +205,8 @@ impl Kinesalite {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start node for kinesalite: {e}")))?;
-        let mut k = Kinesalite { child, endpoint: format!("http://127.0.0.1:{port}") };
-        crate::wait_listening(&mut k.child, port, Duration::from_secs(60), || {
+        let mut k = Kinesalite { child: StoppedOnDrop(child), endpoint: format!("http://127.0.0.1:{port}") };
+        crate::wait_listening(&mut k.child.0, port, Duration::from_secs(60), || {
             format!(
                 "kinesalite did not start (run scripts/test-deps.sh; modules from {modules}):\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
@@ -218,13 +222,6 @@ impl Kinesalite {
     }
 }
 
-impl Drop for Kinesalite {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A running kinesis-local (npm's build of kinesis-mock) on free ports;
 /// stopped on drop. Unlike kinesalite it registers stream consumers and
 /// serves SubscribeToShard (an event stream over HTTP/1.1 on its plain
@@ -232,7 +229,7 @@ impl Drop for Kinesalite {
 /// a shard's new records once a second, refuses subscriptions to closed
 /// shards and sends no initial-response event.
 pub struct KinesisLocal {
-    child: Child,
+    child: StoppedOnDrop,
     /// `http://127.0.0.1:PORT` (its plain HTTP port).
     pub endpoint: String,
 }
@@ -274,8 +271,8 @@ impl KinesisLocal {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start node for kinesis-local: {e}")))?;
-        let mut k = KinesisLocal { child, endpoint: format!("http://127.0.0.1:{port}") };
-        crate::wait_listening(&mut k.child, port, Duration::from_secs(60), || {
+        let mut k = KinesisLocal { child: StoppedOnDrop(child), endpoint: format!("http://127.0.0.1:{port}") };
+        crate::wait_listening(&mut k.child.0, port, Duration::from_secs(60), || {
             format!(
                 "kinesis-local did not start (run scripts/test-deps.sh; package at {}):\n{}",
                 package.display(),
@@ -288,13 +285,6 @@ impl KinesisLocal {
     /// The environment that points Kinesis clients here.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         kinesis_env(&self.endpoint)
-    }
-}
-
-impl Drop for KinesisLocal {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
