@@ -140,6 +140,8 @@ pub struct InvocationStats {
     pub throttled: AtomicU64,
     /// Bytes the function read from the lake.
     pub bytes_read: AtomicU64,
+    /// GET requests the function made to the lake.
+    pub gets: AtomicU64,
     /// Rows the function returned.
     pub rows: AtomicU64,
     /// Microseconds the function spent on its splits (its own clock).
@@ -223,6 +225,7 @@ impl LambdaScan {
                 Ok(answer) => {
                     // Relaxed: statistics.
                     self.stats.bytes_read.fetch_add(answer.bytes_read, Ordering::Relaxed);
+                    self.stats.gets.fetch_add(answer.gets, Ordering::Relaxed);
                     self.stats.rows.fetch_add(answer.rows as u64, Ordering::Relaxed);
                     self.stats.function_micros.fetch_add(answer.micros, Ordering::Relaxed);
                     match answer.fetch_batches(&self.store).await {

@@ -89,7 +89,7 @@ pub struct CostBench {
 /// List prices, as `bench/prices/*.json` holds them.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Prices {
+pub(crate) struct Prices {
     region: String,
     currency: String,
     as_of: String,
@@ -100,10 +100,8 @@ struct Prices {
     s3_list_per_1000: f64,
     s3_storage_gb_month: f64,
     dynamodb_write_request_unit_per_million: f64,
-    /// (Queries and functions: `fovea-bench scan`.)
-    #[allow(dead_code)]
+    /// Queries on the scan function (`fovea-bench scan --scan`).
     lambda_request_per_million: f64,
-    #[allow(dead_code)]
     lambda_arm_gb_second: f64,
     fargate_arm_vcpu_hour: f64,
     fargate_arm_gb_hour: f64,
@@ -120,7 +118,7 @@ const DEFAULT_PRICES: &str = include_str!("../prices/aws-us-east-1.json");
 /// Hours AWS bills a month as.
 const HOURS_PER_MONTH: f64 = 730.0;
 
-fn load_prices(path: Option<&Path>) -> CliResult<Prices> {
+pub(crate) fn load_prices(path: Option<&Path>) -> CliResult<Prices> {
     let (text, name) = match path {
         Some(p) => {
             (std::fs::read_to_string(p).map_err(|e| format!("--prices {}: {e}", p.display()))?, p.display().to_string())
@@ -146,6 +144,15 @@ fn load_prices(path: Option<&Path>) -> CliResult<Prices> {
         return Err(format!("--prices {name}: every price must be a number ≥ 0").into());
     }
     Ok(prices)
+}
+
+/// What one query on the scan function costs: its invocations (Lambda
+/// requests), its GB-seconds (arm64, as the template deploys it) and the
+/// function's GETs of the lake.
+pub(crate) fn lambda_query_usd(p: &Prices, invocations: u64, gb_s: f64, gets: u64) -> f64 {
+    invocations as f64 / 1e6 * p.lambda_request_per_million
+        + gb_s * p.lambda_arm_gb_second
+        + gets as f64 / 1000.0 * p.s3_get_per_1000
 }
 
 /// Requests of one checkpoint interval.
@@ -524,6 +531,17 @@ mod tests {
         std::fs::write(&bad, DEFAULT_PRICES.replace("s3_put_per_1000", "s3_puts_per_1000")).unwrap();
         let e = load_prices(Some(&bad)).unwrap_err().to_string();
         assert!(e.contains("p.json") && e.contains("s3_puts_per_1000"), "{e}");
+    }
+
+    #[test]
+    fn a_query_on_the_scan_function_is_priced_by_requests_gb_seconds_and_gets() {
+        let p = load_prices(None).unwrap();
+        // 4 invocations, 25 GB-s, 1,000 GETs.
+        let usd = lambda_query_usd(&p, 4, 25.0, 1000);
+        let want = 4.0 * 0.20 / 1e6 + 25.0 * 0.0000133334 + 0.0004;
+        assert!((usd - want).abs() < 1e-12, "{usd} vs {want}");
+        // One split per invocation: 1,234 requests for the same work.
+        assert!(lambda_query_usd(&p, 1234, 25.0, 1000) > usd);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! `fovea-scan` binary built beside this one (`cargo build --workspace`,
 //! same profile). Reported: rows/s and the ratio to in-process,
 //! invocations and function GB-seconds per query (at the template's 2,048
-//! MB: Lambda bills GB-seconds and requests), bytes the
+//! MB: Lambda bills GB-seconds and requests) and what 1,000 such queries
+//! cost at `bench/prices/aws-us-east-1.json`'s list prices, bytes the
 //! function read per stored row, the function's time per invocation, the
 //! instances' init time; and the visibility kernel's throughput (GB/s of
 //! create-ts and bitmap words) beside a memory copy measured in the same
@@ -116,6 +117,8 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
         }
         (median(&mut times), answer)
     };
+    // Lambda requests, GB-seconds and GETs at us-east-1 list prices.
+    let prices = crate::cost::load_prices(None)?;
     let mut through_lambda = Vec::new();
     // Per N: the one-split-per-invocation baseline's (invocations, GB-s, seconds).
     let mut per_split = std::collections::HashMap::new();
@@ -136,7 +139,9 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
         let invocations = stats.invocations.load(Ordering::Relaxed);
         let bytes = stats.bytes_read.load(Ordering::Relaxed);
         let function_us = stats.function_micros.load(Ordering::Relaxed);
+        let gets = stats.gets.load(Ordering::Relaxed);
         let gb_s = function_us as f64 / 1e6 * FUNCTION_MEMORY_GB;
+        let usd_per_1000 = 1000.0 * crate::cost::lambda_query_usd(&prices, invocations, gb_s, gets);
         let run = json!({
             "n": n,
             "group_mb": if grouped { json!(group_bytes >> 20) } else { json!("one split per invocation") },
@@ -148,9 +153,14 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
             "bytes_read_per_row": round3(bytes as f64 / stored as f64),
             "function_ms_per_invocation": round3(function_us as f64 / 1e3 / invocations.max(1) as f64),
             "function_gb_s": round3(gb_s),
+            "function_s3_gets": gets,
+            "usd_per_1000_queries": (usd_per_1000 * 1e4).round() / 1e4,
         });
         if progress {
-            eprintln!("N = {n}, {}: {seconds:.2} s, {invocations} invocations, {gb_s:.2} GB-s", run["group_mb"]);
+            eprintln!(
+                "N = {n}, {}: {seconds:.2} s, {invocations} invocations, {gb_s:.2} GB-s, ${usd_per_1000:.4} per 1,000 queries",
+                run["group_mb"]
+            );
         }
         let mut run = run;
         match per_split.get(&n) {
