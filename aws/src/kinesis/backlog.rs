@@ -8,8 +8,6 @@
 //!    ─▶ MillisBehindLatest of that position, and whether a record waits
 //! ```
 
-use aws_sdk_kinesis::types::ShardIteratorType;
-
 use super::*;
 
 /// Where a checkpoint leaves one shard.
@@ -46,7 +44,7 @@ pub fn checkpoint_backlog(options: &KinesisOptions, checkpoint: Option<&Resume>)
             let listed = list_shards(client.clone(), stream.clone()).await.map_err(|f| error(f.message))?;
             for shard in listed {
                 let key = format!("{stream}/{}", shard.id);
-                let (resumes, kind, seq) = match saved.shards.get(&key) {
+                let start = match saved.shards.get(&key) {
                     Some(SavedShard::Finished) => {
                         out.push(ShardBacklog {
                             shard: key,
@@ -57,17 +55,14 @@ pub fn checkpoint_backlog(options: &KinesisOptions, checkpoint: Option<&Resume>)
                         });
                         continue;
                     }
-                    Some(SavedShard::At(s)) => {
-                        (format!("at {}", s.0), ShardIteratorType::AtSequenceNumber, Some(s.0.clone()))
-                    }
-                    Some(SavedShard::After(s)) => {
-                        (format!("after {}", s.0), ShardIteratorType::AfterSequenceNumber, Some(s.0.clone()))
-                    }
+                    Some(SavedShard::At(s)) => ShardStart::At(s.clone()),
+                    Some(SavedShard::After(s)) => ShardStart::After(s.clone()),
                     None => match options.start {
-                        Start::TrimHorizon => ("trim_horizon".to_owned(), ShardIteratorType::TrimHorizon, None),
-                        Start::Latest => ("latest".to_owned(), ShardIteratorType::Latest, None),
+                        Start::TrimHorizon => ShardStart::TrimHorizon,
+                        Start::Latest => ShardStart::Latest,
                     },
                 };
+                let (resumes, (kind, seq)) = (start.to_string(), start.iterator_type());
                 let iterator = client
                     .get_shard_iterator()
                     .stream_name(stream)

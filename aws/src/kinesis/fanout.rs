@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::{DisplayErrorContext, SdkError};
-use aws_sdk_kinesis::types::{ConsumerStatus, ShardIteratorType, StartingPosition, SubscribeToShardEventStream};
+use aws_sdk_kinesis::types::{ConsumerStatus, StartingPosition, SubscribeToShardEventStream};
 use fovea_core::cdc::ordering::SequenceNumber;
 
 use super::*;
@@ -109,14 +109,9 @@ fn stream_error_transient<R>(e: &SdkError<aws_sdk_kinesis::types::error::Subscri
 }
 
 impl ShardReader {
-    /// Reads the shard by subscriptions of `consumer` from `start` (see the
-    /// module docs).
-    pub(super) async fn subscribe(
-        &self,
-        consumer: &str,
-        start: ShardStart,
-        renew: Duration,
-    ) -> std::result::Result<Subscribed, String> {
+    /// Reads the shard by subscriptions of `consumer` from `start`, each
+    /// renewed after [`ShardReader::renew`] (see the module docs).
+    pub(super) async fn subscribe(&self, consumer: &str, start: ShardStart) -> std::result::Result<Subscribed, String> {
         // The last record handed on, and the server's continuation while
         // none was (a renewal of a shard started at LATEST resumes there).
         let mut last: Option<SequenceNumber> = None;
@@ -128,7 +123,7 @@ impl ShardReader {
                 (Some(s), _) | (None, Some(s)) => ShardStart::After(s.clone()),
                 (None, None) => start.clone(),
             };
-            let (kind, seq) = iterator_type(&at);
+            let (kind, seq) = at.iterator_type();
             let position = StartingPosition::builder()
                 .r#type(kind)
                 .set_sequence_number(seq)
@@ -164,7 +159,7 @@ impl ShardReader {
                     return Ok(Subscribed::Poll(at));
                 }
             };
-            let renew_at = tokio::time::Instant::now() + renew;
+            let renew_at = tokio::time::Instant::now() + self.renew;
             // The last event was empty with nothing behind.
             let mut caught_up = false;
             loop {
@@ -186,9 +181,7 @@ impl ShardReader {
                             transient: stream_error_transient(&e),
                             message: format!("SubscribeToShard event stream: {}", DisplayErrorContext(&e)),
                         };
-                        if !f.transient {
-                            return Err(f.message);
-                        }
+                        // A permanent failure fails the shard here.
                         if !self.retry_after(&mut retries, f).await? {
                             return Ok(Subscribed::Done);
                         }
@@ -244,15 +237,5 @@ impl ShardReader {
             Ok(out) => out.records().is_empty() && out.next_shard_iterator().is_none(),
             Err(_) => false,
         }
-    }
-}
-
-/// GetShardIterator's and SubscribeToShard's name of a start.
-pub(super) fn iterator_type(start: &ShardStart) -> (ShardIteratorType, Option<String>) {
-    match start {
-        ShardStart::At(s) => (ShardIteratorType::AtSequenceNumber, Some(s.0.clone())),
-        ShardStart::After(s) => (ShardIteratorType::AfterSequenceNumber, Some(s.0.clone())),
-        ShardStart::TrimHorizon => (ShardIteratorType::TrimHorizon, None),
-        ShardStart::Latest => (ShardIteratorType::Latest, None),
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::DisplayErrorContext;
+use aws_sdk_kinesis::types::ShardIteratorType;
 use fovea_core::cdc::ordering::{SequenceNumber, ShardIx};
 use fovea_core::{Error, Result};
 use tokio::sync::mpsc;
@@ -22,6 +23,31 @@ pub(super) enum ShardStart {
     After(SequenceNumber),
     TrimHorizon,
     Latest,
+}
+
+impl ShardStart {
+    /// GetShardIterator's and SubscribeToShard's name of the start.
+    pub(super) fn iterator_type(&self) -> (ShardIteratorType, Option<String>) {
+        match self {
+            ShardStart::At(s) => (ShardIteratorType::AtSequenceNumber, Some(s.0.clone())),
+            ShardStart::After(s) => (ShardIteratorType::AfterSequenceNumber, Some(s.0.clone())),
+            ShardStart::TrimHorizon => (ShardIteratorType::TrimHorizon, None),
+            ShardStart::Latest => (ShardIteratorType::Latest, None),
+        }
+    }
+}
+
+/// As `fovea status` shows where a shard resumes: `at SEQ`, `after SEQ`,
+/// `trim_horizon`, `latest`.
+impl std::fmt::Display for ShardStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardStart::At(s) => write!(f, "at {}", s.0),
+            ShardStart::After(s) => write!(f, "after {}", s.0),
+            ShardStart::TrimHorizon => f.write_str("trim_horizon"),
+            ShardStart::Latest => f.write_str("latest"),
+        }
+    }
 }
 
 /// Reads one shard into the event channel until it is closed and read to
@@ -116,7 +142,7 @@ pub(super) fn retry_pauses() -> impl Iterator<Item = Duration> {
 impl ShardReader {
     pub(super) async fn run(self, start: ShardStart) {
         let read = match self.consumer.clone() {
-            Some(consumer) => match self.subscribe(&consumer, start, self.renew).await {
+            Some(consumer) => match self.subscribe(&consumer, start).await {
                 Ok(super::fanout::Subscribed::Poll(from)) => {
                     if self.tx.send(Event::Polling { ix: self.ix }).await.is_err() {
                         return;
@@ -185,7 +211,7 @@ impl ShardReader {
     }
 
     pub(super) async fn iterator(&self, start: &ShardStart) -> std::result::Result<Option<String>, Failure> {
-        let (kind, seq) = super::fanout::iterator_type(start);
+        let (kind, seq) = start.iterator_type();
         let out = self
             .client
             .get_shard_iterator()
