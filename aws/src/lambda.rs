@@ -129,6 +129,33 @@ impl LambdaUrl {
     }
 }
 
+/// Where a query's splits run, as `--scan` (command line) or `scan=`
+/// (Python) names it: `None` or `in-process` in the caller's process, or
+/// `lambda://FUNCTION[?…]` on the Lambda scan function, which reads the
+/// lake (`address`, its object store `store`) from S3.
+pub fn scan_worker(
+    address: &crate::lake::LakeAddress,
+    store: Arc<dyn ObjectStore>,
+    scan: Option<&str>,
+) -> Result<Option<Arc<dyn fovea_core::scan_worker::SplitWorker>>> {
+    match scan {
+        None | Some("in-process") => Ok(None),
+        Some(url) if url.starts_with("lambda://") => {
+            if address.dir().is_some() {
+                return Err(Error::Source {
+                    input: url.into(),
+                    message: format!("the scan function reads the lake from S3; {} is a local directory", address.lake),
+                });
+            }
+            let target = LambdaTarget::parse(url)?;
+            Ok(Some(Arc::new(LambdaScan::new(target, &address.lake, store)?)))
+        }
+        Some(other) => {
+            Err(Error::Source { input: other.into(), message: "expected in-process or lambda://FUNCTION".into() })
+        }
+    }
+}
+
 /// Counters of a [`LambdaScan`] (monotonic).
 #[derive(Debug, Default)]
 pub struct InvocationStats {

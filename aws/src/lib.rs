@@ -4,6 +4,7 @@
 //! | concern | module | trait |
 //! |---|---|---|
 //! | the lake on S3 (`s3://BUCKET/PREFIX`) | [`s3`] | `object_store::ObjectStore` |
+//! | a lake named by its URLs (a directory or `s3://`, with `dynamodb://` state) | [`lake`] | [`fovea_core::location::LakeBackends`] |
 //! | timestamps, watermarks, the writer's lease (`dynamodb://TABLE`) | [`dynamo`] | [`fovea_core::mvcc::TxnStore`] |
 //! | the catalog, in the same table (+ large payloads in the lake) | [`catalog`] | [`fovea_core::catalog::Catalog`] |
 //! | scans fanned out to the Lambda scan function (`lambda://FUNCTION`) | [`lambda`] | [`fovea_core::scan_worker::SplitWorker`] |
@@ -30,6 +31,7 @@ pub mod functions;
 #[cfg(feature = "glue")]
 pub mod glue;
 pub mod kinesis;
+pub mod lake;
 pub mod lambda;
 pub mod s3;
 pub mod signed_http;

@@ -6,13 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fovea_aws::catalog::DynamoCatalog;
 use fovea_aws::dynamo::DynamoState;
 use fovea_core::EngineConfig;
-use fovea_core::engine::METADATA_DIR;
 use fovea_core::location::{LakeBackends, OpenLake, OpenMode, OpenReader};
-use fovea_core::metered::{MeteredStore, StoreMeter};
-use object_store::ObjectStore;
+use fovea_core::metered::StoreMeter;
 
 use crate::replay::CliResult;
 
@@ -220,7 +217,7 @@ impl LakeArgs {
 
     /// The lake's directory, when it is local.
     pub fn dir(&self) -> Option<PathBuf> {
-        (!self.lake.starts_with("s3://")).then(|| PathBuf::from(&self.lake))
+        self.address().dir()
     }
 
     /// The lake's root as an absolute URI (`file:///DIR` or the s3:// URL),
@@ -241,10 +238,9 @@ impl LakeArgs {
         Ok(self.backends_metered(None)?.0)
     }
 
-    /// The backends of a lake that must exist already: a reader creates
-    /// nothing (a missing state table is an error naming it).
-    fn existing_backends(&self) -> CliResult<LakeBackends> {
-        LakeArgs { no_create: true, ..self.clone() }.backends()
+    /// Where the lake and its state are.
+    pub fn address(&self) -> fovea_aws::lake::LakeAddress {
+        fovea_aws::lake::LakeAddress::new(&self.lake, self.state.clone())
     }
 
     /// The lake's backends, its object store counted in `meter`, and the
@@ -252,41 +248,8 @@ impl LakeArgs {
     /// `FOVEA_FAULTS` set (tests only), faults are injected into all three
     /// backends ([`LakeBackends::with_env_faults`]).
     pub fn backends_metered(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
-        let (backends, dynamo) = self.backends_plain(meter)?;
+        let (backends, dynamo) = self.address().backends(!self.no_create, meter)?;
         Ok((backends.with_env_faults()?, dynamo))
-    }
-
-    fn backends_plain(&self, meter: Option<Arc<StoreMeter>>) -> CliResult<(LakeBackends, Option<DynamoState>)> {
-        let metered = |store: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
-            match &meter {
-                Some(m) => Arc::new(MeteredStore::new(store, Arc::clone(m))),
-                None => store,
-            }
-        };
-        let store = match (self.dir(), &self.state) {
-            (Some(dir), None) => {
-                let local = LakeBackends::local(&dir)?;
-                return Ok((LakeBackends { store: metered(local.store), ..local }, None));
-            }
-            (Some(dir), Some(_)) => {
-                std::fs::create_dir_all(&dir)?;
-                metered(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&dir)?))
-            }
-            (None, _) => metered(fovea_aws::s3::s3_store(&self.lake)?),
-        };
-        let state = self.state.as_deref().ok_or_else(|| {
-            format!("the lake {} needs --state dynamodb://TABLE (its timestamps, lease and catalog)", self.lake)
-        })?;
-        if !state.starts_with("dynamodb://") {
-            return Err(format!("--state {state}: expected dynamodb://TABLE").into());
-        }
-        let dynamo = DynamoState::connect(state, !self.no_create)?;
-        let backends = LakeBackends {
-            txn: Arc::new(dynamo.txn_store()),
-            catalog: Arc::new(DynamoCatalog::new(dynamo.clone(), Arc::clone(&store))),
-            store,
-        };
-        Ok((backends, Some(dynamo)))
     }
 
     /// Opens the lake as its one writer (waiting for its lease).
@@ -309,13 +272,7 @@ impl LakeArgs {
     /// The backends of an existing lake: a local folder that is not a lake
     /// is an error.
     pub(crate) fn existing_lake(&self) -> CliResult<LakeBackends> {
-        if let Some(dir) = self.dir()
-            && self.state.is_none()
-            && !dir.join(METADATA_DIR).is_dir()
-        {
-            return Err(format!("{} is not a fovea lake (no {METADATA_DIR} folder)", dir.display()).into());
-        }
-        self.existing_backends()
+        Ok(self.address().existing()?.with_env_faults()?)
     }
 }
 

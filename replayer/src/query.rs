@@ -49,22 +49,8 @@ pub(crate) fn scan_worker(
     opened: &OpenReader,
     scan: Option<&str>,
 ) -> CliResult<Option<Arc<dyn SplitWorker>>> {
-    match scan {
-        None | Some("in-process") => Ok(None),
-        Some(url) if url.starts_with("lambda://") => {
-            if lake.dir().is_some() {
-                return Err(format!(
-                    "--scan {url}: the scan function reads the lake from S3; {} is a local directory",
-                    lake.lake
-                )
-                .into());
-            }
-            let target = fovea_aws::lambda::LambdaTarget::parse(url)?;
-            let store = Arc::clone(opened.reader.lake().store());
-            Ok(Some(Arc::new(fovea_aws::lambda::LambdaScan::new(target, &lake.lake, store)?)))
-        }
-        Some(other) => Err(format!("--scan {other}: expected in-process or lambda://FUNCTION").into()),
-    }
+    let store = Arc::clone(opened.reader.lake().store());
+    Ok(fovea_aws::lambda::scan_worker(&lake.address(), store, scan)?)
 }
 
 /// A reader answers at its checkpoint's snapshot only.
@@ -94,11 +80,8 @@ fn run_one(
 ) -> CliResult<()> {
     let started_us = fovea_core::catalog::now_us();
     let source = Arc::clone(&lake.reader) as Arc<dyn SnapshotTables>;
-    let batches = match worker {
-        Some(worker) => runtime.block_on(fovea_sql::query_remote(source, Arc::clone(worker), text))?,
-        None => runtime.block_on(fovea_sql::query_on(source, text))?,
-    };
-    write_batches(&batches, format, out)?;
+    let answer = runtime.block_on(fovea_sql::answer(source, worker.cloned(), text))?;
+    write_batches(Some(answer.schema), &answer.batches, format, out)?;
     if format == OutputFormat::Table {
         eprintln!("{}", freshness_line(lake, started_us));
     }
@@ -118,7 +101,7 @@ pub fn remote(
     let batches = runtime
         .block_on(crate::serve::flight::remote_query(url, tls_ca, token, text))
         .map_err(|e| format!("{url}: {}", crate::replay::error_chain(e.as_ref())))?;
-    write_batches(&batches, format, out)
+    write_batches(None, &batches, format, out)
 }
 
 /// `snapshot ts N: newest replayed source commit … (freshness … )`.
@@ -187,12 +170,24 @@ pub fn interactive(lake: &LakeArgs, as_of: Option<u64>, scan: Option<&str>, form
     Ok(())
 }
 
-fn write_batches(batches: &[RecordBatch], format: OutputFormat, out: &mut dyn Write) -> CliResult<()> {
+/// Prints an answer; `schema` gives its columns when no batch came (an
+/// empty answer still has its header).
+fn write_batches(
+    schema: Option<arrow::datatypes::SchemaRef>,
+    batches: &[RecordBatch],
+    format: OutputFormat,
+    out: &mut dyn Write,
+) -> CliResult<()> {
+    let schema = batches.first().map(RecordBatch::schema).or(schema);
     match format {
-        OutputFormat::Table => writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(batches)?)?,
+        OutputFormat::Table => match schema {
+            Some(schema) => {
+                writeln!(out, "{}", arrow::util::pretty::pretty_format_batches_with_schema(schema, batches)?)?;
+            }
+            None => writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(batches)?)?,
+        },
         OutputFormat::Csv | OutputFormat::Json => {
-            let Some(first) = batches.first() else { return Ok(()) };
-            let schema = first.schema();
+            let Some(schema) = schema else { return Ok(()) };
             let types: Vec<_> = schema.fields().iter().map(|f| f.data_type().clone()).collect();
             if format == OutputFormat::Csv {
                 let names: Vec<String> = schema.fields().iter().map(|f| csv_field(Some(f.name()))).collect();

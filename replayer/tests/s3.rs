@@ -65,7 +65,7 @@ fn pg_tiny_on_s3_and_dynamodb_equals_postgres_and_survives_sigkill() {
     let err =
         fovea(&moto).args(["export", "--table", "public.pgbench_accounts", "--lake", "s3://lake/x"]).output().unwrap();
     assert!(!err.status.success());
-    assert!(String::from_utf8_lossy(&err.stderr).contains("needs --state dynamodb://TABLE"));
+    assert!(String::from_utf8_lossy(&err.stderr).contains("has no state store: it needs dynamodb://TABLE"));
     let err = fovea(&moto)
         .args(["export", "--table", "t", "--lake", "s3://no-such-bucket/x", "--state", "dynamodb://fovea-x"])
         .output()

@@ -310,7 +310,7 @@ pub async fn query(
 
 /// Runs `sql` on `source`'s tables and returns the result batches.
 pub async fn query_on(source: Arc<dyn SnapshotTables>, sql: &str) -> datafusion::common::Result<Vec<RecordBatch>> {
-    session_on(source)?.sql(sql).await?.collect().await
+    Ok(answer(source, None, sql).await?.batches)
 }
 
 /// Runs `sql` on `source`'s tables with every scan's splits on `worker`,
@@ -320,11 +320,38 @@ pub async fn query_remote(
     worker: Arc<dyn fovea_core::scan_worker::SplitWorker>,
     sql: &str,
 ) -> datafusion::common::Result<Vec<RecordBatch>> {
+    Ok(answer(source, Some(worker), sql).await?.batches)
+}
+
+/// The answer to a statement: its schema (also when no row comes) and its
+/// rows.
+#[derive(Debug)]
+pub struct Answer {
+    /// The columns of the answer.
+    pub schema: arrow::datatypes::SchemaRef,
+    /// Its rows.
+    pub batches: Vec<RecordBatch>,
+}
+
+/// Runs `sql` on `source`'s tables: in this process, or with every scan's
+/// splits on `worker` when given — the worker then cleans up after the
+/// query, whatever its outcome.
+pub async fn answer(
+    source: Arc<dyn SnapshotTables>,
+    worker: Option<Arc<dyn fovea_core::scan_worker::SplitWorker>>,
+    sql: &str,
+) -> datafusion::common::Result<Answer> {
+    let run = |ctx: SessionContext| async move {
+        let frame = ctx.sql(sql).await?;
+        let schema = Arc::new(frame.schema().as_arrow().clone());
+        Ok::<_, DataFusionError>(Answer { schema, batches: frame.collect().await? })
+    };
+    let Some(worker) = worker else { return run(session_on(source)?).await };
     let query = RemoteScans::new_query_id();
     let remote = RemoteScans::new(Arc::clone(&worker), &query);
-    let answer = async { session_remote(source, remote)?.sql(sql).await?.collect().await }.await;
+    let answer = async { run(session_remote(source, remote)?).await }.await;
     let cleaned = worker.finish(&query).await;
-    let batches = answer?;
+    let answer = answer?;
     cleaned.map_err(|e| DataFusionError::External(Box::new(e)))?;
-    Ok(batches)
+    Ok(answer)
 }
