@@ -41,13 +41,14 @@ nextest() {
 
 python_venv() {
   VENV=/var/tmp/fovea-py
-  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser, pyiceberg.table, duckdb, duckdb_extension_iceberg, duckdb_extension_avro, duckdb_extension_httpfs" 2>/dev/null; then
-    echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3, matplotlib, prometheus_client and the Iceberg readers (pyiceberg, DuckDB with its iceberg extension) in $VENV"
+  if ! "$VENV/bin/python" -c "import adbc_driver_flightsql.dbapi, pyarrow.flight, moto.moto_server.werkzeug_app, boto3, matplotlib, prometheus_client.openmetrics.parser, pyiceberg.table, duckdb, duckdb_extension_iceberg, duckdb_extension_avro, duckdb_extension_httpfs, pandas, nbclient, nbformat, ipykernel, maturin" 2>/dev/null; then
+    echo "== installing the Python Flight SQL client (pyarrow, adbc_driver_flightsql), moto, boto3, matplotlib, prometheus_client, the Iceberg readers (pyiceberg, DuckDB with its iceberg extension), pandas, what runs the example notebook (nbclient, ipykernel) and maturin (the fovea package's build) in $VENV"
     python3 -m venv "$VENV"
     # DuckDB's extensions from PyPI are built for one DuckDB version: the
     # four pins move together (httpfs: reading Iceberg tables on S3).
     "$VENV/bin/pip" install -q pyarrow adbc_driver_manager adbc_driver_flightsql 'moto[server]==5.2.5' boto3 matplotlib 'prometheus_client==0.21.1' \
-      'pyiceberg==0.12.0' 'duckdb==1.5.5' 'duckdb-extension-iceberg==1.5.5' 'duckdb-extension-avro==1.5.5' 'duckdb-extension-httpfs==1.5.5'
+      'pyiceberg==0.12.0' 'duckdb==1.5.5' 'duckdb-extension-iceberg==1.5.5' 'duckdb-extension-avro==1.5.5' 'duckdb-extension-httpfs==1.5.5' \
+      'pandas==3.1.1' 'nbclient==0.11.0' 'nbformat==5.11.1' 'ipykernel==7.4.0' 'maturin==1.16.0'
   fi
 }
 

@@ -141,8 +141,8 @@ enum Command {
     /// SIGINT/SIGTERM (then a final checkpoint).
     Serve(Box<serve::ServeArgs>),
     /// The split tasks of one table scan at the lake's newest checkpoint,
-    /// as JSON (for workers elsewhere: the Lambda scan function through
-    /// clients/python): {"query", "lake", "qts", "schema" (Arrow IPC, base64),
+    /// as JSON (for a client that runs the splits itself, e.g. on the Lambda
+    /// scan function): {"query", "lake", "qts", "schema" (Arrow IPC, base64),
     /// "tasks"}.
     Plan {
         #[command(flatten)]

@@ -8,9 +8,10 @@
 //! * a hung invocation times out and is retried once; two hung ones fail
 //!   the query, naming the function, the split and the timeout;
 //! * a file retired under a plan is a typed error (ObjectMissing) that is
-//!   not retried and tells the user to run the query again;
-//! * the Python client (clients/python) returns the same table as
-//!   `fovea sql`, and the notebook example (examples/) runs and plots.
+//!   not retried and tells the user to run the query again.
+//!
+//! The Python package's scans on the function, and the example notebook,
+//! are tested in clients/python/tests.
 
 mod common;
 
@@ -101,38 +102,6 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
             assert_eq!(sorted(&String::from_utf8_lossy(&out.stdout)), sorted(&local), "{query} through lambda{params}");
         }
     }
-    // The Python client (clients/python) returns the same table as fovea sql,
-    // and the notebook example runs and plots.
-    let plot = tempfile::tempdir().unwrap();
-    let png = plot.path().join("balances.png");
-    let python = |args: &[&str]| {
-        let out = Command::new(fovea_testkit::moto::python())
-            .envs(moto.env())
-            .env("AWS_ENDPOINT_URL_LAMBDA", lambda.endpoint())
-            .env("FOVEA_BIN", env!("CARGO_BIN_EXE_fovea"))
-            .env("FOVEA_LAKE", S3[1])
-            .env("FOVEA_STATE", S3[3])
-            .env("FOVEA_PLOT", &png)
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let from_python = python(&[
-        "-c",
-        "import os, sys; sys.path.insert(0, 'clients/python'); import fovea_client\n\
-         t = fovea_client.scan('public.pgbench_accounts', lake=os.environ['FOVEA_LAKE'], state=os.environ['FOVEA_STATE'], columns=['aid', 'abalance'])\n\
-         one_each = fovea_client.scan('public.pgbench_accounts', lake=os.environ['FOVEA_LAKE'], state=os.environ['FOVEA_STATE'], columns=['aid', 'abalance'], group_mb=0)\n\
-         assert one_each.sort_by('aid').equals(t.sort_by('aid')), 'a split per invocation differs from the groups'\n\
-         print('aid,abalance'); [print(f'{a},{b}') for a, b in zip(t['aid'].to_pylist(), t['abalance'].to_pylist())]",
-    ]);
-    let from_sql = ok(sql(&moto, None, "SELECT aid, abalance FROM public.pgbench_accounts"));
-    assert_eq!(sorted(&from_python), sorted(&from_sql));
-    let printed = python(&["examples/notebook_scan.py"]);
-    assert!(printed.contains("200 accounts"), "{printed}");
-    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
 
     // The table's splits go to the function in one invocation (they are
     // far below 64 MB to read), as the plan says.
