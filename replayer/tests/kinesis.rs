@@ -21,30 +21,59 @@ use std::time::{Duration, Instant};
 
 use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_testkit::kinesis::KinesisProducer;
-use fovea_testkit::moto::{Kinesalite, Moto};
+use fovea_testkit::moto::{Kinesalite, KinesisLocal, Moto};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde_json::{Value as Json, json};
 
 struct Aws {
     moto: Moto,
     kinesis: Kinesalite,
+    /// kinesis-local instead of kinesalite, read by enhanced fan-out.
+    fan_out: Option<KinesisLocal>,
 }
 
 impl Aws {
+    /// moto and kinesalite: the stream read by polling.
     fn start() -> Aws {
         let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
         moto.create_bucket("lake").unwrap();
-        Aws { moto, kinesis: Kinesalite::start().unwrap() }
+        Aws { moto, kinesis: Kinesalite::start().unwrap(), fan_out: None }
+    }
+
+    /// moto and kinesis-local: the stream read by enhanced fan-out
+    /// ([`Aws::input`] names the consumer; subscriptions renewed every 2 s).
+    fn start_fan_out() -> Aws {
+        Aws { fan_out: Some(KinesisLocal::start().unwrap()), ..Aws::start() }
+    }
+
+    fn endpoint(&self) -> &str {
+        self.fan_out.as_ref().map_or(&self.kinesis.endpoint, |k| &k.endpoint)
     }
 
     fn fovea(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
-        c.envs(self.moto.env()).envs(self.kinesis.env());
+        c.envs(self.moto.env()).env("AWS_ENDPOINT_URL_KINESIS", self.endpoint());
         c
     }
 
     fn producer(&self) -> KinesisProducer {
-        KinesisProducer::connect(Some(&self.kinesis.endpoint)).unwrap()
+        KinesisProducer::connect(Some(self.endpoint())).unwrap()
+    }
+
+    /// `url` (`kinesis://STREAM?…`) as this stand-in is read.
+    fn input(&self, url: &str) -> String {
+        match self.fan_out {
+            Some(_) => format!("{url}&consumer=fovea-test&renew_secs=2"),
+            None => url.to_owned(),
+        }
+    }
+
+    /// A replay's logs (`fovea_aws::kinesis=info`) say how it read.
+    fn check_reading(&self, logs: &str) {
+        if self.fan_out.is_some() {
+            assert!(logs.contains("reading the stream by enhanced fan-out"), "{logs}");
+            assert!(!logs.contains("unavailable"), "{logs}");
+        }
     }
 }
 
@@ -100,14 +129,25 @@ fn replay(aws: &Aws, lake: &[&str], input: &str, extra: &[&str]) -> std::process
 
 #[test]
 fn debezium_over_four_shards_with_faults_resharding_and_sigkill_equals_postgres() {
-    let aws = Aws::start();
+    debezium_over_four_shards(Aws::start());
+}
+
+#[test]
+fn debezium_over_four_shards_by_enhanced_fan_out_equals_postgres() {
+    debezium_over_four_shards(Aws::start_fan_out());
+}
+
+/// Debezium records with duplicates and faults over four shards, a split
+/// and a merge between runs, the replayer SIGKILLed after its first
+/// checkpoint: the lake ends equal to PostgreSQL's tables.
+fn debezium_over_four_shards(aws: Aws) {
     let producer = aws.producer();
     producer.create_stream("cdc", 4).unwrap();
     let records = with_faults(&debezium_records(&data().join("debezium_events.precise_schemas.jsonl.gz")), 7);
     let half = records.len() / 2;
     producer.put("cdc", &records[..half]).unwrap();
     let lake = ["--lake", "s3://lake/kinesis", "--state", "dynamodb://fovea-kinesis"];
-    let input = "kinesis://cdc?poll_ms=20";
+    let input = &aws.input("kinesis://cdc?poll_ms=20");
     // The first half ends inside a transaction: it stays unapplied.
     let first = ok(replay(&aws, &lake, input, &[]));
     assert!(first.contains("replayed"), "{first}");
@@ -156,6 +196,7 @@ fn debezium_over_four_shards_with_faults_resharding_and_sigkill_equals_postgres(
         .unwrap();
     logs.push_str(&String::from_utf8_lossy(&last.stderr));
     assert!(last.status.success(), "{logs}");
+    aws.check_reading(&String::from_utf8_lossy(&last.stderr));
     // The split and the merged parents were read to their ends.
     assert!(logs.matches("shard read to its end").count() >= 3, "{logs}");
     for t in tables() {
@@ -264,7 +305,19 @@ fn dms_records(path: &std::path::Path, details: bool) -> Records {
 
 #[test]
 fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_is_named() {
-    let aws = Aws::start();
+    dms_over_three_shards(Aws::start());
+}
+
+#[test]
+fn dms_over_three_shards_by_enhanced_fan_out_equals_postgres_and_bad_input_is_named() {
+    dms_over_three_shards(Aws::start_fan_out());
+}
+
+/// AWS DMS records with transaction details and faults over three shards
+/// equal PostgreSQL's tables; keyless tables, the held-records cap, a
+/// stream without transaction details and a record that is not JSON are
+/// errors naming what and where.
+fn dms_over_three_shards(aws: Aws) {
     let producer = aws.producer();
     let plain = data().join("debezium_events.jsonl.gz");
     producer.create_stream("dms", 3).unwrap();
@@ -272,7 +325,15 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let lake = ["--lake", lake_dir.to_str().unwrap()];
-    let out = ok(replay(&aws, &lake, "kinesis://dms?poll_ms=20&format=dms", &["--schema-file", &schema()]));
+    let out = aws
+        .fovea()
+        .env("FOVEA_LOG", "fovea_aws::kinesis=info")
+        .args(["replay", "--lake", lake[1], "--input", &aws.input("kinesis://dms?poll_ms=20&format=dms")])
+        .args(["--schema-file", &schema()])
+        .output()
+        .unwrap();
+    aws.check_reading(&String::from_utf8_lossy(&out.stderr));
+    let out = ok(out);
     assert!(out.contains("replayed 96 transactions"), "{out}");
     for t in tables() {
         let expected = gunzip(&data().join(format!("final_tables/{t}.csv.gz")));
@@ -281,7 +342,8 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
 
     // DMS records carry no key: without a schema file the table is named.
     let keyless = dir.path().join("keyless");
-    let err = replay(&aws, &["--lake", keyless.to_str().unwrap()], "kinesis://dms?poll_ms=20&format=dms", &[]);
+    let err =
+        replay(&aws, &["--lake", keyless.to_str().unwrap()], &aws.input("kinesis://dms?poll_ms=20&format=dms"), &[]);
     let stderr = String::from_utf8_lossy(&err.stderr);
     assert!(!err.status.success() && stderr.contains("table public.pgbench_"), "{stderr}");
     // Held records past the cap: stopped, naming the transaction held and the cap.
@@ -289,7 +351,7 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
     let err = replay(
         &aws,
         &["--lake", capped.to_str().unwrap()],
-        "kinesis://dms?poll_ms=20&format=dms&max_held_mb=0",
+        &aws.input("kinesis://dms?poll_ms=20&format=dms&max_held_mb=0"),
         &["--schema-file", &schema()],
     );
     let stderr = String::from_utf8_lossy(&err.stderr);
@@ -305,7 +367,7 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
     producer.put("plain-dms", &dms_records(&plain, false)[..30]).unwrap();
     let other = dir.path().join("other");
     let other_lake = ["--lake", other.to_str().unwrap()];
-    let err = replay(&aws, &other_lake, "kinesis://plain-dms?poll_ms=20", &["--schema-file", &schema()]);
+    let err = replay(&aws, &other_lake, &aws.input("kinesis://plain-dms?poll_ms=20"), &["--schema-file", &schema()]);
     let stderr = String::from_utf8_lossy(&err.stderr);
     assert!(!err.status.success() && stderr.contains("IncludeTransactionDetails"), "{stderr}");
 
@@ -321,7 +383,7 @@ fn dms_with_transaction_details_over_three_shards_equals_postgres_and_bad_input_
     let seqs = producer.put("bad", &bad).unwrap();
     let bad_dir = dir.path().join("bad");
     let bad_lake = ["--lake", bad_dir.to_str().unwrap()];
-    let err = replay(&aws, &bad_lake, "kinesis://bad?poll_ms=20", &["--schema-file", &schema()]);
+    let err = replay(&aws, &bad_lake, &aws.input("kinesis://bad?poll_ms=20"), &["--schema-file", &schema()]);
     let stderr = String::from_utf8_lossy(&err.stderr);
     assert!(!err.status.success(), "{stderr}");
     assert!(
