@@ -11,6 +11,13 @@ use std::time::Duration;
 
 use common::{Server, append_txns, count_and_sum, eventually, expected, serve, signal, wait_timeout};
 
+/// `fovea status --json` of the lake: its writer as the state store says.
+fn writer(lake_args: &[String], env: &[(&'static str, String)]) -> serde_json::Value {
+    let out = common::fovea().args(["status", "--json"]).args(lake_args).envs(env.iter().cloned()).output().unwrap();
+    let status: serde_json::Value = serde_json::from_str(&common::ok(out)).unwrap();
+    status["writer"].clone()
+}
+
 fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]) {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("events.jsonl");
@@ -21,6 +28,10 @@ fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]
     eventually(Duration::from_secs(60), "A replays the first transactions", || {
         (count_and_sum(&a)? == expected(21)).then_some(())
     });
+    // `fovea status` on the live lake: A holds the lease.
+    let held_by_a = writer(lake_args, env);
+    assert_eq!(held_by_a["state"], "held", "{held_by_a}");
+    let epoch_a = held_by_a["epoch"].as_u64().unwrap();
 
     // A pauses; more changes arrive; B starts on the same lake, waits for
     // A's lease to expire, takes over and replays everything.
@@ -45,6 +56,11 @@ fn paused_replayer_scenario(lake_args: &[String], env: &[(&'static str, String)]
     let b = serve(dir.path(), lake_args, env, &spec, &opts);
     assert!(b.log().contains("waiting for the lake's lease"), "{}", b.log());
     eventually(Duration::from_secs(60), "B replays everything", || (count_and_sum(&b)? == expected(41)).then_some(()));
+    // `fovea status` shows the take-over: another holder, a higher epoch.
+    let held_by_b = writer(lake_args, env);
+    assert_eq!(held_by_b["state"], "held", "{held_by_b}");
+    assert!(held_by_b["epoch"].as_u64().unwrap() > epoch_a, "{held_by_a} → {held_by_b}");
+    assert_ne!(held_by_b["owner"], held_by_a["owner"], "{held_by_a} → {held_by_b}");
 
     // A resumes: it notices it was fenced and exits with the fencing error.
     signal(&a, "-CONT");

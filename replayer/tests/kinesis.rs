@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
+use common::{eventually, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_testkit::kinesis::KinesisProducer;
 use fovea_testkit::moto::{Kinesalite, KinesisLocal, Moto};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -460,6 +460,64 @@ fn bank_records(txns: u64) -> Records {
         prev_commit = Some(lsn);
     }
     out
+}
+
+/// `fovea status --input` beside a live `fovea serve` reading a stream
+/// (kinesis-local, which reports MillisBehindLatest from the shard's tip;
+/// kinesalite reports 0): caught up, nothing waits; while the replayer is
+/// paused (SIGSTOP) and transactions keep arriving, the shard shows records
+/// waiting and its lag grows with every arrival; resumed, it catches up.
+#[test]
+fn status_shows_the_lag_of_a_paused_replayer_s_shard_growing() {
+    let aws = Aws::start_fan_out();
+    let producer = aws.producer();
+    producer.create_stream("lag", 1).unwrap();
+    let records = bank_records(60);
+    // Transaction ends: chunks of whole transactions.
+    let ends: Vec<usize> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, v))| String::from_utf8_lossy(v).contains(r#""status":"END""#))
+        .map(|(i, _)| i + 1)
+        .collect();
+    let chunk = |n: usize| &records[ends[n * 20 - 20]..ends[n * 20]];
+    producer.put("lag", &records[..ends[20]]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lake_args = ["--lake", "s3://lake/lag", "--state", "dynamodb://fovea-lag"].map(str::to_owned);
+    let mut env = aws.moto.env();
+    env.push(("AWS_ENDPOINT_URL_KINESIS", aws.endpoint().to_owned()));
+    let server = common::serve(
+        dir.path(),
+        &lake_args,
+        &env,
+        "kinesis://lag?poll_ms=20",
+        &["--checkpoint-secs", "0.2", "--lease-secs", "30", "--iceberg", "off"],
+    );
+    let shard = || -> Json {
+        let out = aws.fovea().args(["status", "--json"]).args(&lake_args).args(["--input", "kinesis://lag"]).output();
+        let status: Json = serde_json::from_slice(ok(out.unwrap()).as_bytes()).unwrap();
+        status["input"]["shards"][0].clone()
+    };
+    eventually(Duration::from_secs(60), "the replayer catches up", || (shard()["waiting"] == false).then_some(()));
+
+    common::signal(&server, "-STOP");
+    producer.put("lag", chunk(2)).unwrap();
+    let first = shard();
+    assert_eq!(first["waiting"], true, "{first}");
+    std::thread::sleep(Duration::from_millis(1200));
+    producer.put("lag", chunk(3)).unwrap();
+    let second = shard();
+    let (m1, m2) = (first["millis_behind"].as_u64().unwrap(), second["millis_behind"].as_u64().unwrap());
+    assert!(second["waiting"] == true && m2 >= m1 + 1000, "the lag grows while paused: {first} → {second}");
+    // The checkpoint's position stays where the pause left it.
+    assert_eq!(first["resumes"], second["resumes"], "{first} → {second}");
+
+    common::signal(&server, "-CONT");
+    eventually(Duration::from_secs(60), "the resumed replayer catches up", || {
+        (shard()["waiting"] == false).then_some(())
+    });
+    let log = server.stop();
+    assert!(!log.contains("ERROR"), "{log}");
 }
 
 #[test]
