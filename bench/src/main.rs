@@ -154,25 +154,10 @@ enum Command {
     /// The HyBench stream through a local multi-shard Kinesis vs from a
     /// file, in one run (rows/s ratio), and freshness P50/P99 while the
     /// records are put (Kinesis: AWS_ENDPOINT_URL_KINESIS, else a
-    /// kinesalite started for the run).
-    Kinesis {
-        /// Transactions.
-        #[arg(long, default_value_t = 20_000)]
-        txns: u64,
-        /// Shards of the stream.
-        #[arg(long, default_value_t = 4)]
-        shards: i32,
-        /// Records per second put while `fovea serve` follows (Kinesis
-        /// takes 1,000 per second per shard).
-        #[arg(long, default_value_t = 2_000)]
-        rate: u64,
-        /// Longest the followed load runs.
-        #[arg(long, default_value_t = 20)]
-        seconds: u64,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    /// kinesalite — with --fan-out kinesis-local — started for the run);
+    /// --fan-out: freshness read by polling and by enhanced fan-out, the
+    /// same load on the same stand-in.
+    Kinesis(kinesis::KinesisBench),
     /// Readers on a replayed lake: start-up latency and peak RSS of a
     /// fresh process (count of the smallest table, LIMIT 10 of the
     /// largest) reading as of the checkpoint vs restoring the engine, and
@@ -308,9 +293,7 @@ fn main() -> ExitCode {
             scan::run(&scan::ScanBench { txns, runs: runs.max(1), json })
         }
         Command::ScanProbe { mode, lake, sql } => scan::probe(mode, &lake, &sql),
-        Command::Kinesis { txns, shards, rate, seconds, json } => {
-            kinesis::run(&kinesis::KinesisBench { txns, shards, rate, seconds, json })
-        }
+        Command::Kinesis(bench) => kinesis::run(&bench),
         Command::Serve { pg_bin, scale, clients, seconds, rate, json } => {
             serve::serve_bench(&serve::ServeBenchArgs { pg_bin, scale, clients, seconds, rate, json })
         }

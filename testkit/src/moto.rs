@@ -289,7 +289,7 @@ impl KinesisLocal {
 }
 
 /// The environment pointing Kinesis clients at a local `endpoint`.
-fn kinesis_env(endpoint: &str) -> Vec<(&'static str, String)> {
+pub fn kinesis_env(endpoint: &str) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ENDPOINT_URL_KINESIS", endpoint.to_owned()),
         ("AWS_REGION", "us-east-1".into()),
