@@ -37,7 +37,11 @@ struct LakeStatus {
 
 /// What an input holds beyond a checkpoint.
 enum InputBacklog {
-    Kinesis(Vec<fovea_aws::kinesis::ShardBacklog>),
+    Kinesis {
+        shards: Vec<fovea_aws::kinesis::ShardBacklog>,
+        /// The stream consumer of `consumer=`, per stream (enhanced fan-out).
+        consumers: Vec<fovea_aws::kinesis::ConsumerState>,
+    },
     Postgres(crate::serve::postgres::SlotBacklog),
 }
 
@@ -47,7 +51,10 @@ impl InputBacklog {
         let resume = checkpoint.map(CheckpointRecord::resume);
         if spec.starts_with("kinesis://") {
             let options = fovea_aws::kinesis::KinesisOptions::parse(spec, fovea_core::cdc::InputFormat::Auto, true)?;
-            return Ok(InputBacklog::Kinesis(fovea_aws::kinesis::checkpoint_backlog(&options, resume.as_ref())?));
+            return Ok(InputBacklog::Kinesis {
+                shards: fovea_aws::kinesis::checkpoint_backlog(&options, resume.as_ref())?,
+                consumers: fovea_aws::kinesis::consumer_states(&options)?,
+            });
         }
         if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
             return Ok(InputBacklog::Postgres(crate::serve::postgres::slot_backlog(spec, resume.as_ref())?));
@@ -58,8 +65,14 @@ impl InputBacklog {
 
     fn to_json(&self) -> Value {
         match self {
-            InputBacklog::Kinesis(shards) => json!({
+            InputBacklog::Kinesis { shards, consumers } => json!({
                 "kind": "kinesis",
+                "consumers": consumers.iter().map(|c| json!({
+                    "stream": c.stream,
+                    "name": c.name,
+                    "status": c.status,
+                    "arn": c.arn,
+                })).collect::<Vec<_>>(),
                 "shards": shards.iter().map(|s| json!({
                     "shard": s.shard,
                     "resumes": s.resumes,
@@ -83,7 +96,7 @@ impl InputBacklog {
 
     fn write_text(&self, out: &mut dyn Write) -> CliResult<()> {
         match self {
-            InputBacklog::Kinesis(shards) => {
+            InputBacklog::Kinesis { shards, consumers } => {
                 let behind = shards.iter().filter_map(|s| s.millis_behind).max();
                 writeln!(
                     out,
@@ -101,6 +114,15 @@ impl InputBacklog {
                     };
                     let closed = if s.closed { " (closed)" } else { "" };
                     writeln!(out, "  {:<40} resumes {}{closed}: {lag}", s.shard, s.resumes)?;
+                }
+                for c in consumers {
+                    let how = match c.status.as_str() {
+                        "ACTIVE" => "read by enhanced fan-out",
+                        "not registered" => "a replayer registers it when it starts",
+                        status if status.starts_with("unavailable") => "a replayer reads this stream by polling",
+                        _ => "a replayer waits until it is active",
+                    };
+                    writeln!(out, "  consumer {} of stream {}: {} ({how})", c.name, c.stream, c.status)?;
                 }
             }
             InputBacklog::Postgres(p) => {

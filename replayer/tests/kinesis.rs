@@ -984,6 +984,26 @@ fn enhanced_fan_out_equals_the_file_replay_and_falls_back_to_polling() {
     let fallback = run(polling.env(), &lake("fallback"), input);
     assert!(fallback.contains("enhanced fan-out is unavailable"), "{fallback}");
 
+    // `fovea status --input …?consumer=` describes the consumer (and
+    // registers none): active where the replayer registered it, not
+    // registered under another name, unavailable on kinesalite.
+    let consumers = |env: Vec<(&'static str, String)>, lake: &str, input: &str| -> Vec<Json> {
+        let out = fovea(env).args(["status", "--json", "--lake", lake, "--input", input]).output().unwrap();
+        let status: Json = serde_json::from_slice(ok(out).as_bytes()).unwrap();
+        status["input"]["consumers"].as_array().unwrap().clone()
+    };
+    let active = consumers(fan_out.env(), &lake("fan-out"), input);
+    assert!(active.len() == 1 && active[0]["status"] == "ACTIVE" && active[0]["arn"].is_string(), "{active:?}");
+    let absent = consumers(fan_out.env(), &lake("fan-out"), "kinesis://gen?consumer=nobody");
+    assert!(absent.len() == 1 && absent[0]["status"] == "not registered", "{absent:?}");
+    assert_eq!(consumers(fan_out.env(), &lake("fan-out"), "kinesis://gen?consumer=nobody"), absent, "still none");
+    let none = consumers(polling.env(), &lake("fallback"), input);
+    assert!(none[0]["status"].as_str().unwrap().starts_with("unavailable"), "{none:?}");
+    assert!(consumers(polling.env(), &lake("fallback"), "kinesis://gen").is_empty());
+    let text =
+        ok(fovea(fan_out.env()).args(["status", "--lake", &lake("fan-out"), "--input", input]).output().unwrap());
+    assert!(text.contains("consumer fovea-replay of stream gen: ACTIVE (read by enhanced fan-out)"), "{text}");
+
     for t in ["hybench.account", "hybench.transfer"] {
         let export = |lake: &str| ok(fovea(vec![]).args(["export", "--table", t, "--lake", lake]).output().unwrap());
         let expected = export(&lake("file"));

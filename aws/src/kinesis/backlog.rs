@@ -29,6 +29,39 @@ pub struct ShardBacklog {
     pub waiting: Option<bool>,
 }
 
+/// The stream consumer a `kinesis://…?consumer=NAME` input reads by, on
+/// one of its streams, as Kinesis describes it (nothing is registered).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// The stream.
+    pub stream: String,
+    /// The consumer's name.
+    pub name: String,
+    /// `ACTIVE`, `CREATING`, `DELETING`, `not registered` (a replayer
+    /// registers it when it starts), or `unavailable (…)` (no consumers API,
+    /// access denied: a replayer reads that stream by polling).
+    pub status: String,
+    /// Its ARN, when registered.
+    pub arn: Option<String>,
+}
+
+/// The consumer `options` names (`consumer=`) on each of its streams;
+/// empty when the input is read by polling.
+pub fn consumer_states(options: &KinesisOptions) -> Result<Vec<ConsumerState>> {
+    let Some(name) = &options.consumer else { return Ok(Vec::new()) };
+    let error = |message: String| Error::Source { input: options.name(), message };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let client = client().await?;
+        let mut out = Vec::new();
+        for stream in &options.streams {
+            let (status, arn) = fanout::describe_consumer(&client, stream, name).await.map_err(|f| error(f.message))?;
+            out.push(ConsumerState { stream: stream.clone(), name: name.clone(), status, arn });
+        }
+        Ok(out)
+    })
+}
+
 /// Every shard of `options`' streams as `checkpoint` leaves it (`None`,
 /// or a checkpoint of another input: every shard from where `start=`
 /// says).

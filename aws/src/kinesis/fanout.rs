@@ -82,6 +82,35 @@ pub(super) async fn consumer(
     }
 }
 
+/// How stream consumer `name` of `stream` stands, without registering it:
+/// its status (`ACTIVE`, `CREATING`, `DELETING`) and ARN, `not registered`,
+/// or `unavailable (…)` where the stream has no consumers API (a stand-in)
+/// or access is denied. Transient failures are errors.
+pub(super) async fn describe_consumer(
+    client: &Client,
+    stream: &str,
+    name: &str,
+) -> std::result::Result<(String, Option<String>), Failure> {
+    let summary = client
+        .describe_stream_summary()
+        .stream_name(stream)
+        .send()
+        .await
+        .map_err(|e| failure(&format!("DescribeStreamSummary of stream {stream}"), e))?;
+    let stream_arn = summary.stream_description_summary().map(|d| d.stream_arn().to_owned()).unwrap_or_default();
+    match client.describe_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
+        Ok(d) => Ok(match d.consumer_description {
+            Some(d) => (d.consumer_status.as_str().to_owned(), Some(d.consumer_arn)),
+            None => ("not registered".into(), None),
+        }),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => {
+            Ok(("not registered".into(), None))
+        }
+        Err(e) if transient(&e) => Err(failure(&format!("DescribeStreamConsumer {name} of stream {stream}"), e)),
+        Err(e) => Ok((format!("unavailable ({})", DisplayErrorContext(&e)), None)),
+    }
+}
+
 /// How a shard's subscriptions ended.
 pub(super) enum Subscribed {
     /// The shard is read to its end, or the source is gone.

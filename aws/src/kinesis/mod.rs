@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use tokio::sync::mpsc;
 
-pub use backlog::{ShardBacklog, checkpoint_backlog};
+pub use backlog::{ConsumerState, ShardBacklog, checkpoint_backlog, consumer_states};
 pub use options::{KinesisOptions, Start};
 use shard::*;
 
