@@ -4,7 +4,7 @@
 //!  fovea.connect(lake=…, state=…, scan=…) ─▶ Connection (nothing opened yet)
 //!  .sql(q) ─▶ a Snapshot of the lake's newest checkpoint ─▶ its .sql(q)
 //!  Snapshot ─▶ the lake read as of one checkpoint (registered as its reader:
-//!              the writer keeps every file it names while it lives)
+//!              the writer keeps every file it names until it is released)
 //!  .sql(q) ─▶ DataFusion over the snapshot's tables, the scans in this process
 //!             or on the Lambda scan function (scan="lambda://…")
 //!          ─▶ Arrow IPC stream ─▶ pyarrow.Table (read without a copy of its buffers)
@@ -36,7 +36,7 @@ pyo3::create_exception!(
 );
 
 /// How long a reader's registration lives without renewal (it is renewed
-/// every third of it while the snapshot lives): the command line's.
+/// every third of it until the snapshot is released): the command line's.
 const READER_TTL: std::time::Duration = fovea_core::lease::DEFAULT_LEASE_TTL;
 
 /// The runtime every query and scan of this process runs on (DataFusion's
@@ -99,7 +99,7 @@ fn connect(lake: String, state: Option<String>, scan: Option<String>) -> PyResul
 struct Connection {
     address: LakeAddress,
     scan: Option<String>,
-    /// The snapshots this connection handed out and Python still holds:
+    /// The snapshots this connection handed out that are not released:
     /// `as_of` answers at any of them.
     held: Mutex<Vec<Weak<Pinned>>>,
 }
@@ -129,7 +129,12 @@ impl Connection {
     }
 
     fn snapshot_of(&self, pinned: Arc<Pinned>) -> Snapshot {
-        Snapshot { pinned, lake: self.address.lake.clone() }
+        Snapshot {
+            ts: pinned.opened.reader.qts().get(),
+            source_commit_us: pinned.opened.source_commit.map(|(_, commit)| commit),
+            pinned: Mutex::new(Some(pinned)),
+            lake: self.address.lake.clone(),
+        }
     }
 }
 
@@ -152,14 +157,15 @@ impl Connection {
         self.snapshot_of(self.open(py)?).schema(py, table)
     }
 
-    /// The lake's newest checkpoint, held for as long as the returned
-    /// snapshot lives: every call on it answers at that one timestamp.
+    /// The lake's newest checkpoint, held until the returned snapshot is
+    /// released (`release()`, the end of a `with` block, or Python dropping
+    /// it): every call on it answers at that one timestamp.
     fn snapshot(&self, py: Python<'_>) -> PyResult<Snapshot> {
         Ok(self.snapshot_of(self.open(py)?))
     }
 
     /// The snapshot at mirror timestamp `ts`: the lake's newest checkpoint,
-    /// or one this connection handed out and Python still holds (a lake
+    /// or one this connection handed out and that is not released (a lake
     /// read without its replayer answers at checkpoints only; the files of
     /// older ones are gone unless a reader holds them).
     fn as_of(&self, py: Python<'_>, ts: u64) -> PyResult<Snapshot> {
@@ -222,20 +228,52 @@ impl Connection {
 }
 
 /// The lake as of one checkpoint, read (and registered as read, so the
-/// writer keeps its files) while this object lives.
+/// writer keeps its files) until it is released — by `release()`, at the
+/// end of a `with` block, or when Python drops it.
 #[pyclass(module = "fovea", frozen)]
 struct Snapshot {
-    pinned: Arc<Pinned>,
+    /// `None` once released.
+    pinned: Mutex<Option<Arc<Pinned>>>,
+    ts: u64,
+    source_commit_us: Option<i64>,
     lake: String,
+}
+
+impl Snapshot {
+    /// The checkpoint read, unless released (a query running on another
+    /// thread keeps it until it ends).
+    fn pinned(&self) -> PyResult<Arc<Pinned>> {
+        let pinned = self.pinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pinned
+            .clone()
+            .ok_or_else(|| FoveaError::new_err(format!("the snapshot of {} at ts {} was released", self.lake, self.ts)))
+    }
 }
 
 #[pymethods]
 impl Snapshot {
+    /// Lets the writer delete what only this snapshot still reads; the
+    /// snapshot answers no more calls.
+    fn release(&self) {
+        self.pinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release();
+        false
+    }
+
     /// Runs one SQL statement at this snapshot and returns its answer as a
     /// `pyarrow.Table`.
     fn sql<'py>(&self, py: Python<'py>, query: &str) -> PyResult<Bound<'py, PyAny>> {
-        let source = Arc::clone(&self.pinned.opened.reader) as Arc<dyn SnapshotTables>;
-        let worker = self.pinned.worker.clone();
+        let pinned = self.pinned()?;
+        let source = Arc::clone(&pinned.opened.reader) as Arc<dyn SnapshotTables>;
+        let worker = pinned.worker.clone();
         let answer = py
             .detach(|| runtime().map(|rt| rt.block_on(fovea_sql::answer(source, worker, query))))?
             .map_err(|e| error(&e))?;
@@ -244,7 +282,7 @@ impl Snapshot {
 
     /// The tables (`schema.table`) at this snapshot.
     fn tables(&self) -> PyResult<Vec<String>> {
-        let mut names: Vec<String> = self.pinned.opened.reader.tables().iter().map(|d| d.name.clone()).collect();
+        let mut names: Vec<String> = self.pinned()?.opened.reader.tables().iter().map(|d| d.name.clone()).collect();
         names.sort();
         Ok(names)
     }
@@ -252,7 +290,7 @@ impl Snapshot {
     /// The columns of `table` at this snapshot, as a `pyarrow.Schema`
     /// (fovea's own hidden columns left out, as SQL shows them).
     fn schema<'py>(&self, py: Python<'py>, table: &str) -> PyResult<Bound<'py, PyAny>> {
-        let def = self.pinned.opened.reader.table(table).map_err(|e| error(&e))?;
+        let def = self.pinned()?.opened.reader.table(table).map_err(|e| error(&e))?;
         let fields: Vec<_> =
             def.schema.fields().iter().filter(|f| !f.name().starts_with(fovea_sql::HIDDEN_PREFIX)).cloned().collect();
         let schema = Arc::new(Schema::new(fields));
@@ -262,18 +300,19 @@ impl Snapshot {
     /// The snapshot's mirror timestamp (its checkpoint's).
     #[getter]
     fn ts(&self) -> u64 {
-        self.pinned.opened.reader.qts().get()
+        self.ts
     }
 
     /// When the newest source transaction this snapshot holds committed at
     /// the source (µs since the epoch, UTC), when known.
     #[getter]
     fn source_commit_us(&self) -> Option<i64> {
-        self.pinned.opened.source_commit.map(|(_, commit)| commit)
+        self.source_commit_us
     }
 
     fn __repr__(&self) -> String {
-        format!("<fovea.Snapshot of {} at ts {}>", self.lake, self.ts())
+        let released = self.pinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_none();
+        format!("<fovea.Snapshot of {} at ts {}{}>", self.lake, self.ts, if released { ", released" } else { "" })
     }
 }
 

@@ -118,6 +118,15 @@ class Package(unittest.TestCase):
         with self.assertRaisesRegex(fovea.FoveaError, "no snapshot of this connection holds"):
             self.conn.as_of(snap.ts - 1)
         self.assertIn(f"at ts {snap.ts}", repr(snap))
+        # Released (here at the end of a with block), it answers no more.
+        with self.conn.snapshot() as held:
+            n = held.sql("SELECT count(*) AS n FROM public.pgbench_accounts").to_pylist()
+        self.assertEqual(n, [{"n": 200}])
+        with self.assertRaisesRegex(fovea.FoveaError, "was released"):
+            held.sql("SELECT 1")
+        self.assertIn("released", repr(held))
+        snap.release()
+        del snap
 
     def test_queries_from_threads_at_once(self):
         # Calls release the GIL: two threads query at the same time.

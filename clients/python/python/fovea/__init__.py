@@ -5,8 +5,8 @@
                          scan="lambda://fovea-scan")   # or a local directory, in process
     conn.sql("SELECT bid, sum(abalance) FROM public.pgbench_accounts GROUP BY bid")
     conn.tables(); conn.schema("public.pgbench_accounts"); conn.history(limit=10)
-    snap = conn.snapshot()        # one checkpoint, held: every call answers at snap.ts
-    conn.as_of(snap.ts).sql("…")
+    with conn.snapshot() as snap:  # one checkpoint, held: every call answers at snap.ts
+        conn.as_of(snap.ts).sql("…")
 
 Planning, visibility and the scans run in the extension module (Rust, the
 same code as ``fovea sql``): no ``fovea`` binary is needed. A connection
