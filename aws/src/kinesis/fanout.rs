@@ -24,6 +24,17 @@ use super::*;
 /// polling instead (Kinesis takes seconds).
 const REGISTER_WAIT: Duration = Duration::from_secs(120);
 
+/// The ARN of `stream` (consumers are named under it).
+async fn stream_arn(client: &Client, stream: &str) -> std::result::Result<String, Failure> {
+    let summary = client
+        .describe_stream_summary()
+        .stream_name(stream)
+        .send()
+        .await
+        .map_err(|e| failure(&format!("DescribeStreamSummary of stream {stream}"), e))?;
+    Ok(summary.stream_description_summary().map(|d| d.stream_arn().to_owned()).unwrap_or_default())
+}
+
 /// The ARN of stream consumer `name` of `stream`, registered if it does not
 /// exist, once it is active. `Ok(None)`: fan-out is unavailable for this
 /// stream (the reason is logged); transient failures are errors the
@@ -33,13 +44,7 @@ pub(super) async fn consumer(
     stream: &str,
     name: &str,
 ) -> std::result::Result<Option<String>, Failure> {
-    let summary = client
-        .describe_stream_summary()
-        .stream_name(stream)
-        .send()
-        .await
-        .map_err(|e| failure(&format!("DescribeStreamSummary of stream {stream}"), e))?;
-    let stream_arn = summary.stream_description_summary().map(|d| d.stream_arn().to_owned()).unwrap_or_default();
+    let stream_arn = stream_arn(client, stream).await?;
     let unavailable = |what: &str, message: String| {
         tracing::warn!(
             stream,
@@ -91,13 +96,7 @@ pub(super) async fn describe_consumer(
     stream: &str,
     name: &str,
 ) -> std::result::Result<(String, Option<String>), Failure> {
-    let summary = client
-        .describe_stream_summary()
-        .stream_name(stream)
-        .send()
-        .await
-        .map_err(|e| failure(&format!("DescribeStreamSummary of stream {stream}"), e))?;
-    let stream_arn = summary.stream_description_summary().map(|d| d.stream_arn().to_owned()).unwrap_or_default();
+    let stream_arn = stream_arn(client, stream).await?;
     match client.describe_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
         Ok(d) => Ok(match d.consumer_description {
             Some(d) => (d.consumer_status.as_str().to_owned(), Some(d.consumer_arn)),
