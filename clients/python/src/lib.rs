@@ -128,6 +128,14 @@ impl Connection {
         Ok(pinned)
     }
 
+    /// `call` on the lake's newest checkpoint, released afterwards.
+    fn once<T>(&self, py: Python<'_>, call: impl FnOnce(&Snapshot) -> PyResult<T>) -> PyResult<T> {
+        let snapshot = self.snapshot_of(self.open(py)?);
+        let out = call(&snapshot);
+        snapshot.release(py);
+        out
+    }
+
     fn snapshot_of(&self, pinned: Arc<Pinned>) -> Snapshot {
         Snapshot {
             ts: pinned.opened.reader.qts().get(),
@@ -143,18 +151,18 @@ impl Connection {
     /// Runs one SQL statement at the lake's newest checkpoint and returns
     /// its answer as a `pyarrow.Table`.
     fn sql<'py>(&self, py: Python<'py>, query: &str) -> PyResult<Bound<'py, PyAny>> {
-        self.snapshot_of(self.open(py)?).sql(py, query)
+        self.once(py, |snapshot| snapshot.sql(py, query))
     }
 
     /// The lake's tables (`schema.table`) at its newest checkpoint.
     fn tables(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        self.snapshot_of(self.open(py)?).tables()
+        self.once(py, Snapshot::tables)
     }
 
     /// The columns of `table` at the lake's newest checkpoint, as a
     /// `pyarrow.Schema`.
     fn schema<'py>(&self, py: Python<'py>, table: &str) -> PyResult<Bound<'py, PyAny>> {
-        self.snapshot_of(self.open(py)?).schema(py, table)
+        self.once(py, |snapshot| snapshot.schema(py, table))
     }
 
     /// The lake's newest checkpoint, held until the returned snapshot is
@@ -254,17 +262,21 @@ impl Snapshot {
 impl Snapshot {
     /// Lets the writer delete what only this snapshot still reads; the
     /// snapshot answers no more calls.
-    fn release(&self) {
-        self.pinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    fn release(&self, py: Python<'_>) {
+        let pinned = self.pinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        // Ending the reader's registration is a request to the state store:
+        // made without the GIL. (A snapshot Python drops unreleased ends it
+        // while collected.)
+        py.detach(move || drop(pinned));
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.release();
+    #[pyo3(signature = (*exc))]
+    fn __exit__(&self, exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release(exc.py());
         false
     }
 
