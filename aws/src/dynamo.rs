@@ -55,12 +55,9 @@ pub fn parse_dynamodb_url(url: &str) -> Result<String> {
     let valid = (3..=255).contains(&table.len())
         && table.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
     if !valid {
-        return Err(Error::Input {
-            position: Default::default(),
-            table: None,
-            txid: None,
-            message: format!("--state {url}: expected dynamodb://TABLE (3–255 letters, digits, '_', '-' or '.')"),
-        });
+        return Err(Error::WrongState(format!(
+            "--state {url}: expected dynamodb://TABLE (3–255 letters, digits, '_', '-' or '.')"
+        )));
     }
     Ok(table.to_owned())
 }

@@ -39,6 +39,29 @@ impl LakeAddress {
         (!self.lake.starts_with("s3://")).then(|| PathBuf::from(&self.lake))
     }
 
+    /// Whether the address is well formed, before anything is contacted:
+    /// an `s3://BUCKET[/PREFIX]` lake with a `dynamodb://TABLE` state (a
+    /// local lake's state is optional).
+    pub fn check(&self) -> Result<()> {
+        if self.dir().is_none() {
+            crate::s3::parse_s3_url(&self.lake)?;
+            if self.state.is_none() {
+                return Err(self.no_state());
+            }
+        }
+        if let Some(state) = &self.state {
+            crate::dynamo::parse_dynamodb_url(state)?;
+        }
+        Ok(())
+    }
+
+    fn no_state(&self) -> Error {
+        Error::WrongState(format!(
+            "the lake {} has no state store: it needs dynamodb://TABLE (its timestamps, lease and catalog) — --state on the command line, state= in Python",
+            self.lake
+        ))
+    }
+
     /// The lake's backends, its object store counted in `meter` when given,
     /// and its DynamoDB state when it has one (to count its writes).
     /// `create`: a missing DynamoDB state table is created (a writer's
@@ -60,12 +83,7 @@ impl LakeAddress {
                 return Ok((LakeBackends { store: metered(local.store), ..local }, None));
             }
             (_, Some(state)) => state,
-            (None, None) => {
-                return Err(Error::WrongState(format!(
-                    "the lake {} has no state store: it needs dynamodb://TABLE (its timestamps, lease and catalog) — --state on the command line, state= in Python",
-                    self.lake
-                )));
-            }
+            (None, None) => return Err(self.no_state()),
         };
         let store = match self.dir() {
             Some(dir) => {

@@ -79,6 +79,8 @@ fn error(err: &(dyn std::error::Error + 'static)) -> PyErr {
 #[pyo3(signature = (lake, state = None, scan = None))]
 fn connect(lake: String, state: Option<String>, scan: Option<String>) -> PyResult<Connection> {
     let address = LakeAddress::new(lake, state);
+    // A malformed address or a missing state store shows at once too.
+    address.check().map_err(|e| error(&e))?;
     // Refused now rather than at the first query: a typo shows at once.
     if let Some(url) = scan.as_deref().filter(|url| *url != "in-process") {
         fovea_aws::lambda::LambdaTarget::parse(url).map_err(|e| error(&e))?;

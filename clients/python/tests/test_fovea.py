@@ -154,9 +154,14 @@ class Package(unittest.TestCase):
         with self.assertRaisesRegex(fovea.FoveaError, "local directory"):
             fovea.connect(lake="/tmp/somewhere", scan="lambda://fovea-scan")
         with self.assertRaisesRegex(fovea.FoveaError, "expected lambda://"):
-            fovea.connect(lake="s3://b/p", state="dynamodb://t", scan="lamda://fovea-scan")
+            fovea.connect(lake="s3://b/p", state="dynamodb://fovea-t", scan="lamda://fovea-scan")
+        # A malformed address fails at connect, before anything is contacted.
         with self.assertRaisesRegex(fovea.FoveaError, "no state store"):
-            fovea.connect(lake="s3://b/p").tables()
+            fovea.connect(lake="s3://b/p")
+        with self.assertRaisesRegex(fovea.FoveaError, "expected dynamodb://TABLE"):
+            fovea.connect(lake="s3://b/p", state="dynamo://t")
+        with self.assertRaisesRegex(fovea.FoveaError, "no bucket"):
+            fovea.connect(lake="s3://", state="dynamodb://fovea-t")
 
     @unittest.skipUnless(os.environ.get("FOVEA_FULL_INPUT"), "the lake moves only in the local test")
     def test_a_held_snapshot_stays_while_the_lake_moves(self):
