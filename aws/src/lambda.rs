@@ -129,15 +129,12 @@ impl LambdaUrl {
     }
 }
 
-/// Where a query's splits run, as `--scan` (command line) or `scan=`
-/// (Python) names it: `None` or `in-process` in the caller's process, or
+/// Where `scan` — `--scan` on the command line, `scan=` in Python — says a
+/// query's splits run, checked without contacting anything: `None` or
+/// `in-process` in the caller's process (`Ok(None)`), or
 /// `lambda://FUNCTION[?…]` on the Lambda scan function, which reads the
-/// lake (`address`, its object store `store`) from S3.
-pub fn scan_worker(
-    address: &crate::lake::LakeAddress,
-    store: Arc<dyn ObjectStore>,
-    scan: Option<&str>,
-) -> Result<Option<Arc<dyn fovea_core::scan_worker::SplitWorker>>> {
+/// lake (`address`) from S3.
+pub fn scan_target(address: &crate::lake::LakeAddress, scan: Option<&str>) -> Result<Option<LambdaTarget>> {
     match scan {
         None | Some("in-process") => Ok(None),
         Some(url) if url.starts_with("lambda://") => {
@@ -147,12 +144,25 @@ pub fn scan_worker(
                     message: format!("the scan function reads the lake from S3; {} is a local directory", address.lake),
                 });
             }
-            let target = LambdaTarget::parse(url)?;
-            Ok(Some(Arc::new(LambdaScan::new(target, &address.lake, store)?)))
+            Ok(Some(LambdaTarget::parse(url)?))
         }
         Some(other) => {
-            Err(Error::Source { input: other.into(), message: "expected in-process or lambda://FUNCTION".into() })
+            Err(Error::Source { input: other.into(), message: "expected lambda://FUNCTION[?…] or in-process".into() })
         }
+    }
+}
+
+/// The worker that runs a query's splits where `scan` says
+/// ([`scan_target`]), over the lake's object store `store`: `None` in the
+/// caller's process.
+pub fn scan_worker(
+    address: &crate::lake::LakeAddress,
+    store: Arc<dyn ObjectStore>,
+    scan: Option<&str>,
+) -> Result<Option<Arc<dyn fovea_core::scan_worker::SplitWorker>>> {
+    match scan_target(address, scan)? {
+        None => Ok(None),
+        Some(target) => Ok(Some(Arc::new(LambdaScan::new(target, &address.lake, store)?))),
     }
 }
 

@@ -81,16 +81,8 @@ fn connect(lake: String, state: Option<String>, scan: Option<String>) -> PyResul
     let address = LakeAddress::new(lake, state);
     // A malformed address or a missing state store shows at once too.
     address.check().map_err(|e| error(&e))?;
-    // Refused now rather than at the first query: a typo shows at once.
-    if let Some(url) = scan.as_deref().filter(|url| *url != "in-process") {
-        fovea_aws::lambda::LambdaTarget::parse(url).map_err(|e| error(&e))?;
-        if address.dir().is_some() {
-            return Err(FoveaError::new_err(format!(
-                "scan={url}: the scan function reads the lake from S3; {} is a local directory",
-                address.lake
-            )));
-        }
-    }
+    // Where the scans run is refused now too, rather than at the first query.
+    fovea_aws::lambda::scan_target(&address, scan.as_deref()).map_err(|e| error(&e))?;
     Ok(Connection { address, scan, held: Mutex::default() })
 }
 
