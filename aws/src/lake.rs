@@ -71,6 +71,8 @@ impl LakeAddress {
         create: bool,
         meter: Option<Arc<StoreMeter>>,
     ) -> Result<(LakeBackends, Option<DynamoState>)> {
+        // A malformed state URL is refused before S3 is contacted.
+        self.check()?;
         let metered = |store: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
             match &meter {
                 Some(m) => Arc::new(MeteredStore::new(store, Arc::clone(m))),
@@ -83,6 +85,7 @@ impl LakeAddress {
                 return Ok((LakeBackends { store: metered(local.store), ..local }, None));
             }
             (_, Some(state)) => state,
+            // Refused by `check` already.
             (None, None) => return Err(self.no_state()),
         };
         let store = match self.dir() {

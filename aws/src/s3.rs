@@ -18,12 +18,7 @@ use fovea_core::{Error, Result};
 
 /// Bucket and prefix of an `s3://` URL.
 pub fn parse_s3_url(url: &str) -> Result<(String, String)> {
-    let bad = |why: &str| Error::Input {
-        position: Default::default(),
-        table: None,
-        txid: None,
-        message: format!("lake {url}: {why} (expected s3://BUCKET or s3://BUCKET/PREFIX)"),
-    };
+    let bad = |why: &str| Error::WrongState(format!("lake {url}: {why} (expected s3://BUCKET or s3://BUCKET/PREFIX)"));
     let rest = url.strip_prefix("s3://").ok_or_else(|| bad("not an s3:// URL"))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     if bucket.is_empty() {

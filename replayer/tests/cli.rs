@@ -80,3 +80,18 @@ fn demo_refuses_a_directory_that_is_not_a_lake() {
     assert!(err.contains("is not a fovea lake"), "{err}");
     assert!(dir.path().join("precious.txt").is_file());
 }
+
+#[test]
+fn a_malformed_lake_address_is_refused_before_anything_is_contacted() {
+    // No AWS is reachable here: the address is refused before S3 is asked.
+    let refused = |args: &[&str], expected: &str| {
+        let out = fovea().args(["sql"]).args(args).arg("SELECT 1").env("AWS_EC2_METADATA_DISABLED", "true").output();
+        let out = out.unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expected), "{args:?}: {err}");
+        assert!(!err.contains("S3 open") && !err.contains("LSN"), "{args:?}: {err}");
+    };
+    refused(&["--lake", "s3://b/p", "--state", "dynamo://x"], "--state dynamo://x: expected dynamodb://TABLE");
+    refused(&["--lake", "s3://b/p"], "the lake s3://b/p has no state store");
+    refused(&["--lake", "s3://", "--state", "dynamodb://fovea-x"], "lake s3://: no bucket");
+}
