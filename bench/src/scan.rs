@@ -15,10 +15,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use fovea_core::location::{LakeBackends, OpenMode};
 use fovea_core::split::SplitData;
 use fovea_core::{EngineConfig, ScanOptions, SnapshotTables, VisibilityMode};
-use fovea_sql::datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -105,7 +105,7 @@ fn full_scan(ctx: &SessionContext, runtime: &tokio::runtime::Runtime, table: &st
         while let Some(b) = stream.next().await {
             n += b?.num_rows();
         }
-        Ok::<_, fovea_sql::datafusion::error::DataFusionError>(n)
+        Ok::<_, datafusion::error::DataFusionError>(n)
     })?;
     Ok((rows, started.elapsed().as_secs_f64()))
 }

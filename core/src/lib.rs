@@ -5,13 +5,13 @@
 //! no AWS and no SQL engine inside.
 #![warn(missing_docs)]
 
-pub mod error;
 #[cfg(feature = "faults")]
 pub mod faults;
-pub mod ids;
 pub mod index;
 pub mod mvcc;
-pub mod schema;
+/// The change model and the decoders of change streams (the `fovea-cdc` crate).
+pub use fovea_cdc as cdc;
+pub use fovea_types::{error, ids, schema};
 pub mod visibility;
 pub mod workers;
 
@@ -19,7 +19,6 @@ pub use error::{Error, Result};
 pub use ids::{FileId, RowId, ShardId, TableId, Ts};
 pub mod buffer;
 pub mod catalog;
-pub mod cdc;
 pub mod checkpoint;
 pub mod compact;
 pub mod engine;

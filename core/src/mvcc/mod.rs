@@ -26,7 +26,7 @@ pub use store::{Lease, MemoryTxnStore, PersistedClock, ReaderLease, SqliteTxnSto
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::ids::Ts;
@@ -34,13 +34,7 @@ use crate::ids::Ts;
 /// How many timestamps are reserved in the [`TxnStore`] at a time.
 pub const DEFAULT_TS_RESERVATION: u64 = 1 << 20;
 
-/// Locks a mutex, treating poisoning as the bug it is: a panic while holding
-/// one of the engine's short critical sections leaves no torn state behind
-/// (every section either completes or changes nothing), so the guard is
-/// still usable.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+pub(crate) use fovea_types::sync::lock;
 
 /// The timestamp allocator, the watermarks and the registry of live queries.
 pub struct Clock {

@@ -14,7 +14,7 @@
 use serde_json::Value as Json;
 
 use super::{ChangeRecord, RowChange, RowOp, SmolStr, SourcePosition, input_error, object_columns};
-use crate::error::Result;
+use fovea_types::error::Result;
 
 /// Decodes one DMS record.
 pub fn decode(json: Json, position: SourcePosition) -> Result<ChangeRecord> {

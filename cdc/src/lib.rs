@@ -6,7 +6,7 @@
 //! transaction id and commit time. Decoders normalise the encodings of
 //! their connector (Debezium's base64 decimals, millisecond timestamps, the
 //! `{"schema","payload"}` envelope, DMS metadata) so that [`types`] converts
-//! values to fovea's typed [`crate::Value`]s the same way for every input.
+//! values to fovea's typed [`fovea_types::Value`]s the same way for every input.
 //!
 //! | input | module |
 //! |---|---|
@@ -14,6 +14,7 @@
 //! | AWS DMS JSON (Kinesis / Kafka target) | [`dms`] |
 //! | `CREATE TABLE` statements overriding inferred types | [`ddl`] |
 //! | PostgreSQL logical replication (`pgoutput`) | [`pgoutput`] |
+#![warn(missing_docs)]
 
 pub mod conformance;
 pub mod ddl;
@@ -31,28 +32,8 @@ use arrow::datatypes::DataType;
 use serde_json::Value as Json;
 pub use smol_str::SmolStr;
 
-use crate::error::{Error, Result};
-
-/// Where a record came from: 1-based line and byte offset of the line start
-/// (in the decompressed stream), or, with line 0, a WAL position (LSN).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct SourcePosition {
-    /// 1-based line number.
-    pub line: u64,
-    /// Byte offset of the start of the line.
-    pub offset: u64,
-}
-
-impl std::fmt::Display for SourcePosition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.line == 0 {
-            // Positions in a WAL (PostgreSQL logical replication) have no line.
-            write!(f, "LSN {}", pgoutput::Lsn(self.offset))
-        } else {
-            write!(f, "line {} (byte {})", self.line, self.offset)
-        }
-    }
-}
+use fovea_types::error::{Error, Result};
+pub use fovea_types::position::SourcePosition;
 
 /// A row operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +64,7 @@ pub const ROWID_COLUMN: &str = "_fovea_rowid";
 
 /// The position of a table's hidden row id ([`ROWID_COLUMN`]) if the table
 /// is keyed by it alone: one without a primary key of its own.
-pub fn hidden_rowid(def: &crate::schema::TableDef) -> Option<usize> {
+pub fn hidden_rowid(def: &fovea_types::schema::TableDef) -> Option<usize> {
     match def.primary_key[..] {
         [i] if def.schema.field(i).name() == ROWID_COLUMN => Some(i),
         _ => None,
@@ -344,7 +325,7 @@ impl BufferPool {
 
     /// An empty buffer with room for `capacity` bytes, reused when one is free.
     pub fn take(&self, capacity: usize) -> String {
-        let reused = crate::mvcc::lock(&self.free).pop();
+        let reused = fovea_types::sync::lock(&self.free).pop();
         let mut text = reused.unwrap_or_default();
         text.reserve(capacity);
         text
@@ -357,7 +338,7 @@ impl BufferPool {
 
     fn put(&self, mut text: String) {
         text.clear();
-        let mut free = crate::mvcc::lock(&self.free);
+        let mut free = fovea_types::sync::lock(&self.free);
         if free.len() < self.keep {
             free.push(text);
         }
@@ -442,6 +423,6 @@ mod tests {
         // Beyond `keep`, a returned buffer is freed, not kept.
         drop(pool.buffer(String::from("x")));
         drop(pool.buffer(String::from("y")));
-        assert_eq!(crate::mvcc::lock(&pool.free).len(), 1);
+        assert_eq!(fovea_types::sync::lock(&pool.free).len(), 1);
     }
 }

@@ -1,4 +1,4 @@
-//! The error type of fovea-core.
+//! The error type of the engine and everything it reads.
 
 use crate::ids::{FileId, Ts};
 
@@ -35,7 +35,7 @@ pub enum Error {
     #[error("input {position}{}{}: {message}", table.as_ref().map(|t| format!(", table {t}")).unwrap_or_default(), txid.as_ref().map(|t| format!(", source transaction {t}")).unwrap_or_default())]
     Input {
         /// Where in the input.
-        position: crate::cdc::SourcePosition,
+        position: crate::position::SourcePosition,
         /// The table, when known.
         table: Option<String>,
         /// The source transaction, when known.
@@ -203,7 +203,8 @@ impl Error {
         matches!(self, Error::ObjectStore(_) | Error::Io(_))
     }
 
-    pub(crate) fn invariant(msg: impl Into<String>) -> Self {
+    /// A broken internal invariant: a bug, reported instead of a panic.
+    pub fn invariant(msg: impl Into<String>) -> Self {
         Error::Invariant(msg.into())
     }
 }
@@ -219,7 +220,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// readers ignore; the error stops the work that panicked (replay stops at
 /// that transaction, a flush leaves its block in memory) and nothing the
 /// panic left half-done is committed.
-pub(crate) fn catch_panic<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub fn catch_panic<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
         let message = payload
             .downcast_ref::<&str>()

@@ -2,7 +2,7 @@
 //! and primary keys for inputs that carry none (schema-less Debezium, DMS).
 //!
 //! ```
-//! use fovea_core::cdc::ddl::parse_ddl;
+//! use fovea_cdc::ddl::parse_ddl;
 //! let t = parse_ddl("CREATE TABLE public.t (id bigint NOT NULL, v numeric(12,2), PRIMARY KEY (id));").unwrap();
 //! assert_eq!(t[0].name, "public.t");
 //! assert_eq!(t[0].primary_key, vec!["id".to_string()]);

@@ -5,7 +5,7 @@
 use arrow::datatypes::{DataType, TimeUnit};
 use serde_json::Value as Json;
 
-use crate::schema::Value;
+use fovea_types::schema::Value;
 
 /// The Arrow type inferred for a column first seen with `v` (no schema).
 /// NULL gives `None`: the column's type is decided by its first non-null
@@ -474,7 +474,7 @@ pub fn convert_exact(v: &Value, from: &DataType, to: &DataType) -> Option<Value>
         }
         _ => return None,
     };
-    crate::schema::accepts(to, &converted).ok().map(|()| converted)
+    fovea_types::schema::accepts(to, &converted).ok().map(|()| converted)
 }
 
 #[cfg(test)]

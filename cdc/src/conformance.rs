@@ -26,7 +26,7 @@ use serde_json::Value as Json;
 
 use super::source::{ChangeSource, RecordSink, Resume};
 use super::{ChangeRecord, SourcePosition};
-use crate::error::{Error, Result};
+use fovea_types::error::{Error, Result};
 
 /// The qualified table every suite row goes to: `(k bigint primary key, v bigint)`.
 pub const TABLE: &str = "conformance.t";
@@ -293,8 +293,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::cdc::InputFormat;
-    use crate::cdc::file::FileSource;
+    use crate::InputFormat;
+    use crate::file::FileSource;
 
     /// A JSON-lines file, read once to its end or followed as it grows.
     struct FileFixture {

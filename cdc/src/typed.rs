@@ -28,7 +28,7 @@
 //! **Contract.** A typed row is made only where the general path would
 //! make exactly the same operation: the after image names every column of
 //! `def` once and nothing else, every value converts to its column's type
-//! and fits it ([`to_value`], [`crate::schema::accepts`]), and no value is Debezium's
+//! and fits it ([`to_value`], [`fovea_types::schema::accepts`]), and no value is Debezium's
 //! unchanged-TOAST marker; every primary-key column has a non-null value in
 //! the key, before or after image (the first such, as the general path
 //! takes it). Anything else (an unknown column, a value of another type,
@@ -52,7 +52,7 @@ use smallvec::SmallVec;
 use super::RowOp;
 use super::debezium::UNAVAILABLE;
 use super::types::{date_from_days, parse_date, parse_decimal, parse_timestamp, timestamp_from_micros, to_value};
-use crate::schema::{Row, TableDef, Value};
+use fovea_types::schema::{Row, TableDef, Value};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -73,7 +73,7 @@ pub trait CurrentTables: Send + Sync {
 #[derive(Clone, Debug)]
 pub struct TypedRow {
     /// The table.
-    pub table: crate::ids::TableId,
+    pub table: fovea_types::ids::TableId,
     /// The number of the definition the values were read against
     /// ([`TableDef::instance`]; no reference to it is held, so decoder
     /// threads share no reference count with the sink per row).
@@ -93,8 +93,9 @@ pub struct TypedRow {
 
 /// A table's definition with its columns indexed by name: what typed
 /// decoding and the sink look columns up in.
-pub(crate) struct TableShape {
-    pub(crate) def: Arc<TableDef>,
+pub struct TableShape {
+    /// The table's definition.
+    pub def: Arc<TableDef>,
     index_of: FastMap<String, usize>,
     /// Per column: its position in the primary key, if it is a key column.
     key_position: Vec<Option<usize>>,
@@ -104,7 +105,8 @@ pub(crate) struct TableShape {
 }
 
 impl TableShape {
-    pub(crate) fn new(def: Arc<TableDef>) -> TableShape {
+    /// The shape of `def`.
+    pub fn new(def: Arc<TableDef>) -> TableShape {
         let fields = def.schema.fields();
         let index_of = fields.iter().enumerate().map(|(i, f)| (f.name().clone(), i)).collect();
         let mut key_position = vec![None; fields.len()];
@@ -116,14 +118,14 @@ impl TableShape {
     }
 
     /// Index of column `name`.
-    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+    pub fn index_of(&self, name: &str) -> Option<usize> {
         self.index_of.get(name).copied()
     }
 
     /// Index of column `name`, the `hint`-th of its image: images usually
     /// list columns in table order, which needs no hashing.
     #[inline]
-    pub(crate) fn column(&self, hint: usize, name: &str) -> Option<usize> {
+    pub fn column(&self, hint: usize, name: &str) -> Option<usize> {
         if self.def.schema.fields().get(hint).is_some_and(|f| f.name() == name) {
             return Some(hint);
         }
@@ -134,7 +136,7 @@ impl TableShape {
     /// record's one pass found them), or `None` where the general path must
     /// decide (see the module's contract). The images are read straight
     /// into the row: no column list is built.
-    pub(crate) fn decode(
+    pub fn decode(
         &self,
         op: RowOp,
         key: Option<&RawValue>,
@@ -150,7 +152,7 @@ impl TableShape {
 
     /// [`Self::decode`] of a record whose after image is read already
     /// (`row`: `None` where there is none, or it was `null`).
-    pub(crate) fn decode_read(
+    pub fn decode_read(
         &self,
         op: RowOp,
         key: Option<&RawValue>,
@@ -606,7 +608,7 @@ mod tests {
         use arrow::datatypes::{Field, Schema};
         let def = |id: u32, name: &str| {
             let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
-            TableDef::new(crate::ids::TableId(id), name, schema, vec![0]).unwrap()
+            TableDef::new(fovea_types::ids::TableId(id), name, schema, vec![0]).unwrap()
         };
         let mut tables = TypedTables::new(Arc::new(Two(vec![def(1, "s.t"), def(2, "s.u")])));
         let guessed = |tables: &mut TypedTables, topic: &str| tables.guess(topic).map(|s| s.def.name.clone());
@@ -634,9 +636,9 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int64, true),
             Field::new("b", DataType::Utf8, true),
-            Field::new(crate::cdc::ROWID_COLUMN, DataType::Int64, false),
+            Field::new(crate::ROWID_COLUMN, DataType::Int64, false),
         ]));
-        let def = TableDef::new(crate::ids::TableId(1), "s.h", schema, vec![2]).unwrap();
+        let def = TableDef::new(fovea_types::ids::TableId(1), "s.h", schema, vec![2]).unwrap();
         let shape = TableShape::new(def);
         let raw = |s: &str| serde_json::value::RawValue::from_string(s.to_owned()).unwrap();
         let (a, b) = (raw(r#"{"a":1,"b":"x"}"#), raw(r#"{"b":"x"}"#));
@@ -654,7 +656,7 @@ mod tests {
             Field::new("b", DataType::Utf8, true),
             Field::new("k", DataType::Int64, false),
         ]));
-        let keyed = TableShape::new(TableDef::new(crate::ids::TableId(2), "s.k", schema, vec![2]).unwrap());
+        let keyed = TableShape::new(TableDef::new(fovea_types::ids::TableId(2), "s.k", schema, vec![2]).unwrap());
         assert!(keyed.decode(RowOp::Insert, None, None, Some(&a)).is_none());
     }
 
@@ -695,7 +697,7 @@ mod tests {
         ];
         // Every type fovea stores, every decimal precision, and types it
         // does not store (both sides refuse them alike).
-        let types = crate::schema::column_types_for_tests();
+        let types = fovea_types::schema::column_types_for_tests();
         let same = |a: &Option<Value>, b: &Option<Value>| match (a, b) {
             (Some(Value::Float(x)), Some(Value::Float(y))) => x == y || (x.is_nan() && y.is_nan()),
             _ => a == b,

@@ -27,9 +27,9 @@ use super::{
     ChangeRecord, Columns, DeclaredColumn, RowChange, RowOp, SharedLine, SmolStr, SourcePosition, input_error,
     object_columns,
 };
-use crate::error::Result;
-use crate::ids::TableId;
-use crate::schema::Row;
+use fovea_types::error::Result;
+use fovea_types::ids::TableId;
+use fovea_types::schema::Row;
 
 const NO_TABLE: &str = "row record without source.schema/source.table";
 
@@ -483,7 +483,7 @@ fn decode_fields(
         return Ok(done);
     }
     decode_pass(line, position, tables, dms_possible, false)?
-        .ok_or_else(|| crate::error::Error::invariant("a record read without a guess asked for another pass"))
+        .ok_or_else(|| fovea_types::error::Error::invariant("a record read without a guess asked for another pass"))
 }
 
 /// One pass of [`decode_fields`]. `guessing`: a Kafka record's after image

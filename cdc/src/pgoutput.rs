@@ -37,10 +37,8 @@ use serde_json::Value as Json;
 
 use super::ddl::sql_type;
 use super::debezium::UNAVAILABLE;
-use super::{
-    Columns, DeclaredColumn, ROWID_COLUMN, RowChange, RowOp, SmolStr, SourcePosition, input_error, rowid_column,
-};
-use crate::error::Result;
+use super::{Columns, DeclaredColumn, ROWID_COLUMN, RowChange, RowOp, SmolStr, input_error, rowid_column};
+use fovea_types::error::Result;
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 pub const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
@@ -51,36 +49,7 @@ fn commit_micros(pg_us: i64) -> Result<i64, String> {
     pg_us.checked_add(PG_EPOCH_OFFSET_US).ok_or_else(|| format!("commit time {pg_us} is out of range"))
 }
 
-/// A WAL position.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Lsn(pub u64);
-
-impl std::fmt::Display for Lsn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
-    }
-}
-
-impl std::str::FromStr for Lsn {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let (hi, lo) = s.split_once('/').ok_or_else(|| format!("LSN {s:?} is not of the form X/Y"))?;
-        let hi = u64::from_str_radix(hi, 16).map_err(|_| format!("LSN {s:?}: bad high part"))?;
-        let lo = u64::from_str_radix(lo, 16).map_err(|_| format!("LSN {s:?}: bad low part"))?;
-        if hi > u64::from(u32::MAX) || lo > u64::from(u32::MAX) {
-            return Err(format!("LSN {s:?} out of range"));
-        }
-        Ok(Lsn((hi << 32) | lo))
-    }
-}
-
-impl Lsn {
-    /// The position of records at this LSN, as the sink records positions
-    /// (line 0 marks a WAL position; see [`SourcePosition`]'s `Display`).
-    pub fn position(self) -> SourcePosition {
-        SourcePosition { line: 0, offset: self.0 }
-    }
-}
+pub use fovea_types::position::Lsn;
 
 /// One column of a relation.
 #[derive(Clone, Debug)]

@@ -130,6 +130,7 @@ pub enum Value {
 
 impl Value {
     /// True for [`Value::Null`].
+    #[inline]
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }
@@ -264,12 +265,14 @@ impl TableDef {
     /// column dropped and added again under the same name is a new column
     /// (PostgreSQL shows NULL in the rows that existed when it was added,
     /// not the dropped column's values).
+    #[inline]
     pub fn column_since(&self, column: usize) -> Ts {
         self.columns.since.get(column).copied().unwrap_or(Ts::ZERO)
     }
 
     /// The field id of user column `column`: files written with this
     /// definition carry it as the column's Parquet field id.
+    #[inline]
     pub fn column_id(&self, column: usize) -> i32 {
         self.columns.ids.get(column).copied().unwrap_or(0)
     }
@@ -291,6 +294,7 @@ impl TableDef {
     /// definition, so a new number). Comparing it tells whether something
     /// read against a definition was read against this one, as comparing
     /// the `Arc`s would, without holding a reference to it.
+    #[inline]
     pub fn instance(&self) -> u64 {
         self.instance
     }
@@ -298,6 +302,7 @@ impl TableDef {
     /// Whether column `column` can store `v` by its type (nullability
     /// aside): what [`accepts`] tells, from the check worked out when the
     /// definition was made.
+    #[inline]
     pub fn column_accepts(&self, column: usize, v: &Value) -> bool {
         v.is_null() || self.checks.get(column).is_some_and(|c| c.kind.fits(v))
     }
@@ -308,6 +313,7 @@ impl TableDef {
     }
 
     /// The primary-key values of a full row, in key order, in place.
+    #[inline]
     pub fn key_values<'r>(&'r self, row: &'r [Value]) -> impl Iterator<Item = &'r Value> + 'r {
         self.primary_key.iter().map(|&i| &row[i])
     }
@@ -635,10 +641,10 @@ mod tests {
     }
 }
 
-#[cfg(test)]
 /// Column types: every one fovea stores, every decimal precision, and
-/// some types it does not store.
-pub(crate) fn column_types_for_tests() -> Vec<DataType> {
+/// some types it does not store (for tests, here and in `fovea-cdc`).
+#[doc(hidden)]
+pub fn column_types_for_tests() -> Vec<DataType> {
     let mut types = vec![
         DataType::Boolean,
         DataType::Int8,

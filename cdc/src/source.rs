@@ -9,10 +9,10 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use super::SourcePosition;
-use crate::error::{Error, Result};
+use fovea_types::error::{Error, Result};
 
 /// Where a [`ChangeSource`] pushes its records: the engine's
-/// [`crate::sink::Sink`], or anything else that keeps this contract (a
+/// `fovea_core::sink::Sink`, or anything else that keeps this contract (a
 /// recorder in the sources' conformance suite).
 ///
 /// Contract:
@@ -341,7 +341,7 @@ impl LineSource {
                 // `append_line`'s to refuse, with its position).
                 let Some(nl) = memchr::memrchr(b'\n', &held[..e.valid_up_to()]) else { return Ok(0) };
                 simdutf8::basic::from_utf8(&held[..=nl])
-                    .map_err(|_| crate::error::Error::invariant("a prefix found UTF-8 did not validate"))?
+                    .map_err(|_| fovea_types::error::Error::invariant("a prefix found UTF-8 did not validate"))?
             }
         };
         let end = text.len();

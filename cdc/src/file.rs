@@ -19,7 +19,7 @@ use std::time::Duration;
 use super::source::{ChangeSource, Lag, LineSource, Polled, RecordSink, Resume};
 use super::typed::{CurrentTables, TypedTables};
 use super::{BufferPool, ChangeRecord, InputFormat, LineBuffer, SharedLine, SourcePosition, decode_owned_line};
-use crate::error::{Error, Result};
+use fovea_types::error::{Error, Result};
 
 /// Threads decoding lines (besides the reader and the applying thread).
 const DECODERS: usize = 2;
@@ -255,7 +255,7 @@ fn decode_loop(
     for batch in from {
         // A decoder panic is that line's error, not a dead thread.
         let mut decode = |pos: SourcePosition, range: Range<usize>| {
-            crate::error::catch_panic(
+            fovea_types::error::catch_panic(
                 || format!("decoding input line {}", pos.line),
                 || {
                     let line = SharedLine::new(Arc::clone(&batch.text), range)
