@@ -7,12 +7,10 @@
 
 #[cfg(feature = "faults")]
 pub mod faults;
-pub mod index;
-pub mod mvcc;
 /// The change model and the decoders of change streams (the `fovea-cdc` crate).
 pub use fovea_cdc as cdc;
 pub use fovea_types::{error, ids, schema};
-pub mod visibility;
+pub use fovea_versions::{index, mvcc, visibility};
 pub mod workers;
 
 pub use error::{Error, Result};

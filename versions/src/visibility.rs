@@ -41,9 +41,9 @@ use std::sync::{Arc, Mutex};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use fovea_scan_wasm::{self as kernel, TILE_ROWS, TILE_WORDS};
 
-use crate::error::{Error, Result};
-use crate::ids::{FileId, Ts};
 use crate::mvcc::lock;
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::{FileId, Ts};
 
 /// Entries per block (64 bytes of entries).
 pub const BLOCK_ENTRIES: usize = 8;
@@ -360,7 +360,7 @@ pub(crate) fn shift_down(words: &mut Vec<u64>, first: usize, rows: usize) {
 
 /// Bits `[start, start + rows)` of `src` into `out` (bit `start + r` to
 /// bit `r`; bits `src` lacks are zero, as are bits past `rows`).
-pub(crate) fn copy_bits(src: &[u64], start: usize, rows: usize, out: &mut Vec<u64>) {
+pub fn copy_bits(src: &[u64], start: usize, rows: usize, out: &mut Vec<u64>) {
     out.clear();
     let w0 = start / 64;
     out.extend_from_slice(&src[w0.min(src.len())..(w0 + rows.div_ceil(64) + 1).min(src.len())]);

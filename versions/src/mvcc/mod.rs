@@ -21,20 +21,21 @@
 
 mod store;
 
-pub(crate) use store::open_durable_sqlite;
+pub use store::open_durable_sqlite;
 pub use store::{Lease, MemoryTxnStore, PersistedClock, ReaderLease, SqliteTxnStore, TxnStore, conformance, may_grant};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::{Error, Result};
-use crate::ids::Ts;
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::Ts;
 
 /// How many timestamps are reserved in the [`TxnStore`] at a time.
 pub const DEFAULT_TS_RESERVATION: u64 = 1 << 20;
 
-pub(crate) use fovea_types::sync::lock;
+/// The poison-tolerant lock every part of the engine takes.
+pub use fovea_types::sync::lock;
 
 /// The timestamp allocator, the watermarks and the registry of live queries.
 pub struct Clock {

@@ -32,13 +32,13 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-use crate::error::{Error, Result};
-use crate::ids::{RowId, Ts};
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::{RowId, Ts};
 
 use arena::*;
 use image::*;
 pub use image::{ImageRun, ImageWriter, KeyUpgrade, merge_images, merge_images_into, write_image};
-pub(crate) use key::encode_key_values;
+pub use key::encode_key_values;
 pub use key::{KeyBytes, RoutingKey, encode_key, encode_row_key, routing_key, upgrade_key};
 pub use main_index::{MainIndex, RangeEntry, RowLocation};
 
@@ -684,10 +684,10 @@ impl PrimaryIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{FileId, TableId};
-    use crate::schema::{TableDef, Value};
     use arrow::datatypes::DataType;
     use bytes::Bytes;
+    use fovea_types::ids::{FileId, TableId};
+    use fovea_types::schema::{TableDef, Value};
 
     #[test]
     fn a_rows_key_encodes_as_its_key_values_do() {

@@ -3,10 +3,10 @@
 
 use smallvec::SmallVec;
 
-use crate::error::Result;
-use crate::ids::TableId;
-use crate::schema::{TableDef, Value};
 use arrow::datatypes::DataType;
+use fovea_types::error::Result;
+use fovea_types::ids::TableId;
+use fovea_types::schema::{TableDef, Value};
 
 use super::*;
 
@@ -38,7 +38,7 @@ pub fn encode_row_key(table: &TableDef, row: &[Value]) -> KeyBytes {
 }
 
 /// [`encode_key`] of the values `key` yields.
-pub(crate) fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
+pub fn encode_key_values<'v>(table: TableId, key: impl IntoIterator<Item = &'v Value>) -> KeyBytes {
     let mut out = KeyBytes::new();
     encode_values_into(&mut out, table, key, push_int);
     out

@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use crate::error::{Error, Result};
-use crate::ids::{RowId, Ts};
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::{RowId, Ts};
 
 use super::*;
 

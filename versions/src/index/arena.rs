@@ -3,8 +3,8 @@
 
 use hashbrown::HashMap;
 
-use crate::error::{Error, Result};
-use crate::ids::{RowId, TS_BITS_MASK};
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::{RowId, TS_BITS_MASK};
 
 /// Row id meaning "deleted" in a version list.
 pub(super) const TOMBSTONE: u64 = u64::MAX;

@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::lock;
-use crate::error::{Error, Result};
-use crate::ids::Ts;
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::Ts;
 
 /// What a [`TxnStore`] holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,7 +24,7 @@ pub struct PersistedClock {
 /// epoch grows with every grant and is the fencing token of every write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    /// Who holds it (see `crate::lease::owner_id`).
+    /// Who holds it (see `fovea_core::lease::owner_id`).
     pub owner: String,
     /// Fencing token: grows by one with every grant.
     pub epoch: u64,
@@ -248,7 +248,7 @@ impl TxnStore for MemoryTxnStore {
 
 /// Opens (creating the folder) a SQLite file for metadata that must
 /// survive a crash: WAL journal, synchronous=FULL.
-pub(crate) fn open_durable_sqlite(path: &Path) -> Result<Connection> {
+pub fn open_durable_sqlite(path: &Path) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -441,8 +441,8 @@ pub mod conformance {
     use std::sync::Arc;
 
     use super::{Lease, PersistedClock, ReaderLease, TxnStore};
-    use crate::error::Error;
-    use crate::ids::Ts;
+    use fovea_types::error::Error;
+    use fovea_types::ids::Ts;
 
     /// Runs every check on a new, empty store made by `new` (called once
     /// per check).

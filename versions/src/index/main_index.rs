@@ -1,7 +1,7 @@
 //! The main index (MI): row-id ranges → (file, row offset).
 
-use crate::error::{Error, Result};
-use crate::ids::{FileId, RowId};
+use fovea_types::error::{Error, Result};
+use fovea_types::ids::{FileId, RowId};
 
 /// Where a row id lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
