@@ -642,7 +642,9 @@ mod tests {
 }
 
 /// Column types: every one fovea stores, every decimal precision, and
-/// some types it does not store (for tests, here and in `fovea-cdc`).
+/// some types it does not store (for tests, here and in `fovea-cdc`, which
+/// turns on the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
 #[doc(hidden)]
 pub fn column_types_for_tests() -> Vec<DataType> {
     let mut types = vec![
