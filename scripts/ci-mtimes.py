@@ -4,8 +4,8 @@
 Cargo decides what to rebuild by comparing the modification times of a
 crate's sources with its last build. Every file of a fresh clone is new, so
 every workspace crate is rebuilt in every profile CI builds (tests, the
-optimised model test, the Lambda functions' release build, the nightly fuzz
-targets) though most did not change. This gives a file whose content is the
+optimised model test, the Lambda functions' release build, the check of the
+libFuzzer driver) though most did not change. This gives a file whose content is the
 one the previous CI run built (same git blob) the modification time it had
 then, so only crates whose sources changed are rebuilt.
 

@@ -2,17 +2,40 @@
 # Fuzzes every decoder of untrusted bytes with cargo fuzz (libFuzzer, the
 # nightly toolchain) for SECONDS each (default 15): Debezium, DMS,
 # pgoutput, the DDL parser, checkpoint manifests, index images, visibility
-# checkpoints, split tasks and the visibility RPC's request bodies. Corpora live in /var/tmp/fovea-fuzz/corpus
-# (seeded from pg-tiny and from fovea-core's fuzz_seeds example; they grow
-# from run to run); a crash or a hang fails the script and leaves its input
-# under fuzz/artifacts/.
-# `replay` instead of SECONDS runs each corpus once without mutating it
-# (CI: deterministic, a regression check of every input kept so far).
+# checkpoints, split tasks and the visibility RPC's request bodies. The
+# targets' bodies are fovea-fuzz-targets (fuzz/); cargo fuzz's driver is
+# fuzz/libfuzzer (its own workspace). Corpora live in
+# /var/tmp/fovea-fuzz/corpus (seeded from pg-tiny and the engine's formats;
+# they grow from run to run); a crash or a hang fails the script and leaves
+# its input under fuzz/libfuzzer/artifacts/.
+#
+# `replay` instead of SECONDS runs each corpus once without mutating it, on
+# the stable toolchain in the workspace's test build (fuzz/tests/corpus.rs
+# with FOVEA_FUZZ_CORPUS; CI's suite runs it so), then checks that the
+# libFuzzer driver still compiles (stable `cargo check`): no nightly build.
 #   usage: bash scripts/fuzz.sh [SECONDS|replay] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/fovea-target}"
+WORK=/var/tmp/fovea-fuzz
+corpus="$WORK/corpus"
 secs="${1:-15}"; shift || true
-if [ "$secs" = replay ]; then run=(-runs=0); else run=(-max_total_time="$secs"); fi
+
+if [ "$secs" = replay ]; then
+  echo "== every corpus replayed once (stable, fuzz/tests/corpus.rs; seeds and $corpus)"
+  mkdir -p "$WORK"
+  log="$WORK/replay.log"
+  if ! FOVEA_FUZZ_CORPUS="$corpus" cargo nextest run --workspace -E 'package(fovea-fuzz-targets)' --no-capture >"$log" 2>&1; then
+    grep -E "findings|panicked|hung|peak memory|error" "$log" || tail -20 "$log"
+    echo "fuzz replay: findings (the whole output in $log)"
+    exit 1
+  fi
+  grep -E "inputs$|^FOVEA_FUZZ_CORPUS" "$log" || true
+  echo "== the libFuzzer driver compiles (fuzz/libfuzzer, cargo check)"
+  CARGO_TARGET_DIR="$WORK/check-target" cargo check -q --manifest-path fuzz/libfuzzer/Cargo.toml --bins
+  exit 0
+fi
+
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(debezium dms pgoutput ddl checkpoint_manifest index_image visibility_checkpoint split_task rpc)
 
@@ -29,11 +52,9 @@ if [ ! -x "$TOOLS/bin/cargo-fuzz" ]; then
   CARGO_TARGET_DIR="$TOOLS/build" cargo install cargo-fuzz --locked --root "$TOOLS" --quiet
 fi
 export PATH="$TOOLS/bin:$PATH"
-WORK=/var/tmp/fovea-fuzz
-corpus="$WORK/corpus"
 mkdir -p "$corpus"
 python3 scripts/fuzz_seeds.py "$corpus"
-CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/fovea-target}" cargo run -q -p fovea-core --example fuzz_seeds -- "$corpus"
+cargo run -q -p fovea-fuzz-targets --bin fuzz-seeds -- "$corpus"
 
 failed=()
 for t in "${targets[@]}"; do
@@ -43,8 +64,8 @@ for t in "${targets[@]}"; do
   # decoder must not balloon on small inputs. Debug assertions are on, so
   # an arithmetic overflow is a crash too.
   log="$WORK/$t.log"
-  if cargo +nightly fuzz run --sanitizer none --target-dir "$WORK/target" "$t" "$corpus/$t" -- \
-    "${run[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
+  if cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer --sanitizer none --target-dir "$WORK/target" "$t" "$corpus/$t" -- \
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
     grep -E "^stat::number_of_executed_units|^INFO: seed corpus: files" "$log" || true
   else
     grep -E "panicked|ERROR|SUMMARY|artifact|^stat::number_of_executed_units" "$log" || tail -20 "$log"
@@ -52,6 +73,6 @@ for t in "${targets[@]}"; do
   fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "fuzz: crashes or hangs in ${failed[*]} (inputs under fuzz/artifacts/; logs in $WORK)"
+  echo "fuzz: crashes or hangs in ${failed[*]} (inputs under fuzz/libfuzzer/artifacts/; logs in $WORK)"
   exit 1
 fi

@@ -4,7 +4,7 @@
 metadata), DMS records, the pg-tiny DDL, and pgoutput sessions built by the
 protocol's message layouts. The binary formats (checkpoint manifest, index
 image, visibility checkpoint, split tasks) come from
-`cargo run -p fovea-core --example fuzz_seeds`.
+`cargo run -p fovea-fuzz-targets --bin fuzz-seeds` (fuzz/src/seeds.rs).
 
 usage: fuzz_seeds.py CORPUS_DIR
 """

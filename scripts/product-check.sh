@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The product holds no harness: checks that the `fovea` binary and the
 # Lambda functions, as release builds resolve them, depend on neither the
-# test harnesses (fovea-testkit) nor the benchmarks (fovea-bench) nor
+# test harnesses (fovea-testkit, fovea-fuzz-targets) nor the benchmarks (fovea-bench) nor
 # criterion, and do not turn on fault injection (the `faults` feature of
 # fovea-core and fovea-aws); then that a built `fovea` binary contains no
 # symbol or message of the harness crates. Usage:
@@ -14,7 +14,7 @@ status=0
 for pkg in fovea-replayer fovea-scan-fn fovea-combine-fn fovea-gc-fn; do
   # Normal and build edges only: what `cargo build --release -p PKG` compiles.
   tree=$(cargo tree -q -p "$pkg" -e normal,build --prefix none -f '{p} [{f}]')
-  if grep -E '^(fovea-testkit|fovea-bench|criterion|proptest) ' <<<"$tree"; then
+  if grep -E '^(fovea-testkit|fovea-fuzz-targets|fovea-bench|criterion|proptest) ' <<<"$tree"; then
     echo "$pkg: a harness crate is in the product's dependency graph"
     status=1
   fi
@@ -27,7 +27,7 @@ bin="${1:-${CARGO_TARGET_DIR:-target}/debug/fovea}"
 if [ -x "$bin" ]; then
   # Crate names appear in every mangled symbol of a crate, messages in its
   # code: neither may be in the product.
-  for tell in fovea_testkit fovea_bench 'did not start (run scripts/test-deps.sh' 'fovea-bench gen'; do
+  for tell in fovea_testkit fovea_fuzz_targets fovea_bench 'did not start (run scripts/test-deps.sh' 'fovea-bench gen'; do
     if grep -a -q -F -- "$tell" "$bin"; then
       echo "$bin: harness code in the product binary ($tell)"
       status=1

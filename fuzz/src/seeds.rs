@@ -1,8 +1,8 @@
-//! Writes seed inputs for the fuzz targets (`fuzz/`) in their real formats:
-//! a checkpoint manifest, primary-index images, a visibility checkpoint and
-//! split tasks of every kind, from a small lake with inserts, updates and
-//! deletes. `cargo run -p fovea-core --example fuzz_seeds -- DIR` writes
-//! DIR/<target>/<n>; scripts/fuzz.sh runs it.
+//! Seed inputs for the fuzz targets in their real formats: a checkpoint
+//! manifest, primary-index images, a visibility checkpoint, split tasks of
+//! every kind and visibility RPC requests, from a small lake with inserts,
+//! updates and deletes. The text and protocol formats (Debezium, DMS,
+//! pgoutput, DDL) come from `scripts/fuzz_seeds.py`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use fovea_core::frozen::FrozenVisibility;
 use fovea_core::location::{OpenMode, open_lake};
 use fovea_core::scan::{CmpOp, Predicate};
 use fovea_core::{EngineConfig, Op, ScanOptions, Value};
+use tempfile::tempdir;
 
 fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     let d = dir.join(target);
@@ -19,9 +20,10 @@ fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) -> std::io::Result<
     std::fs::write(d.join(name), bytes)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let out = PathBuf::from(std::env::args().nth(1).ok_or("usage: fuzz_seeds DIR")?);
-    let lake_dir = tempfile::tempdir()?;
+/// Writes the seeds under `out/<target>/`; returns how many split tasks
+/// it wrote.
+pub fn write_seeds(out: &Path) -> Result<usize, Box<dyn std::error::Error>> {
+    let lake_dir = tempdir()?;
     // Small blocks: flushed blocks and, after combine, regular files.
     let lake = open_lake(lake_dir.path(), EngineConfig::default().with_blocks(8, 2), OpenMode::Write)?;
     let engine = &lake.engine;
@@ -53,17 +55,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     engine.apply((41..43).map(|k| Op::Delete { table: t.id, key: vec![Value::Int(k)] }).collect())?;
     engine.apply((50..53).map(|k| Op::Insert { table: t.id, row: row(k) }).collect())?;
     let manifest = engine.write_checkpoint()?;
-    write(&out, "checkpoint_manifest", "manifest.json", &serde_json::to_vec(&manifest)?)?;
+    write(out, "checkpoint_manifest", "manifest.json", &serde_json::to_vec(&manifest)?)?;
     for entry in walk(lake_dir.path())? {
         let name = entry.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         if name.starts_with("index-") && (name.ends_with(".bin") || name.ends_with(".delta")) {
             // The fuzz target appends the checksum itself.
             let bytes = std::fs::read(&entry)?;
-            write(&out, "index_image", &name, &bytes[..bytes.len().saturating_sub(4)])?;
+            write(out, "index_image", &name, &bytes[..bytes.len().saturating_sub(4)])?;
         }
     }
     let frozen = FrozenVisibility::capture(engine, &snapshot)?.encode();
-    write(&out, "visibility_checkpoint", "frozen.bin", &frozen[..frozen.len() - 4])?;
+    write(out, "visibility_checkpoint", "frozen.bin", &frozen[..frozen.len() - 4])?;
 
     let filters = [
         None,
@@ -77,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for filter in filters {
         let options = ScanOptions { projection: Some(vec![2, 0, 1]), filter, ..ScanOptions::default() };
         for task in engine.scan(&snapshot, "public.t", options)?.tasks()? {
-            write(&out, "split_task", &format!("task-{n}.json"), &serde_json::to_vec(&task)?)?;
+            write(out, "split_task", &format!("task-{n}.json"), &serde_json::to_vec(&task)?)?;
             n += 1;
         }
     }
@@ -90,10 +92,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (1, r#"{"table":"s.t","qts":2}"#),
     ];
     for (i, (action, body)) in requests.iter().enumerate() {
-        write(&out, "rpc", &format!("request-{i}"), &[&[*action][..], body.as_bytes()].concat())?;
+        write(out, "rpc", &format!("request-{i}"), &[&[*action][..], body.as_bytes()].concat())?;
     }
-    println!("fuzz seeds in {} ({n} split tasks)", out.display());
-    Ok(())
+    Ok(n)
 }
 
 fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {

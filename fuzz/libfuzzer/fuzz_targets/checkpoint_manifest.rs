@@ -1,0 +1,8 @@
+//! A checkpoint's manifest as a catalog returns it.
+//! The body is `fovea_fuzz_targets::checkpoint_manifest` (fuzz/), which the
+//! workspace's corpus test replays on the stable toolchain.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| fovea_fuzz_targets::checkpoint_manifest(data));
