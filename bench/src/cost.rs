@@ -310,7 +310,7 @@ fn measure_rate(
     let warmup = usize::try_from(b.txns).unwrap_or(usize::MAX).min(ends.len()) - 1;
     std::fs::write(&input, &text[..ends[warmup].0])?;
     let cpu_before = fovea_replayer::serve::metrics::cpu_seconds();
-    let warm = replay_into(lake(), &input, false, u64::MAX, iceberg())?;
+    let warm = replay_into(lake(), &input, false, u64::MAX, iceberg(), None)?;
     let cpu = cpu_before.zip(fovea_replayer::serve::metrics::cpu_seconds()).map_or(0.0, |(a, z)| z - a);
     let cpu_s_per_row = cpu / warm.rows.max(1) as f64;
     let per_interval = (rate * b.checkpoint_secs).ceil() as u64;
@@ -328,7 +328,7 @@ fn measure_rate(
             .map(|i| at + 1 + i)
             .ok_or_else(|| format!("the stream is too short for {INTERVALS} intervals of {per_interval} rows (a bug: it is generated long enough)"))?;
         append(ends[at].0, ends[next].0)?;
-        let run = replay_into(lake(), &input, false, u64::MAX, iceberg())?;
+        let run = replay_into(lake(), &input, false, u64::MAX, iceberg(), None)?;
         let expected = ends[next].1 - start_rows;
         if run.rows != expected || run.checkpoints != 1 {
             return Err(format!(
@@ -340,7 +340,7 @@ fn measure_rate(
         intervals.push(Interval::of(&run));
         at = next;
     }
-    let empty = replay_into(lake(), &input, false, u64::MAX, iceberg())?;
+    let empty = replay_into(lake(), &input, false, u64::MAX, iceberg(), None)?;
     if empty.rows != 0 {
         return Err(format!("a replay with nothing appended applied {} rows", empty.rows).into());
     }

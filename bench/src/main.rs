@@ -12,6 +12,7 @@ mod iceberg;
 mod kinesis;
 mod lambda;
 mod replay;
+mod scale;
 mod scan;
 mod serve;
 
@@ -207,6 +208,28 @@ enum Command {
     /// (and its fan-out consumer) — beside Firehose → Iceberg for the same
     /// change records, from a table of list prices.
     Cost(cost::CostBench),
+    /// What each role of a scaled-out replay costs per row — the sink
+    /// (decoding; assembling, timing and routing transactions) and the
+    /// replayers (shards applying, flushing, checkpointing) — measured by
+    /// replays with 1, 2, 4 … shards, and the throughput of 1 to 16
+    /// replayer nodes behind one sink that gives, beside Retina's.
+    Scale {
+        /// Replayer (shard) counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        replayers: Vec<usize>,
+        /// Transactions of the HyBench stream.
+        #[arg(long, default_value_t = 100_000)]
+        txns: u64,
+        /// Replays per count (medians reported; counts alternate).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Cores of a node in the throughput model.
+        #[arg(long, default_value_t = 16)]
+        node_cores: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// End-to-end replay throughput: generate a stream to a file, replay it
     /// into a fresh lake, report rows/s (and the decode share).
     Replay {
@@ -283,6 +306,9 @@ fn main() -> ExitCode {
         Command::Gen { workload, txns, seed, output } => generate(workload, txns, seed, output).map_err(Into::into),
         Command::Replay { workload, txns, runs, lake, state, json } => {
             replay::replay(workload, txns, runs.max(1), lake.map(|lake| replay::RemoteLake { lake, state }), json)
+        }
+        Command::Scale { replayers, txns, runs, node_cores, json } => {
+            scale::run(&scale::ScaleBench { replayers, txns, runs: runs.max(1), node_cores, json })
         }
         Command::Freshness { rate, seconds, json } => replay::freshness(rate, seconds, json),
         Command::Query { rows, rounds, json } => replay::query(rows, rounds as usize, json),

@@ -39,6 +39,7 @@ pub(crate) fn replay_into(
     progress: bool,
     checkpoint_txns: u64,
     iceberg: fovea_replayer::lakes::IcebergArgs,
+    shards: Option<usize>,
 ) -> fovea_replayer::replay::CliResult<ReplayRun> {
     let meter = Arc::new(fovea_core::metered::StoreMeter::default());
     let (backends, dynamo) = lake.backends_metered(Some(Arc::clone(&meter)))?;
@@ -51,7 +52,7 @@ pub(crate) fn replay_into(
         format: fovea_core::cdc::InputFormat::Auto,
         schema_file: None,
         checkpoint_txns,
-        shards: None,
+        shards,
         blocks: None,
         lease: fovea_core::lease::DEFAULT_LEASE_TTL,
         progress,
@@ -149,6 +150,7 @@ pub fn replay(
             !json_out,
             BENCH_CHECKPOINT_TXNS,
             Default::default(),
+            None,
         )?;
         // CPU of every thread of the process (decoders, shards, flush, checkpoints) per row replayed.
         let cpu_us_per_row = cpu_before
@@ -199,7 +201,7 @@ pub fn replay(
             no_create: false,
         };
         let name = lake.lake.clone();
-        let r = replay_into(lake, &input, !json_out, BENCH_CHECKPOINT_TXNS, Default::default())?;
+        let r = replay_into(lake, &input, !json_out, BENCH_CHECKPOINT_TXNS, Default::default(), None)?;
         let remote_rows_per_s = r.rows as f64 / r.seconds;
         let per_1000 = |n: u64| (n as f64 * 1000.0 / r.rows.max(1) as f64 * 100.0).round() / 100.0;
         let local_requests = requests_per_1000(&local);

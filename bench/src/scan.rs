@@ -149,6 +149,7 @@ pub fn run(b: &ScanBench) -> CliResult<()> {
         !b.json,
         crate::replay::BENCH_CHECKPOINT_TXNS,
         Default::default(),
+        None,
     )?;
     std::fs::remove_file(&input)?;
 
