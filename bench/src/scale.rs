@@ -110,14 +110,18 @@ impl Sampler {
     fn start() -> std::io::Result<Sampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let main = std::process::id() as i32;
+        let (first_taken, taken) = std::sync::mpsc::channel();
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new().name("bench-sampler".into()).spawn(move || {
-                // Newest ticks per live thread, and the ticks of threads
-                // whose id the kernel gave to a new thread since.
-                let mut live: HashMap<i32, (Role, u64)> = HashMap::new();
+                // Per live thread: its role, its ticks when first seen if it
+                // ran before the sampler started (0 for a thread started
+                // since), and its newest ticks. Ticks of threads whose id
+                // the kernel gave to a new thread since go to `ended`.
+                let mut live: HashMap<i32, (Role, u64, u64)> = HashMap::new();
                 let mut ended: HashMap<Role, u64> = HashMap::new();
-                let mut sample = |live: &mut HashMap<i32, (Role, u64)>| {
+                let mut first = true;
+                let mut sample = |live: &mut HashMap<i32, (Role, u64, u64)>, first: bool| {
                     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return };
                     for task in tasks.flatten() {
                         let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else {
@@ -129,35 +133,40 @@ impl Sampler {
                         }
                         let role = Role::of(tid, main, &comm);
                         match live.get_mut(&tid) {
-                            Some((r, t)) if *r == role && ticks >= *t => *t = ticks,
+                            Some((r, _, newest)) if *r == role && ticks >= *newest => *newest = ticks,
                             Some(old) => {
-                                *ended.entry(old.0).or_default() += old.1;
-                                *old = (role, ticks);
+                                *ended.entry(old.0).or_default() += old.2 - old.1;
+                                *old = (role, 0, ticks);
                             }
                             None => {
-                                live.insert(tid, (role, ticks));
+                                live.insert(tid, (role, if first { ticks } else { 0 }, ticks));
                             }
                         }
                     }
                 };
                 // Relaxed: a flag polled every sample; the join publishes the result.
                 while !stop.load(Ordering::Relaxed) {
-                    sample(&mut live);
+                    sample(&mut live, first);
+                    if first {
+                        let _ = first_taken.send(());
+                    }
+                    first = false;
                     std::thread::sleep(SAMPLE_EVERY);
                 }
-                sample(&mut live);
+                sample(&mut live, false);
                 let mut seconds: HashMap<Role, f64> = HashMap::new();
-                for (role, ticks) in live.into_values().chain(ended) {
+                for (role, ticks) in live.into_values().map(|(r, start, newest)| (r, newest - start)).chain(ended) {
                     *seconds.entry(role).or_default() += ticks as f64 / 100.0;
                 }
                 seconds
             })?
         };
+        // The threads already running are counted from here on.
+        taken.recv().map_err(|_| std::io::Error::other("the CPU sampler stopped before its first sample"))?;
         Ok(Sampler { stop, thread })
     }
 
-    /// CPU seconds each role used since [`Sampler::start`] (threads that
-    /// existed before count from their start: the replay's all start after).
+    /// CPU seconds each role used since [`Sampler::start`].
     fn finish(self) -> HashMap<Role, f64> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
