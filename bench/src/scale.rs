@@ -63,11 +63,18 @@ enum Role {
     Flush,
     /// Writing checkpoints (index images, visibility).
     Checkpoint,
-    /// Anything else (runtimes, the benchmark itself).
+    /// Memory GC of visibility, combine, storage GC.
+    Maintenance,
+    /// The object store's IO runtime (writing flushed blocks, files and
+    /// checkpoints).
+    Io,
+    /// Anything else (the lease's heartbeat, the benchmark itself).
     Other,
 }
 
 impl Role {
+    /// The role of thread `tid` named `comm` (Linux keeps a thread's
+    /// first 15 bytes: "fovea-checkpoin").
     fn of(tid: i32, main: i32, comm: &str) -> Role {
         if tid == main {
             return Role::SinkApply;
@@ -78,8 +85,12 @@ impl Role {
             n.parse().map_or(Role::Other, Role::Shard)
         } else if comm == "fovea-flush" {
             Role::Flush
-        } else if comm == "fovea-checkpoint" {
+        } else if comm.starts_with("fovea-checkpoin") {
             Role::Checkpoint
+        } else if comm.starts_with("fovea-maintenan") {
+            Role::Maintenance
+        } else if comm == "fovea-io" {
+            Role::Io
         } else {
             Role::Other
         }
@@ -186,15 +197,18 @@ struct RoleCosts {
     shard_skew: f64,
     flush: f64,
     checkpoint: f64,
+    maintenance: f64,
+    io: f64,
     other: f64,
     /// Process CPU no sampled thread accounts for.
     unattributed: f64,
 }
 
 impl RoleCosts {
-    /// What a replayer node does per row: apply, flush, checkpoint.
+    /// What a replayer node does per row: apply, flush, checkpoint, keep
+    /// its files (memory GC, combine), and the IO of all of these.
     fn replayer(&self) -> f64 {
-        self.shards + self.flush + self.checkpoint
+        self.shards + self.flush + self.checkpoint + self.maintenance + self.io
     }
 
     fn sink(&self) -> f64 {
@@ -240,6 +254,8 @@ fn replay_once(
         shard_skew: if mean > 0.0 { shard_cpu.iter().copied().fold(0.0, f64::max) / mean } else { 0.0 },
         flush: per_row(of(Role::Flush)),
         checkpoint: per_row(of(Role::Checkpoint)),
+        maintenance: per_row(of(Role::Maintenance)),
+        io: per_row(of(Role::Io)),
         other: per_row(of(Role::Other)),
         unattributed: process.map_or(0.0, |p| per_row((p - attributed).max(0.0))),
     })
@@ -257,6 +273,8 @@ fn medians(runs: &[RoleCosts]) -> RoleCosts {
         shard_skew: m(|r| r.shard_skew),
         flush: m(|r| r.flush),
         checkpoint: m(|r| r.checkpoint),
+        maintenance: m(|r| r.maintenance),
+        io: m(|r| r.io),
         other: m(|r| r.other),
         unattributed: m(|r| r.unattributed),
     }
@@ -345,6 +363,8 @@ pub fn run(b: &ScaleBench) -> fovea_replayer::replay::CliResult<()> {
                 "replayer_shards": round2(c.shards),
                 "replayer_flush": round2(c.flush),
                 "replayer_checkpoint": round2(c.checkpoint),
+                "replayer_maintenance": round2(c.maintenance),
+                "replayer_io": round2(c.io),
                 "other": round2(c.other),
                 "unattributed": round2(c.unattributed),
             },
@@ -366,21 +386,23 @@ pub fn run(b: &ScaleBench) -> fovea_replayer::replay::CliResult<()> {
         return Ok(());
     }
     println!(
-        "HyBench, {} transactions, {} rows, {} build; CPU µs per row by role (medians of {} runs)",
+        "HyBench, {} transactions, {} rows, {} build; CPU µs per row by role (medians of {} runs): sink | replayers | neither",
         b.txns,
         at.rows,
         result["build"].as_str().unwrap_or_default(),
         b.runs
     );
     println!(
-        "{:>9} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>8} {:>10} {:>6}",
+        "{:>9} {:>9} | {:>6} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} | {:>6} {:>7} | {:>10} {:>5}",
         "replayers",
         "rows/s",
-        "sink:apply",
-        "sink:decode",
+        "apply",
+        "decode",
         "shards",
         "flush",
-        "checkpoint",
+        "ckpt",
+        "maint.",
+        "io",
         "other",
         "unattr.",
         "sink/repl.",
@@ -388,7 +410,7 @@ pub fn run(b: &ScaleBench) -> fovea_replayer::replay::CliResult<()> {
     );
     for (n, c) in &measured {
         println!(
-            "{:>9} {:>10.0} {:>10.2} {:>11.2} {:>10.2} {:>8.2} {:>10.2} {:>8.2} {:>8.2} {:>10.2} {:>6.2}",
+            "{:>9} {:>9.0} | {:>6.2} {:>6.2} | {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} | {:>6.2} {:>7.2} | {:>10.2} {:>5.2}",
             n,
             c.rows_per_s,
             c.sink_apply,
@@ -396,6 +418,8 @@ pub fn run(b: &ScaleBench) -> fovea_replayer::replay::CliResult<()> {
             c.shards,
             c.flush,
             c.checkpoint,
+            c.maintenance,
+            c.io,
             c.other,
             c.unattributed,
             c.sink() / c.replayer().max(1e-9),
@@ -417,9 +441,9 @@ pub fn run(b: &ScaleBench) -> fovea_replayer::replay::CliResult<()> {
     );
     for m in &model {
         println!(
-            "  {:>2} replayers: {:>10} rows/s ({})",
+            "  {:>2} replayers: {:>10.0} rows/s ({})",
             m["replayers"],
-            m["rows_per_s"],
+            m["rows_per_s"].as_f64().unwrap_or_default(),
             m["bound_by"].as_str().unwrap_or_default()
         );
     }

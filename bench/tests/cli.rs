@@ -67,6 +67,49 @@ fn bench_replay_reports_the_median_of_its_runs() {
 }
 
 #[test]
+fn bench_scale_charges_each_role_and_models_one_to_sixteen_replayers() {
+    let out = fovea_bench()
+        .args(["scale", "--replayers", "1,2", "--txns", "3000", "--runs", "1", "--node-cores", "8", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let measured = v["measured"].as_array().unwrap();
+    assert_eq!(measured.iter().map(|m| m["replayers"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2], "{v}");
+    for m in measured {
+        let cpu = &m["cpu_us_per_row"];
+        // The applying thread and the shard workers run for every row
+        // (a debug build: many clock ticks each).
+        for role in ["sink_apply", "replayer_shards"] {
+            assert!(cpu[role].as_f64().unwrap() > 0.0, "{role} in {m}");
+        }
+        for role in [
+            "sink_decode",
+            "replayer_flush",
+            "replayer_checkpoint",
+            "replayer_maintenance",
+            "replayer_io",
+            "other",
+            "unattributed",
+        ] {
+            assert!(cpu[role].as_f64().unwrap() >= 0.0, "{role} in {m}");
+        }
+        assert!(m["rows_per_s"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    let model = &v["model"];
+    assert_eq!(model["node_cores"], 8, "{v}");
+    let throughput = model["throughput"].as_array().unwrap();
+    let rates: Vec<f64> = throughput.iter().map(|t| t["rows_per_s"].as_f64().unwrap()).collect();
+    assert_eq!(throughput.iter().map(|t| t["replayers"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2, 4, 8, 16]);
+    assert!(rates.windows(2).all(|w| w[0] <= w[1]) && rates[0] > 0.0, "{v}");
+    assert!(rates[4] <= model["sink_ceiling_rows_per_s"].as_f64().unwrap(), "{v}");
+
+    let out = fovea_bench().args(["scale", "--replayers", "0,2"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--replayers"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn gen_writes_the_same_stream_for_the_same_seed() {
     let dir = tempfile::tempdir().unwrap();
     let run = |seed: &str, name: &str| {
