@@ -97,8 +97,8 @@ impl Role {
     }
 }
 
-/// CPU time (user + system, clock ticks of 10 ms) and name of thread
-/// `tid` of this process, from `/proc/self/task/TID/stat`.
+/// CPU time (user + system, in the kernel's USER_HZ ticks, 100 a second)
+/// and name of thread `tid` of this process, from `/proc/self/task/TID/stat`.
 fn thread_ticks(tid: i32) -> Option<(String, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
     let open = stat.find('(')?;
@@ -119,6 +119,11 @@ struct Sampler {
 
 impl Sampler {
     fn start() -> std::io::Result<Sampler> {
+        if thread_ticks(std::process::id() as i32).is_none() {
+            return Err(std::io::Error::other(
+                "bench scale reads each thread's CPU time from /proc/self/task (Linux), which is not readable here",
+            ));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let main = std::process::id() as i32;
         let (first_taken, taken) = std::sync::mpsc::channel();
@@ -178,9 +183,9 @@ impl Sampler {
     }
 
     /// CPU seconds each role used since [`Sampler::start`].
-    fn finish(self) -> HashMap<Role, f64> {
+    fn finish(self) -> std::io::Result<HashMap<Role, f64>> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or_default()
+        self.thread.join().map_err(|_| std::io::Error::other("the CPU sampler panicked"))
     }
 }
 
@@ -235,7 +240,7 @@ fn replay_once(
         Default::default(),
         Some(shards),
     );
-    let by_role = sampler.finish();
+    let by_role = sampler.finish()?;
     let run = run?;
     std::fs::remove_dir_all(&lake)?;
     let process = cpu_before.zip(fovea_replayer::serve::metrics::cpu_seconds()).map(|(b, a)| a - b);
