@@ -97,18 +97,12 @@ impl Role {
     }
 }
 
-/// CPU time (user + system, in the kernel's USER_HZ ticks, 100 a second)
-/// and name of thread `tid` of this process, from `/proc/self/task/TID/stat`.
+/// Name and CPU time (USER_HZ ticks, 100 a second) of thread `tid` of
+/// this process.
 fn thread_ticks(tid: i32) -> Option<(String, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?.to_owned();
-    // After the name: state is the 1st field, utime and stime the 12th and 13th.
-    let mut fields = stat.get(close + 1..)?.split_whitespace().skip(11);
-    let user: u64 = fields.next()?.parse().ok()?;
-    let system: u64 = fields.next()?.parse().ok()?;
-    Some((comm, user + system))
+    let (name, ticks) = fovea_replayer::serve::metrics::proc_stat_cpu(&stat)?;
+    Some((name.to_owned(), ticks))
 }
 
 /// Samples every thread's CPU time until stopped; CPU seconds by role.

@@ -527,14 +527,21 @@ pub fn memory_components(m: &MemoryStats) -> [(&'static str, usize); 3] {
 /// CPU time (user + system) of this process so far, from `/proc/self/stat`
 /// (clock ticks of 10 ms, Linux's USER_HZ).
 pub fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name, which may hold spaces: state is the
-    // first; utime and stime are the 12th and 13th.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let user: f64 = fields.next()?.parse().ok()?;
-    let system: f64 = fields.next()?.parse().ok()?;
-    Some((user + system) / 100.0)
+    let (_, ticks) = proc_stat_cpu(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+    Some(ticks as f64 / 100.0)
+}
+
+/// The command name and CPU time (user + system, in USER_HZ ticks: 100 a
+/// second) of a `/proc/PID/stat` or `/proc/PID/task/TID/stat` line.
+pub fn proc_stat_cpu(stat: &str) -> Option<(&str, u64)> {
+    // The name is in parentheses and may hold spaces and parentheses
+    // itself. Fields after it: state is the first; utime and stime are the
+    // 12th and 13th.
+    let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?;
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some((name, user + system))
 }
 
 /// Resident set size from `/proc/self/statm`.
@@ -610,4 +617,19 @@ fn answer(
     *response.status_mut() = status;
     response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_stat_cpu;
+
+    #[test]
+    fn a_stat_line_gives_its_name_and_user_plus_system_ticks() {
+        // A name with a space and a parenthesis of its own; utime 70, stime 5.
+        let line = "4242 (fovea (a) b) S 1 4242 4242 0 -1 4194560 900 0 0 0 70 5 0 0 20 0 9 0 100 0 0";
+        assert_eq!(proc_stat_cpu(line), Some(("fovea (a) b", 75)));
+        assert_eq!(proc_stat_cpu("4242 fovea S 1"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(proc_stat_cpu(&own).is_some(), "{own}");
+    }
 }
