@@ -13,13 +13,18 @@
 # the stable toolchain in the workspace's test build (fuzz/tests/corpus.rs
 # with FOVEA_FUZZ_CORPUS; CI's suite runs it so), then checks that the
 # libFuzzer driver still compiles (stable `cargo check`): no nightly build.
-#   usage: bash scripts/fuzz.sh [SECONDS|replay] [TARGET...]
+# `check` does the latter only (CI: its suite has already run the replay).
+#   usage: bash scripts/fuzz.sh [SECONDS|replay|check] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/fovea-target}"
 WORK=/var/tmp/fovea-fuzz
 corpus="$WORK/corpus"
 secs="${1:-15}"; shift || true
+case "$secs" in
+  replay | check) ;;
+  *[!0-9]* | '') echo "fuzz.sh: $secs: expected SECONDS (a whole number), replay or check" >&2; exit 2 ;;
+esac
 
 if [ "$secs" = replay ]; then
   echo "== every corpus replayed once (stable, fuzz/tests/corpus.rs; seeds and $corpus)"
@@ -31,6 +36,8 @@ if [ "$secs" = replay ]; then
     exit 1
   fi
   grep -E "inputs$|^FOVEA_FUZZ_CORPUS" "$log" || true
+fi
+if [ "$secs" = replay ] || [ "$secs" = check ]; then
   echo "== the libFuzzer driver compiles (fuzz/libfuzzer, cargo check)"
   CARGO_TARGET_DIR="$WORK/check-target" cargo check -q --manifest-path fuzz/libfuzzer/Cargo.toml --bins
   exit 0
