@@ -3,6 +3,7 @@
 //! the demo), so that `fovea-bench` measures the same code the product
 //! runs. The `fovea` binary (`src/main.rs`) parses arguments and calls in.
 
+pub mod cli_values;
 pub mod demo;
 pub mod input;
 pub mod lakes;

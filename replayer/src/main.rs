@@ -1,6 +1,6 @@
 //! `fovea`: the replayer service and command line.
 
-use fovea_replayer::{demo, lakes, query, replay, serve, status, tls};
+use fovea_replayer::{cli_values, demo, lakes, query, replay, serve, status, tls};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,10 +28,10 @@ enum Command {
         #[arg(long, default_value = "fovea-demo-lake")]
         lake: PathBuf,
         /// How long to replay.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = cli_values::at_least_one::<u64>)]
         seconds: u64,
         /// Target replay rate in changed rows per second.
-        #[arg(long, default_value_t = 50_000)]
+        #[arg(long, default_value_t = 50_000, value_parser = cli_values::at_least_one::<u64>)]
         rate: u64,
         /// Print the report as JSON: the summary fields, then `windows`,
         /// the same series per 10 s window (start_s, rows_per_s,
@@ -63,16 +63,16 @@ enum Command {
         /// Checkpoint after this many transactions (also every 10 s and at the
         /// end). Checkpoints are written in the background, one at a time:
         /// one falling due while another is written starts when it commits.
-        #[arg(long, default_value_t = 50_000)]
+        #[arg(long, default_value_t = 50_000, value_parser = cli_values::at_least_one::<u64>)]
         checkpoint_txns: u64,
         /// Shards (default: the number of cores).
-        #[arg(long)]
+        #[arg(long, value_parser = cli_values::at_least_one::<usize>)]
         shards: Option<usize>,
         /// Rows per write-buffer block and row group.
-        #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCK_ROWS)]
+        #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCK_ROWS, value_parser = cli_values::at_least_one::<usize>)]
         block_rows: usize,
         /// Blocks per file (a full file is combined; storage GC rewrites combined files).
-        #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE)]
+        #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE, value_parser = cli_values::at_least_one::<usize>)]
         blocks_per_file: usize,
         /// Seconds the lake's lease lasts without renewal (see `fovea serve --help`).
         #[arg(long, default_value_t = 15.0)]
@@ -183,7 +183,7 @@ enum Command {
         lake: lakes::LakeArgs,
         /// A file with at least this share of its rows deleted counts as
         /// storage-GC backlog (serve's --storage-gc-threshold).
-        #[arg(long, default_value_t = 0.3)]
+        #[arg(long, default_value_t = 0.3, value_parser = cli_values::share)]
         storage_gc_threshold: f64,
         /// Also read the replayer's input (the URL serve follows:
         /// kinesis://… or postgres://…): per shard, how far behind its
@@ -203,7 +203,7 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
         /// At most this many rows.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_parser = cli_values::at_least_one::<usize>)]
         limit: usize,
     },
     /// Benchmarks and synthetic workloads: runs the `fovea-bench` binary

@@ -64,7 +64,7 @@ pub(crate) fn check_as_of(reader: &CheckpointReader, as_of: Option<u64>) -> CliR
         )
         .into()),
         Some(ts) => Err(format!(
-            "--as-of {ts}: a reader of this lake answers as of its newest checkpoint (ts {qts}); newer snapshots are answered by the running fovea serve (fovea sql --url)"
+            "--as-of {ts}: a reader of this lake answers as of its newest checkpoint (ts {qts}); newer snapshots are answered by the running fovea serve (fovea sql --connect URL)"
         )
         .into()),
     }

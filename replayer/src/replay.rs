@@ -230,7 +230,15 @@ fn maintain_until(engine: &Engine, stop: &AtomicBool, every: Duration) {
 pub fn export(lake: &crate::lakes::LakeArgs, table: &str, as_of: Option<u64>, out: &mut dyn Write) -> CliResult<()> {
     let lake = lake.open_read()?;
     crate::query::check_as_of(&lake.reader, as_of)?;
-    let def = lake.reader.table(table)?;
+    let def = lake.reader.table(table).map_err(|e| match e {
+        fovea_core::Error::UnknownTable(_) => {
+            let mut names: Vec<String> = lake.reader.tables().iter().map(|t| t.name.clone()).collect();
+            names.sort();
+            let known = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
+            Box::<dyn std::error::Error + Send + Sync>::from(format!("{e} (the lake's tables: {known})"))
+        }
+        e => e.into(),
+    })?;
     let batches = lake.reader.scan(table, ScanOptions::default())?.collect_batches()?;
     let mut rows = Vec::new();
     for b in &batches {

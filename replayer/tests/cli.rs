@@ -95,3 +95,73 @@ fn a_malformed_lake_address_is_refused_before_anything_is_contacted() {
     refused(&["--lake", "s3://b/p"], "the lake s3://b/p has no state store");
     refused(&["--lake", "s3://", "--state", "dynamodb://fovea-x"], "lake s3://: no bucket");
 }
+
+#[test]
+fn numbers_out_of_range_are_refused_naming_their_flag_before_anything_runs() {
+    // Each was accepted once: a zero reached the engine as an internal
+    // invariant ("a bug in fovea"), an infinite interval panicked, a zero
+    // dedup window remembered nothing, a NaN threshold never collected.
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let lake = lake.to_str().unwrap();
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/pg-tiny/debezium_events.precise_schemas.jsonl.gz");
+    let replay = ["replay", "--lake", lake, "--input", input];
+    let serve = ["serve", "--lake", lake, "--input", input, "--listen", "127.0.0.1:0"];
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["demo", "--lake", lake], "--seconds", "0"),
+        (&["demo", "--lake", lake], "--rate", "0"),
+        (&replay, "--shards", "0"),
+        (&replay, "--block-rows", "0"),
+        (&replay, "--blocks-per-file", "0"),
+        (&replay, "--checkpoint-txns", "0"),
+        (&replay, "--shards", "-1"),
+        (&serve, "--shards", "0"),
+        (&serve, "--block-rows", "0"),
+        (&serve, "--dedup-window", "0"),
+        (&serve, "--poll-ms", "0"),
+        (&serve, "--checkpoint-secs", "0"),
+        (&serve, "--checkpoint-secs", "nan"),
+        (&serve, "--gc-secs", "inf"),
+        (&serve, "--gc-secs", "1e12"),
+        (&serve, "--long-query-secs", "-1"),
+        (&serve, "--stall-secs", "0"),
+        (&serve, "--emf-secs", "0"),
+        (&serve, "--storage-gc-threshold", "2"),
+        (&serve, "--storage-gc-threshold", "nan"),
+        (&["status", "--lake", lake], "--storage-gc-threshold", "1.5"),
+        (&["history", "--lake", lake], "--limit", "0"),
+    ];
+    for (command, flag, value) in cases {
+        let out = fovea().args(*command).arg(format!("{flag}={value}")).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?} {flag}={value}: {err}");
+        assert!(err.contains(&format!("invalid value '{value}' for '{flag}")), "{flag}={value}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("bug in fovea"), "{flag}={value}: {err}");
+        assert!(!std::path::Path::new(lake).exists(), "{flag}={value} made the lake");
+    }
+    // The smallest values that make sense are taken.
+    let out = fovea().args(replay).args(["--shards", "1", "--block-rows", "16", "--blocks-per-file", "1"]).output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn an_address_in_use_is_refused_naming_its_flag_before_the_lake_or_input_is_opened() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/pg-tiny/debezium_events.precise_schemas.jsonl.gz");
+    for flag in ["--listen", "--metrics", "--iceberg-rest"] {
+        let mut cmd = fovea();
+        cmd.args(["serve", "--input", input, "--lake"]).arg(&lake);
+        if flag != "--listen" {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        let out = cmd.args([flag, &addr]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: {err}");
+        assert!(err.contains(&format!("{flag} {addr}: ")) && err.contains("in use"), "{flag}: {err}");
+        assert!(!lake.exists(), "{flag}: the lake was made before the address was refused");
+    }
+}

@@ -44,7 +44,7 @@ pub enum Error {
         message: String,
     },
     /// A table name or id that the engine does not know.
-    #[error("unknown table {0}. Help: tables are created with Engine::create_table before rows arrive")]
+    #[error("unknown table {0}")]
     UnknownTable(String),
     /// A table was created twice.
     #[error("table {0} already exists")]

@@ -78,6 +78,13 @@ impl KinesisOptions {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let number = |what: &str| v.parse::<u64>().map_err(|_| bad(format!("{k}={v:?}: expected {what}")));
+            // A cap of 0 would refuse every record (or hold none, so no
+            // transaction could complete): at least one unit.
+            let bytes = |what: &str, unit: u64| {
+                number(what)?.checked_mul(unit).filter(|&b| b > 0).and_then(|b| usize::try_from(b).ok()).ok_or_else(
+                    || bad(format!("{k}={v:?}: expected at least 1 and at most {} {what}", u64::MAX / unit)),
+                )
+            };
             match k {
                 "format" => options.format = v.parse().map_err(bad)?,
                 "start" => {
@@ -91,9 +98,9 @@ impl KinesisOptions {
                     options.atomic = v.parse().map_err(|_| bad(format!("atomic={v:?}: expected true or false")))?
                 }
                 "poll_ms" => options.poll = Duration::from_millis(number("milliseconds")?),
-                "max_held_mb" => options.max_held_bytes = (number("megabytes")? as usize) << 20,
-                "read_ahead_mb" => options.read_ahead_bytes = Some((number("megabytes")? as usize) << 20),
-                "max_record_kb" => options.max_record_bytes = (number("kilobytes")? as usize) << 10,
+                "max_held_mb" => options.max_held_bytes = bytes("megabytes", 1 << 20)?,
+                "read_ahead_mb" => options.read_ahead_bytes = Some(bytes("megabytes", 1 << 20)?),
+                "max_record_kb" => options.max_record_bytes = bytes("kilobytes", 1 << 10)?,
                 "gap_grace_ms" => options.gap_grace = Duration::from_millis(number("milliseconds")?),
                 "consumer" => options.consumer = Some(consumer_name(v).map_err(bad)?),
                 "renew_secs" => {

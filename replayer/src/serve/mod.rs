@@ -62,7 +62,7 @@ pub struct ServeArgs {
     /// embedded-metric-format lines (on ECS with the awslogs driver they
     /// become CloudWatch metrics; namespace `fovea` or
     /// FOVEA_METRICS_NAMESPACE), and once more when stopping.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = crate::cli_values::seconds)]
     pub emf_secs: Option<f64>,
     /// Bearer token every RPC must carry.
     #[arg(long, env = "FOVEA_TOKEN", hide_env_values = true)]
@@ -75,40 +75,40 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
     /// Seconds between checkpoints (a PostgreSQL slot is confirmed up to each).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::cli_values::seconds)]
     pub checkpoint_secs: f64,
     /// Seconds HWM may stand at a transaction that does not commit while
     /// later ones do before the replica counts as stalled: an error names
     /// the transaction, /healthz answers 503 and fovea_stalled is 1
     /// (default: --checkpoint-secs + 5).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli_values::seconds)]
     pub stall_secs: Option<f64>,
     /// Seconds between memory GC rounds (and combines, storage GC).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = crate::cli_values::seconds)]
     pub gc_secs: f64,
     /// A query held open longer than this gets a visibility checkpoint.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::cli_values::seconds)]
     pub long_query_secs: f64,
     /// Stale fraction (rows deleted at LWM over rows stored) past which
     /// storage GC rewrites a file without its stale rows.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.3, value_parser = crate::cli_values::share)]
     pub storage_gc_threshold: f64,
     /// CREATE TABLE statements overriding inferred types and keys (AWS DMS
     /// records carry no primary key: name it here).
     #[arg(long)]
     pub schema_file: Option<std::path::PathBuf>,
     /// Milliseconds between polls of an idle file input.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = crate::cli_values::at_least_one::<u64>)]
     pub poll_ms: u64,
     /// Shards (default: the number of cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli_values::at_least_one::<usize>)]
     pub shards: Option<usize>,
     /// Rows per write-buffer block and row group.
-    #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCK_ROWS)]
+    #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCK_ROWS, value_parser = crate::cli_values::at_least_one::<usize>)]
     pub block_rows: usize,
     /// Blocks per file: a file is combined (and can be rewritten by
     /// storage GC) once it holds this many.
-    #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE)]
+    #[arg(long, default_value_t = fovea_core::buffer::DEFAULT_BLOCKS_PER_FILE, value_parser = crate::cli_values::at_least_one::<usize>)]
     pub blocks_per_file: usize,
     /// Seconds the lake's lease lasts without renewal: a second replayer
     /// started on the same lake waits this long after this one stops
@@ -125,7 +125,7 @@ pub struct ServeArgs {
     /// this many later ones (a source resending after a reconnect) is
     /// skipped; snapshot runs are always remembered. History pruning keeps
     /// at least this many.
-    #[arg(long, default_value_t = SinkConfig::default().dedup_window)]
+    #[arg(long, default_value_t = SinkConfig::default().dedup_window, value_parser = crate::cli_values::at_least_one::<usize>)]
     pub dedup_window: usize,
 }
 
@@ -160,6 +160,11 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
         _ => None,
     };
+    // The addresses are taken before the lake's lease and the input (a
+    // slot may be created): one in use stops nothing that started.
+    let flight_listener = bind("--listen", args.listen)?;
+    let metrics_listener = args.metrics.map(|a| bind("--metrics", a)).transpose()?;
+    let iceberg_rest_listener = args.iceberg_rest.map(|a| bind("--iceberg-rest", a)).transpose()?;
     let mut config = EngineConfig::default()
         .with_blocks(args.block_rows, args.blocks_per_file)
         .with_retire_grace(args.iceberg.retire_grace());
@@ -217,7 +222,16 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     let queries = Arc::new(QueryRegistry::new());
     let scheme = if tls.is_some() { "grpc+tls" } else { "grpc" };
     let flight_options = FlightOptions { token: args.token.clone(), tls };
-    let listener = runtime.block_on(tokio::net::TcpListener::bind(args.listen))?;
+    // Registered with the runtime's reactor, which `from_std` must run in.
+    let (listener, metrics_listener, iceberg_rest_listener) = {
+        let _reactor = runtime.enter();
+        let tokio_listener = tokio::net::TcpListener::from_std;
+        (
+            tokio_listener(flight_listener)?,
+            metrics_listener.map(tokio_listener).transpose()?,
+            iceberg_rest_listener.map(tokio_listener).transpose()?,
+        )
+    };
     let flight_addr = listener.local_addr()?;
     let flight = flight::serve_flight(
         listener,
@@ -227,8 +241,7 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         flight_options,
     )?;
     runtime.spawn(flight);
-    if let Some(addr) = args.metrics {
-        let l = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
+    if let Some(l) = metrics_listener {
         tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
         runtime.spawn(metrics::serve_metrics(l, Arc::clone(&metrics), Arc::clone(&engine), started));
     }
@@ -263,9 +276,8 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
     }
     tracing::info!(%flight_addr, input = %input_name, "serving");
     // Tests and scripts wait for this line.
-    if let Some(addr) = args.iceberg_rest {
+    if let Some(l) = iceberg_rest_listener {
         let publisher = publisher.clone().expect("checked first: --iceberg-rest is not given with --iceberg off");
-        let l = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
         println!("fovea serve: Iceberg REST catalog on http://{}", l.local_addr()?);
         runtime.spawn(iceberg_rest::serve_catalog(l, publisher, args.token.clone()));
     }
@@ -323,6 +335,14 @@ fn stall_after(stall_secs: Option<f64>, checkpoint_secs: f64) -> CliResult<Durat
         return Err(format!("--stall-secs {secs}: must be a positive number of seconds").into());
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// A listening socket on `addr` for `flag`, non-blocking for tokio; an
+/// address in use (or not this host's) is an error naming the flag.
+fn bind(flag: &str, addr: SocketAddr) -> CliResult<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| format!("{flag} {addr}: {e}"))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 /// The lease time of `--lease-secs`.
