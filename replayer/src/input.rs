@@ -28,6 +28,7 @@ use crate::serve::metrics::Metrics;
 
 /// Opens the input `spec` names, resuming after `checkpoint` when it read
 /// the same input. `follow`: wait for more instead of ending (serve).
+/// Does [`check_input`] first.
 pub fn open_source(
     spec: &str,
     checkpoint: Option<&CheckpointRecord>,
@@ -37,16 +38,14 @@ pub fn open_source(
     engine: &Arc<Engine>,
     metrics: Option<Arc<Metrics>>,
 ) -> CliResult<Box<dyn ChangeSource>> {
+    check_input(spec, format, follow)?;
     let resume = checkpoint.map(CheckpointRecord::resume);
     let checkpoint = resume.as_ref();
     if spec.starts_with("kinesis://") {
         let options = fovea_aws::kinesis::KinesisOptions::parse(spec, format, follow)?;
         return Ok(Box::new(fovea_aws::kinesis::KinesisSource::open(options, checkpoint)?));
     }
-    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        if !follow {
-            return Err("a PostgreSQL slot is followed by `fovea serve`, not replayed to an end".into());
-        }
+    if is_postgres(spec) {
         return Ok(Box::new(crate::serve::postgres::PgChangeSource::open(
             spec,
             checkpoint,
@@ -58,6 +57,31 @@ pub fn open_source(
     // Decoders read rows of known tables straight into typed values.
     let tables: Arc<dyn fovea_core::cdc::typed::CurrentTables> = Arc::clone(engine) as _;
     Ok(Box::new(FileSource::open(std::path::Path::new(path), checkpoint, format, follow, poll, Some(tables))?))
+}
+
+fn is_postgres(spec: &str) -> bool {
+    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
+}
+
+/// What can be told of an input before anything is opened for it: a
+/// malformed Kinesis URL, a PostgreSQL slot given to a command that does
+/// not follow (`replay`), a file that cannot be opened. `replay` and
+/// `serve` check first, so a mistyped input makes no lake, takes no lease
+/// and creates no state table.
+pub fn check_input(spec: &str, format: InputFormat, follow: bool) -> CliResult<()> {
+    if spec.starts_with("kinesis://") {
+        fovea_aws::kinesis::KinesisOptions::parse(spec, format, follow)?;
+    } else if is_postgres(spec) {
+        if !follow {
+            return Err("a PostgreSQL slot is followed by `fovea serve`, not replayed to an end".into());
+        }
+    } else {
+        let path = spec.strip_prefix("file:").unwrap_or(spec);
+        if path != "-" {
+            std::fs::File::open(path).map_err(|e| format!("cannot open input {path}: {e}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// How the loop runs.

@@ -110,6 +110,7 @@ pub struct ReplaySummary {
 /// Replays `input` into the lake to its end and makes everything durable.
 pub fn replay(args: &ReplayArgs) -> CliResult<ReplaySummary> {
     args.iceberg.check()?;
+    crate::input::check_input(&args.input, args.format, false)?;
     let ddl = read_schema_file(args.schema_file.as_deref())?;
     let mut config = EngineConfig::default().with_retire_grace(args.iceberg.retire_grace());
     if let Some(s) = args.shards {

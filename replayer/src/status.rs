@@ -271,7 +271,8 @@ fn table_status(
             }
             let deleted = slot.and_then(|s| s.deleted_rows).unwrap_or(0) as u64;
             t.rows_deleted += deleted;
-            if rows > 0 && deleted as f64 / rows as f64 >= gc_threshold {
+            // As storage GC counts them: one deleted row at least.
+            if deleted > 0 && deleted as f64 / rows as f64 >= gc_threshold {
                 t.files_past_gc_threshold += 1;
             }
         }

@@ -165,3 +165,31 @@ fn an_address_in_use_is_refused_naming_its_flag_before_the_lake_or_input_is_open
         assert!(!lake.exists(), "{flag}: the lake was made before the address was refused");
     }
 }
+
+#[test]
+fn a_mistyped_input_is_refused_before_a_lake_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let missing = dir.path().join("events.jsonl");
+    let missing = missing.to_str().unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        ("replay", missing, "cannot open input"),
+        ("replay", &format!("file:{missing}"), "cannot open input"),
+        ("replay", "kinesis://s?max_held_mb=17592186044416", "at most 17592186044415 megabytes"),
+        ("replay", "kinesis://s?shard=1", "unknown parameter"),
+        ("replay", "postgres://u@127.0.0.1:1/db?slot=s&publication=p", "followed by `fovea serve`"),
+        ("serve", missing, "cannot open input"),
+        ("serve", "kinesis://", "no stream"),
+    ];
+    for (command, input, says) in cases {
+        let mut cmd = fovea();
+        cmd.args([command, "--input", input, "--lake"]).arg(&lake).env("AWS_EC2_METADATA_DISABLED", "true");
+        if *command == "serve" {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{command} --input {input}: {err}");
+        assert!(!lake.exists(), "{command} --input {input} made the lake");
+    }
+}

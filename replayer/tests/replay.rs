@@ -646,14 +646,20 @@ fn status_tells_how_a_lake_stands_from_its_state_alone() {
         assert_eq!(t["iceberg"]["checkpoint_ts"].as_u64(), Some(checkpoint), "{name}: {t}");
         assert_eq!(t["iceberg"]["format_version"], 2, "{name}: {t}");
     }
-    // Every file with a deleted row is backlog at threshold 0+, none past 1.
+    // Every file with a deleted row is backlog at threshold 0 (as storage
+    // GC rewrites only files with one at least), fewer at 1 (only files
+    // whose every row is deleted); no threshold is past 1.
     let backlog = |threshold: &str| -> u64 {
         let s: serde_json::Value =
             serde_json::from_str(&status(&["--json", "--storage-gc-threshold", threshold])).unwrap();
         s["tables"].as_array().unwrap().iter().map(|t| t["files_past_gc_threshold"].as_u64().unwrap()).sum()
     };
-    assert!(backlog("0.000001") > 0);
-    assert_eq!(backlog("1.01"), 0);
+    let any_deleted = backlog("0");
+    assert!(any_deleted > 0);
+    assert_eq!(backlog("0.000001"), any_deleted);
+    assert!(backlog("1") < any_deleted);
+    let out = fovea().args(["status", "--storage-gc-threshold", "1.01", "--lake"]).arg(&lake).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     let screen = status(&[]);
     for line in [
         "writer      none (lease epoch 1 of ",

@@ -861,10 +861,8 @@ mod tests {
             ("kinesis://s?renew_secs=60", "name its consumer=NAME"),
             ("kinesis://s?start=now", "trim_horizon or latest"),
             ("kinesis://s?poll_ms=x", "poll_ms"),
-            ("kinesis://s?max_held_mb=0", "at least 1"),
-            ("kinesis://s?read_ahead_mb=0", "at least 1"),
-            ("kinesis://s?max_record_kb=0", "at least 1"),
             ("kinesis://s?max_held_mb=17592186044416", "at most 17592186044415 megabytes"),
+            ("kinesis://s?max_record_kb=18014398509481984", "at most 18014398509481983 kilobytes"),
             ("kinesis://s?shard=1", "unknown parameter"),
             ("kinesis://s?format=avro", "avro"),
         ] {

@@ -78,12 +78,13 @@ impl KinesisOptions {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let number = |what: &str| v.parse::<u64>().map_err(|_| bad(format!("{k}={v:?}: expected {what}")));
-            // A cap of 0 would refuse every record (or hold none, so no
-            // transaction could complete): at least one unit.
+            // A size past what the byte count holds is refused (a shift
+            // would drop its high bits: a huge cap turned into a small one).
             let bytes = |what: &str, unit: u64| {
-                number(what)?.checked_mul(unit).filter(|&b| b > 0).and_then(|b| usize::try_from(b).ok()).ok_or_else(
-                    || bad(format!("{k}={v:?}: expected at least 1 and at most {} {what}", u64::MAX / unit)),
-                )
+                number(what)?
+                    .checked_mul(unit)
+                    .and_then(|b| usize::try_from(b).ok())
+                    .ok_or_else(|| bad(format!("{k}={v:?}: expected at most {} {what}", u64::MAX / unit)))
             };
             match k {
                 "format" => options.format = v.parse().map_err(bad)?,

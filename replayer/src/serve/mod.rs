@@ -160,8 +160,10 @@ pub fn serve(args: ServeArgs, stop: Arc<AtomicBool>) -> CliResult<()> {
         (Some(cert), Some(key)) => Some(crate::tls::server_identity(cert, key)?),
         _ => None,
     };
-    // The addresses are taken before the lake's lease and the input (a
-    // slot may be created): one in use stops nothing that started.
+    // The input is checked and the addresses are taken before the lake's
+    // lease and the input (a slot may be created): a typo or an address in
+    // use stops nothing that started.
+    crate::input::check_input(&args.input, InputFormat::Auto, true)?;
     let flight_listener = bind("--listen", args.listen)?;
     let metrics_listener = args.metrics.map(|a| bind("--metrics", a)).transpose()?;
     let iceberg_rest_listener = args.iceberg_rest.map(|a| bind("--iceberg-rest", a)).transpose()?;
