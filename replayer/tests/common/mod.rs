@@ -435,9 +435,8 @@ impl PgCluster {
             .output()
             .unwrap();
         assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let port = free_port();
         let conf = format!(
-            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\nwal_level = logical\n\
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nwal_level = logical\n\
              max_replication_slots = 8\nmax_wal_senders = 8\nfsync = off\nsynchronous_commit = off\ntimezone = 'UTC'\n",
             dir.path().display()
         );
@@ -459,15 +458,37 @@ impl PgCluster {
                 }
             }
         }
-        let out = as_postgres(&bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.path().join("pg.log"))
-            .args(["-w", "start"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&out.stderr));
+        // A free port can be taken by another test between `free_port`
+        // and the server's bind (tests run side by side): a start that
+        // fails is tried again on another port (the last `port` line of
+        // the file counts), and the server's log is in the last failure.
+        let log = dir.path().join("pg.log");
+        let mut attempt = 0;
+        let port = loop {
+            attempt += 1;
+            let port = free_port();
+            let mut f = std::fs::OpenOptions::new().append(true).open(&conf_path).unwrap();
+            writeln!(f, "port = {port}").unwrap();
+            drop(f);
+            let out = as_postgres(&bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(&log)
+                .args(["-w", "start"])
+                .output();
+            let out = out.unwrap();
+            if out.status.success() {
+                break port;
+            }
+            let server_log = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(
+                attempt < 5,
+                "pg_ctl start, {attempt} attempts: {}\nits log:\n{server_log}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            eprintln!("PostgreSQL did not start on port {port} (attempt {attempt}), trying another:\n{server_log}");
+        };
         let pg = PgCluster { bin, dir, port };
         pg.psql("postgres", "CREATE DATABASE bench");
         pg
