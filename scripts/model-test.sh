@@ -17,8 +17,9 @@ case "$cases$procs" in
   *[!0-9]*) echo "MODEL_CASES and MODEL_PROCS must be whole numbers (got '$cases', '$procs')" >&2; exit 2 ;;
 esac
 [ "$procs" -gt 0 ] || { echo "MODEL_PROCS must be at least 1" >&2; exit 2; }
-cargo test -q --workspace --no-run 2>&1 | tail -n 3
-bin=$(cargo test -q --workspace --no-run --message-format json 2>/dev/null |
+# One build query: its diagnostics rendered on stderr (a failed build shows
+# why and stops the script), the artifacts as JSON on stdout.
+bin=$(cargo test -q --workspace --no-run --message-format json-render-diagnostics |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
