@@ -15,10 +15,13 @@ then, so only crates whose sources changed are rebuilt.
 
 `restore` does nothing when anything was built in one of the DIRs after the
 map was saved (a build from another checkout may have left artifacts of
-other sources there: the old times would make Cargo take them for these),
-nor when the map was saved in a clone at another path: the tests find their
-data by the source directory their build saw (`env!("CARGO_MANIFEST_DIR")`),
-so binaries built in another clone would read that clone's files.
+other sources there: the old times would make Cargo take them for these).
+A clone at another path than the last run's is restored like the same one:
+Cargo's fingerprints of workspace crates hold paths relative to the
+workspace, and the tests find their data as they run (Cargo and nextest set
+`CARGO_MANIFEST_DIR` for them: `fovea_testkit::package_dir!`), not by the
+directory their build saw, so binaries built in the other clone read this
+one's files.
 """
 
 import json
@@ -86,9 +89,6 @@ def restore(path, dirs):
     if not isinstance(saved, dict) or not isinstance(saved.get("saved_ns"), int) or not isinstance(saved.get("files"), dict):
         print(f"ci-mtimes: {path} is not a map this script saved: every file counts as changed")
         return
-    if saved.get("root") != os.path.realpath("."):
-        print(f"ci-mtimes: the times were saved in a clone at {saved.get('root')}: every file counts as changed")
-        return
     if newest_build(dirs) > saved["saved_ns"]:
         print("ci-mtimes: something was built in the target directories after the last CI run: every file counts as changed")
         return
@@ -100,7 +100,8 @@ def restore(path, dirs):
             same += 1
         else:
             changed += 1
-    print(f"ci-mtimes: {same} files as the last CI run built them, {changed} changed or new")
+    moved = "" if saved.get("root") == os.path.realpath(".") else f" (in a clone at {saved.get('root')})"
+    print(f"ci-mtimes: {same} files as the last CI run built them{moved}, {changed} changed or new")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@
 //! create-ts and bitmap words) beside a memory copy measured in the same
 //! run.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -77,7 +76,7 @@ pub fn run(b: &LambdaScanBench) -> CliResult<()> {
             }
             let function = std::env::current_exe()?.with_file_name("fovea-scan");
             let env: Vec<(String, String)> = moto.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let workspace = fovea_testkit::workspace_dir();
             let lambda = LocalLambda::start(&workspace, &function, 16, &env)?;
             // SAFETY: as above; no other thread has started yet.
             unsafe { std::env::set_var("AWS_ENDPOINT_URL_LAMBDA", lambda.endpoint()) };

@@ -265,7 +265,7 @@ fn fovea_binary() -> CliResult<PathBuf> {
         Ok(fovea)
     } else {
         Err(format!(
-            "this benchmark runs the fovea binary, not found at {}: build both (`cargo build --release --bin fovea --bin fovea-bench`)",
+            "this benchmark runs the fovea binary, not found at {}: build both (`cargo build --release --workspace --bin fovea --bin fovea-bench`)",
             fovea.display()
         )
         .into())

@@ -1007,8 +1007,10 @@ mod tests {
 
     #[test]
     fn the_fast_path_reads_a_real_postgresql_stream_as_the_general_path_does() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny/debezium_events.jsonl.gz");
+        // The directory as the test runs, not as it was built (`fovea_testkit::package_dir!`).
+        let package = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from);
+        let path = package.join("../tests/data/pg-tiny/debezium_events.jsonl.gz");
         let mut text = String::new();
         let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)

@@ -78,7 +78,10 @@ fn every_corpus_input_returns_without_panic_hang_or_blow_up() {
     let seeds = tempfile::tempdir().expect("a temporary directory");
     let tasks = fovea_fuzz_targets::seeds::write_seeds(seeds.path()).expect("the engine's seeds");
     assert!(tasks > 0, "the seeds include split tasks");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fuzz_seeds.py");
+    // The directory as the test runs, not as it was built (`fovea_testkit::package_dir!`).
+    let package = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from);
+    let script = package.join("../scripts/fuzz_seeds.py");
     let status = std::process::Command::new("python3")
         .arg(&script)
         .arg(seeds.path())

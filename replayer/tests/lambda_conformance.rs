@@ -33,7 +33,7 @@ fn engine_on(lake: &str) -> Arc<Engine> {
 fn lambda_workers_conform() {
     let moto = Moto::start(&fovea_testkit::moto::script()).unwrap();
     let env: Vec<(String, String)> = moto.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = fovea_testkit::workspace_dir();
     let mut lambda = LocalLambda::start(&workspace, &function("fovea-scan"), 2, &env).unwrap();
     lambda.add_function(&function("fovea-combine"), 2, &env).unwrap();
     lambda.add_function(&function("fovea-gc"), 2, &env).unwrap();

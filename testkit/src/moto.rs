@@ -175,7 +175,7 @@ impl Moto {
 
 /// `scripts/moto_serial.py` of this source tree.
 pub fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/moto_serial.py")
+    crate::workspace_dir().join("scripts/moto_serial.py")
 }
 
 /// A running kinesalite (Kinesis) on a free loopback port; stopped on drop.
@@ -317,7 +317,7 @@ impl FaultProxy {
         // Relaxed: only uniqueness matters.
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stats = std::env::temp_dir().join(format!("fovea-fault-proxy-{}-{seq}.json", std::process::id()));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault_proxy.py");
+        let script = crate::workspace_dir().join("scripts/fault_proxy.py");
         let mut child = Command::new(python())
             .arg(script)
             .args(["--target", target, "--stats"])

@@ -31,7 +31,7 @@ fn binary(name: &str) -> PathBuf {
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    fovea_testkit::workspace_dir()
 }
 
 /// A folder holding the `fovea` package as maturin lays it out: the Python
@@ -42,7 +42,7 @@ fn package() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let pkg = dir.path().join("fovea");
     std::fs::create_dir(&pkg).unwrap();
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/fovea");
+    let sources = fovea_testkit::package_dir!().join("python/fovea");
     for entry in std::fs::read_dir(sources).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), pkg.join(entry.file_name())).unwrap();

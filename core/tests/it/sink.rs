@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use fovea_core::cdc::ddl::parse_ddl;
@@ -15,7 +15,7 @@ use fovea_core::sink::{Sink, SinkConfig};
 use fovea_core::{Engine, EngineConfig, ScanOptions, SnapshotTables, Value};
 
 fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
+    crate::package_dir().join("../tests/data/pg-tiny")
 }
 
 fn lines(file: &str) -> Vec<String> {

@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
-use std::path::Path;
 use std::sync::Arc;
 
 use fovea_core::cdc::ddl::parse_ddl;
@@ -114,7 +113,7 @@ fn same_both_ways(lines: &[String], config: impl Fn() -> SinkConfig) -> (Outcome
 }
 
 fn pg_tiny(file: &str) -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny").join(file);
+    let path = crate::package_dir().join("../tests/data/pg-tiny").join(file);
     let mut s = String::new();
     flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut s).unwrap();
     s.lines().map(str::to_owned).collect()
@@ -123,7 +122,7 @@ fn pg_tiny(file: &str) -> Vec<String> {
 #[test]
 fn a_real_postgresql_stream_replays_the_same_typed() {
     let lines = pg_tiny("debezium_events.jsonl.gz");
-    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny/schema.sql");
+    let schema = crate::package_dir().join("../tests/data/pg-tiny/schema.sql");
     let ddl = parse_ddl(&std::fs::read_to_string(schema).unwrap()).unwrap();
     let (outcome, typed) = same_both_ways(&lines, SinkConfig::default);
     assert!(outcome.error.is_none(), "{:?}", outcome.error);

@@ -1,6 +1,6 @@
 //! The function binary outside Lambda: it stops with an error instead of
 //! waiting for invocations that can never come. (Invocations through a
-//! local Lambda endpoint are tested in `replayer/tests/lambda_functions.rs`;
+//! local Lambda endpoint are tested in `replayer/tests/it/lambda_functions.rs`;
 //! this test also makes `cargo test --workspace` build the binary.)
 
 #[test]

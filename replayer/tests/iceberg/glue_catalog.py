@@ -1,4 +1,4 @@
-"""The AWS Glue side of replayer/tests/iceberg.rs, against the Glue of the
+"""The AWS Glue side of replayer/tests/it/iceberg.rs, against the Glue of the
 AWS_* environment (a local moto).
 
 usage: glue_catalog.py create-database NAME

@@ -1,5 +1,5 @@
 """Reads a serving replayer's HyBench tables through its Iceberg REST
-catalog, attached pinned, for replayer/tests/iceberg.rs.
+catalog, attached pinned, for replayer/tests/it/iceberg.rs.
 
 usage: pinned_bank.py URI TOKEN SECONDS
 

@@ -1,4 +1,4 @@
-"""Reads Iceberg tables the way users' engines do, for replayer/tests/iceberg.rs.
+"""Reads Iceberg tables the way users' engines do, for replayer/tests/it/iceberg.rs.
 
 usage: read_tables.py OUT [--snapshot ID] [--engines duckdb,pyiceberg] TABLE_LOCATION...
 

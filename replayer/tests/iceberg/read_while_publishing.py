@@ -1,5 +1,5 @@
 """Reads one Iceberg table over and over while a replayer publishes it, for
-replayer/tests/iceberg.rs.
+replayer/tests/it/iceberg.rs.
 
 usage: read_while_publishing.py LOCATION SECONDS SQL
 

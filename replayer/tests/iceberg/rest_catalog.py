@@ -1,5 +1,5 @@
 """Reads every table of an Iceberg REST catalog with pyiceberg and with
-DuckDB, for replayer/tests/iceberg.rs.
+DuckDB, for replayer/tests/it/iceberg.rs.
 
 usage: rest_catalog.py URI TOKEN OUT COUNTS SECONDS
 

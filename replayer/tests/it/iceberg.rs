@@ -6,17 +6,15 @@
 //! tables without a key, a format 2 table upgraded to 3, and time travel to
 //! an earlier checkpoint's snapshot.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::common::*;
 use arrow::array::ArrayRef;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use common::*;
 use fovea_core::location::{LakeBackends, open_reader};
 use fovea_core::{ScanOptions, SnapshotTables};
 
@@ -102,7 +100,7 @@ fn assert_iceberg_reads_at(
     assert!(!tables.is_empty());
     assert_eq!(locations.len(), tables.len());
     let out = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_tables.py");
+    let script = fovea_testkit::package_dir!().join("tests/iceberg/read_tables.py");
     let python = fovea_testkit::moto::python();
     let mut command = std::process::Command::new(&python);
     command.arg(&script).arg(out.path()).envs(env.iter().map(|(k, v)| (k, v)));
@@ -324,7 +322,7 @@ fn assert_manifests_carried(summaries: &[serde_json::Value]) {
 
 /// `glue_catalog.py ARGS…` with the AWS environment of `moto`.
 fn glue_catalog(moto: &fovea_testkit::moto::Moto, args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/glue_catalog.py");
+    let script = fovea_testkit::package_dir!().join("tests/iceberg/glue_catalog.py");
     ok(std::process::Command::new(fovea_testkit::moto::python())
         .arg(&script)
         .args(args)
@@ -538,7 +536,7 @@ fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
         ],
     );
     let location = lake.join(fovea_iceberg::table_dir("hybench.account"));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_while_publishing.py");
+    let script = fovea_testkit::package_dir!().join("tests/iceberg/read_while_publishing.py");
     let reader = std::process::Command::new(fovea_testkit::moto::python())
         .arg(&script)
         .arg(&location)
@@ -551,7 +549,7 @@ fn readers_of_a_serving_replayers_iceberg_tables_see_only_whole_transactions() {
     // Beside it, pyiceberg attached to the REST catalog pinned: account and
     // transfer of one attachment are at one checkpoint.
     let pinned = std::process::Command::new(fovea_testkit::moto::python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/pinned_bank.py"))
+        .arg(fovea_testkit::package_dir!().join("tests/iceberg/pinned_bank.py"))
         .arg(format!("http://{rest_addr}"))
         .arg("s3cret")
         .arg("25")
@@ -636,7 +634,7 @@ fn the_rest_catalog_of_fovea_serve_answers_every_table_at_one_checkpoint() {
             (t.to_owned(), n.trim().parse().unwrap())
         })
         .collect();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/rest_catalog.py");
+    let script = fovea_testkit::package_dir!().join("tests/iceberg/rest_catalog.py");
     let read = std::process::Command::new(fovea_testkit::moto::python())
         .arg(&script)
         .arg(format!("http://{rest_addr}"))

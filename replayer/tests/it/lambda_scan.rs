@@ -13,12 +13,11 @@
 //! The Python package's scans on the function, and the example notebook,
 //! are tested in clients/python/tests.
 
-mod common;
-
+use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{ok, pg_tiny as data};
+use crate::common::{ok, pg_tiny as data};
 use fovea_testkit::lambda_local::LocalLambda;
 use fovea_testkit::moto::Moto;
 
@@ -37,7 +36,7 @@ fn scan_function() -> PathBuf {
 
 fn lambda(moto: &Moto, instances: usize) -> LocalLambda {
     let env: Vec<(String, String)> = moto.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = fovea_testkit::workspace_dir();
     LocalLambda::start(&workspace, &scan_function(), instances, &env).unwrap()
 }
 
@@ -87,7 +86,7 @@ fn lambda_scans_answer_as_in_process_and_fail_cleanly() {
     let lambda = lambda(&moto, 2);
 
     // Same answers, inline and spilled (1 KiB inline limit).
-    let queries = slt_queries(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../sql/tests/slt/pg_tiny.slt"));
+    let queries = slt_queries(&fovea_testkit::workspace_dir().join("sql/tests/slt/pg_tiny.slt"));
     assert!(queries.len() >= 8, "{queries:?}");
     for query in queries.iter().filter(|q| !q.to_ascii_uppercase().starts_with("EXPLAIN")) {
         let local = ok(sql(&moto, None, query));

@@ -5,12 +5,10 @@
 //! process exits, from fresh processes (`fovea sql`, `fovea export`); then
 //! the same load as one file per table; then a re-snapshot.
 
-mod common;
-
 use std::io::Write;
 use std::path::Path;
 
-use common::{fovea, ok};
+use crate::common::{fovea, ok};
 
 const SCHEMA: &str = "CREATE TABLE public.checking (id bigint PRIMARY KEY, owner text, balance bigint);
 CREATE TABLE public.savings (id bigint PRIMARY KEY, owner text, balance bigint);

@@ -13,13 +13,11 @@
 //! * enhanced fan-out on kinesis-local, and its fallback to polling where
 //!   the stand-in has no consumers: equal to the file replay.
 
-mod common;
-
-use std::path::Path;
+use crate::common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{eventually, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
+use crate::common::{eventually, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_testkit::kinesis::KinesisProducer;
 use fovea_testkit::moto::{Kinesalite, KinesisLocal, Moto};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -693,7 +691,7 @@ fn assert_emf_carries_the_metrics(emf: &[Json], scraped: &str, lake: &str) {
             d["Metrics"].as_array().unwrap().iter().map(|m| m["Name"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
         })
         .collect();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = fovea_testkit::workspace_dir();
     let template = std::fs::read_to_string(root.join("template.yaml")).unwrap();
     let named = lake_metrics_named_by_the_template(&template);
     assert!(named.len() >= 20, "{named:?}");

@@ -94,8 +94,7 @@ fn column_type(t: &arrow::datatypes::DataType) -> DefaultColumnType {
 /// The replayed lake, and a snapshot taken before the replay: held for the
 /// whole test, it keeps every version readable for time travel.
 fn replayed_lake(dir: &Path) -> (Arc<Engine>, fovea_core::Snapshot) {
-    let data =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny/debezium_events.precise_schemas.jsonl.gz");
+    let data = crate::package_dir().join("../tests/data/pg-tiny/debezium_events.precise_schemas.jsonl.gz");
     let lake = open_lake(dir, EngineConfig::default(), OpenMode::Write).unwrap();
     let hold = lake.engine.snapshot();
     let mut sink = Sink::new(lake.engine.clone(), lake.catalog.clone(), "pg-tiny", SinkConfig::default()).unwrap();
@@ -112,7 +111,7 @@ fn replayed_lake(dir: &Path) -> (Arc<Engine>, fovea_core::Snapshot) {
 fn sqllogictest_files() {
     let dir = tempfile::tempdir().unwrap();
     let (engine, _hold) = replayed_lake(dir.path());
-    let files: Vec<_> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slt"))
+    let files: Vec<_> = std::fs::read_dir(crate::package_dir().join("tests/slt"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "slt"))

@@ -7,18 +7,17 @@
 //! Needs Node, the example's packages and the built kernel package
 //! (`scripts/test-deps.sh` installs and builds them).
 
-mod common;
-
+use crate::common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{Server, ok, pg_tiny, pg_tiny_tables};
+use crate::common::{Server, ok, pg_tiny, pg_tiny_tables};
 
 #[test]
 fn the_js_example_counts_what_sql_counts() {
     let modules =
         std::env::var("FOVEA_NODE_MODULES_JS").unwrap_or_else(|_| "/var/tmp/fovea-npm-js/node_modules".into());
-    let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scan-wasm/js/dist/fovea_scan_wasm.js");
+    let kernel = fovea_testkit::workspace_dir().join("scan-wasm/js/dist/fovea_scan_wasm.js");
     assert!(
         Path::new(&modules).join("parquet-wasm").is_dir() && kernel.exists(),
         "the JS example's packages ({modules}) or the kernel package ({}) are missing: run scripts/test-deps.sh",
@@ -37,7 +36,7 @@ fn the_js_example_counts_what_sql_counts() {
     extra.extend(small);
     let server = Server::start(&lake, &format!("file:{}", plain.display()), &extra);
     let metrics = format!("http://{}", server.metrics.as_deref().unwrap());
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/js/filter_row_groups.js");
+    let example = fovea_testkit::workspace_dir().join("examples/js/filter_row_groups.js");
     let mut filtered_some = false;
     for table in pg_tiny_tables() {
         let out = Command::new("node")

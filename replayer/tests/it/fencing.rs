@@ -5,11 +5,10 @@
 //! host is taken over at once. The paused-replayer case runs on a local
 //! lake and on S3 + DynamoDB (moto).
 
-mod common;
-
+use crate::common;
 use std::time::Duration;
 
-use common::{Server, append_txns, count_and_sum, eventually, expected, serve, signal, wait_timeout};
+use crate::common::{Server, append_txns, count_and_sum, eventually, expected, serve, signal, wait_timeout};
 
 /// `fovea status --json` of the lake: its writer as the state store says.
 fn writer(lake_args: &[String], env: &[(&'static str, String)]) -> serde_json::Value {

@@ -4,13 +4,12 @@
 //! local state, and equals the local-lake replay; a replay into S3 killed
 //! with SIGKILL several times and restarted ends exact.
 
-mod common;
-
+use crate::common;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
+use crate::common::{gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_testkit::moto::Moto;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 

@@ -19,13 +19,12 @@
 //!   its successor is paused, deletes and overwrites no object (listing
 //!   and ETags compared) before it is fenced, and the successor ends exact.
 
-mod common;
-
+use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, eventually, ok};
+use crate::common::{Server, eventually, ok};
 use fovea_testkit::lambda_local::LocalLambda;
 use fovea_testkit::moto::Moto;
 
@@ -46,7 +45,7 @@ fn function(name: &str) -> PathBuf {
 /// GC function's instances only.
 fn functions(moto: &Moto, gc_env: &[(String, String)]) -> LocalLambda {
     let env: Vec<(String, String)> = moto.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = fovea_testkit::workspace_dir();
     let mut lambda = LocalLambda::start(&workspace, &function("fovea-combine"), 2, &env).unwrap();
     lambda.add_function(&function("fovea-gc"), 2, gc_env).unwrap();
     lambda

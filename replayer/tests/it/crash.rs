@@ -3,13 +3,12 @@
 //! equals an uninterrupted replay of the same input: nothing lost, nothing
 //! applied twice.
 
+use crate::common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::SmallRng};
-
-mod common;
 
 fn fovea() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fovea"))

@@ -6,11 +6,10 @@
 //! table that joins the publication later, and every table read through
 //! Flight SQL compared with PostgreSQL's own `COPY … TO`.
 
-mod common;
-
+use crate::common;
 use std::time::Duration;
 
-use common::{PgCluster, Server, eventually};
+use crate::common::{PgCluster, Server, eventually};
 
 /// Tables compared, with the ORDER BY that makes both sides' rows line up.
 const TABLES: &[(&str, &str)] = &[

@@ -14,13 +14,11 @@
 //!   columns and types. `FOVEA_DDL_SEQUENCES` sequences (default 4; the
 //!   soak runs hundreds), seeds from `FOVEA_DDL_SEED` (default: fixed).
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{PgCluster, Server};
+use crate::common::{PgCluster, Server};
 use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};

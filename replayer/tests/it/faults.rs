@@ -7,12 +7,11 @@
 //! every table equal to PostgreSQL's (pg-tiny), or to an uninterrupted
 //! replay of the same generated stream (HyBench, larger).
 
-mod common;
-
+use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fovea, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
+use crate::common::{fovea, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 
 /// Replays `input` into `lake` under faults (a new seed per run) until a
 /// run finishes; the number of runs that stopped. Until two runs have

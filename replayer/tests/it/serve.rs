@@ -3,20 +3,19 @@
 //! validation, bearer tokens, and a long-running query that keeps its
 //! snapshot after LWM moved past it.
 
-mod common;
-
+use crate::common;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::{Server, append, eventually, txn};
 use arrow::array::{Array, Int64Array};
 use arrow_flight::Action;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use common::{Server, append, eventually, txn};
 use futures::StreamExt;
 
 fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
+    fovea_testkit::workspace_dir().join("tests/data/pg-tiny")
 }
 
 fn gunzip(p: &Path) -> String {

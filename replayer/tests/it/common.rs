@@ -1,6 +1,5 @@
 //! Helpers of the `fovea serve` tests: a running server process, Flight SQL
 //! queries through `fovea sql --connect`, and a throwaway PostgreSQL cluster.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -42,7 +41,7 @@ pub fn gunzip(p: &Path) -> String {
 /// The pg-tiny data set: a change stream captured from PostgreSQL 15 and
 /// the tables PostgreSQL reported at the end.
 pub fn pg_tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pg-tiny")
+    fovea_testkit::workspace_dir().join("tests/data/pg-tiny")
 }
 
 /// pg-tiny's tables, `schema.table`.

@@ -2,12 +2,10 @@
 //! (tests/data/pg-tiny, captured under pgbench and a TPC-C-style load):
 //! every table must equal what PostgreSQL itself reported at the end.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 
-use common::{fovea, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
+use crate::common::{fovea, gunzip, ok, pg_tiny as data, pg_tiny_tables as tables};
 use fovea_core::cdc::types::{parse_date, parse_decimal, parse_timestamp};
 
 fn replay(lake: &Path, input: &Path, extra: &[&str]) -> Output {
