@@ -107,6 +107,8 @@ fn publish_all(pg: &PgCluster) -> String {
 
 /// The tests that run pgbench against a debug `fovea serve` take turns: on
 /// two cores, two such loads at once leave each replayer minutes behind.
+/// Under nextest, which runs each test in a process of its own, the
+/// `pgbench-load` test group of `.config/nextest.toml` does it.
 static PGBENCH_LOAD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
