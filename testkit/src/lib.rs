@@ -36,7 +36,9 @@ macro_rules! package_dir {
 /// running test's package ([`package_dir!`]).
 pub fn workspace_dir() -> PathBuf {
     let package = package_dir!();
-    package.ancestors().find(|dir| dir.join("Cargo.lock").is_file()).map_or(package.join(".."), PathBuf::from)
+    let root = package.ancestors().find(|dir| dir.join("Cargo.lock").is_file());
+    root.unwrap_or_else(|| panic!("no workspace (a directory with Cargo.lock) above {}", package.display()))
+        .to_path_buf()
 }
 
 /// Waits until `child` accepts connections on loopback `port`; when it

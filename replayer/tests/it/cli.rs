@@ -104,7 +104,7 @@ fn numbers_out_of_range_are_refused_naming_their_flag_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
     let lake = lake.to_str().unwrap();
-    let input = fovea_testkit::workspace_dir().join("tests/data/pg-tiny/debezium_events.precise_schemas.jsonl.gz");
+    let input = crate::common::pg_tiny().join("debezium_events.precise_schemas.jsonl.gz");
     let input = input.to_str().unwrap();
     let replay = ["replay", "--lake", lake, "--input", input];
     let serve = ["serve", "--lake", lake, "--input", input, "--listen", "127.0.0.1:0"];
@@ -152,7 +152,7 @@ fn an_address_in_use_is_refused_naming_its_flag_before_the_lake_or_input_is_open
     let addr = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let input = fovea_testkit::workspace_dir().join("tests/data/pg-tiny/debezium_events.precise_schemas.jsonl.gz");
+    let input = crate::common::pg_tiny().join("debezium_events.precise_schemas.jsonl.gz");
     let input = input.to_str().unwrap();
     for flag in ["--listen", "--metrics", "--iceberg-rest"] {
         let mut cmd = fovea();

@@ -359,7 +359,8 @@ pub fn pg_bin() -> PathBuf {
 /// A test certificate authority and a server certificate it signed for
 /// `localhost` and 127.0.0.1 (openssl, P-256 keys), as PEM files.
 pub struct TestCerts {
-    pub dir: tempfile::TempDir,
+    /// Holds the files: removed when the certificates are dropped.
+    _dir: tempfile::TempDir,
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -399,7 +400,7 @@ impl TestCerts {
             "-extfile",
             "server.ext",
         ]);
-        TestCerts { ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), dir }
+        TestCerts { ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), _dir: dir }
     }
 }
 
@@ -475,8 +476,8 @@ impl PgCluster {
                 .arg("-l")
                 .arg(&log)
                 .args(["-w", "start"])
-                .output();
-            let out = out.unwrap();
+                .output()
+                .unwrap();
             if out.status.success() {
                 break port;
             }

@@ -3,7 +3,6 @@
 //! each test in a process of its own all the same). Tests that change the
 //! process environment stay in binaries of their own (`lambda_conformance`).
 
-#[allow(dead_code)]
 mod common;
 
 mod cli;

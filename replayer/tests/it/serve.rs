@@ -4,25 +4,14 @@
 //! snapshot after LWM moved past it.
 
 use crate::common;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
 use std::time::Duration;
 
-use crate::common::{Server, append, eventually, txn};
+use crate::common::{Server, append, eventually, gunzip, pg_tiny as data, txn};
 use arrow::array::{Array, Int64Array};
 use arrow_flight::Action;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::StreamExt;
-
-fn data() -> PathBuf {
-    fovea_testkit::workspace_dir().join("tests/data/pg-tiny")
-}
-
-fn gunzip(p: &Path) -> String {
-    let mut s = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()).read_to_string(&mut s).unwrap();
-    s
-}
 
 fn sorted_rows(csv: &str) -> Vec<&str> {
     let mut v: Vec<&str> = csv.lines().collect();
